@@ -1,0 +1,1 @@
+"""trajsft: SFT a student on teacher agent trajectories."""
