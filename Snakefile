@@ -1,0 +1,16 @@
+# trajsft: SFT a student LLM on agent trajectories from several teacher models.
+# Targets: checkpoints/<teacher-or-mixture>/done  (see README; `trajsft plan <target>`)
+
+
+configfile: "config/config.yaml"
+
+
+include: "rules/common.smk"
+include: "rules/data.smk"
+include: "rules/train.smk"
+
+
+rule all:
+    input:
+        done_targets(config["default_targets"]),
+    default_target: True

@@ -1,0 +1,39 @@
+import re
+
+from snakemake.utils import min_version, validate
+
+from trajsft.config import STATE_DIR, Plan, check_references
+
+min_version("9.0")
+
+
+validate(config, "../config/schema.yaml")
+check_references(config)
+PLAN = Plan(config, base_dir=workflow.basedir)
+
+
+wildcard_constraints:
+    name=r"[A-Za-z0-9][A-Za-z0-9._-]*-[0-9a-f]{10}",
+    target="|".join(re.escape(t) for t in PLAN.targets),
+
+
+def done_targets(targets):
+    return [PLAN.done_path(PLAN.target(t)["name"]) for t in targets]
+
+
+def upstream_manifest(kind, upstream):
+    """Input function: the manifest of the artifact this `kind` artifact is built from."""
+
+    def inner(wildcards):
+        art = PLAN.get(kind, wildcards.name)
+        return PLAN.get(upstream, art.spec[upstream]).manifest
+
+    return inner
+
+
+def tokenized_manifests(wildcards):
+    return [a.manifest for a in PLAN.target(wildcards.target)["tokenized"]]
+
+
+def run_name(wildcards):
+    return PLAN.target(wildcards.target)["run"].name

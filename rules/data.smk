@@ -1,0 +1,33 @@
+rule download:
+    output:
+        f"{STATE_DIR}/raw/{{name}}/manifest.json",
+    log:
+        "logs/download/{name}.log",
+    script:
+        "../scripts/download.py"
+
+
+rule shard:
+    input:
+        upstream_manifest("shards", "raw"),
+    output:
+        f"{STATE_DIR}/shards/{{name}}/manifest.json",
+    log:
+        "logs/shard/{name}.log",
+    benchmark:
+        "benchmarks/shard/{name}.tsv"
+    script:
+        "../scripts/shard.py"
+
+
+rule tokenize:
+    input:
+        upstream_manifest("tokenized", "shards"),
+    output:
+        f"{STATE_DIR}/tokenized/{{name}}/manifest.json",
+    log:
+        "logs/tokenize/{name}.log",
+    benchmark:
+        "benchmarks/tokenize/{name}.tsv"
+    script:
+        "../scripts/tokenize.py"

@@ -1,0 +1,5 @@
+"""Snakemake script for rule `download`: thin wrapper, logic in trajsft.steps."""
+
+from trajsft.steps import run_rule
+
+run_rule("download", snakemake)  # noqa: F821 (injected by Snakemake)

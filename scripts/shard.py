@@ -1,0 +1,5 @@
+"""Snakemake script for rule `shard`: thin wrapper, logic in trajsft.steps."""
+
+from trajsft.steps import run_rule
+
+run_rule("shards", snakemake)  # noqa: F821 (injected by Snakemake)

@@ -1,0 +1,280 @@
+"""Configuration: load + validate, resolve targets, and the content-addressed plan.
+
+``Plan`` answers, without touching the network or running anything, what every artifact
+of a target is called, where it lives and which inputs it hashes.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from . import hashing
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+REPO_DIR = PACKAGE_DIR.parent.parent  # src/trajsft -> repo root (editable install)
+SCHEMA_PATH = REPO_DIR / "config" / "schema.yaml"
+DEFAULT_CONFIG = REPO_DIR / "config" / "config.yaml"
+TEMPLATE_PATH = PACKAGE_DIR / "templates" / "qwen3_chat_template.jinja"
+
+# Bump when the code that writes an artifact changes its bytes for the same inputs.
+FORMAT_VERSIONS = {"raw": 1, "shards": 1, "tokenized": 1, "checkpoints": 1}
+STATE_DIR = "results"  # local manifests that Snakemake tracks (small files only)
+KINDS = ("raw", "shards", "tokenized", "checkpoints")
+
+
+class ConfigError(ValueError):
+    """A one-line, user-facing configuration problem."""
+
+
+def deep_merge(base: dict, over: dict | None) -> dict:
+    out = copy.deepcopy(base)
+    for k, v in (over or {}).items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = deep_merge(out[k], v)
+        else:
+            out[k] = copy.deepcopy(v)
+    return out
+
+
+def validate(cfg: dict) -> dict:
+    """Validate against config/schema.yaml (filling defaults) plus cross-references."""
+    from snakemake.exceptions import WorkflowError
+    from snakemake.utils import validate as sm_validate
+
+    try:
+        sm_validate(cfg, str(SCHEMA_PATH))
+    except WorkflowError as e:
+        msg = " ".join(str(e).split())
+        raise ConfigError(f"invalid config: {msg[:500]}") from None
+    check_references(cfg)
+    return cfg
+
+
+def check_references(cfg: dict) -> None:
+    students, teachers, mixtures = cfg["students"], cfg["teachers"], cfg.get("mixtures") or {}
+    for name in set(teachers) & set(mixtures):
+        raise ConfigError(f"config: '{name}' is both a teacher and a mixture")
+    for kind, entries in (("teachers", teachers), ("mixtures", mixtures)):
+        for name, entry in entries.items():
+            st = entry.get("student", cfg["student"])
+            if st not in students:
+                raise ConfigError(f"config: {kind}.{name}.student '{st}' is not in students ({', '.join(students)})")
+    for name, mix in mixtures.items():
+        for t in mix["teachers"]:
+            if t not in teachers:
+                raise ConfigError(f"config: mixtures.{name} uses unknown teacher '{t}'")
+    for name, st in students.items():
+        if st["init"] == "hf" and not st.get("hf_checkpoint"):
+            raise ConfigError(f"config: students.{name} has init: hf but no hf_checkpoint")
+        if st["init"] == "random" and not st.get("model"):
+            raise ConfigError(f"config: students.{name} has init: random but no model dimensions")
+
+
+def load(paths: list[str | os.PathLike] | None = None, overrides: dict | None = None) -> dict:
+    """Load config files (later ones win), apply overrides, validate."""
+    cfg: dict = {}
+    for p in paths or [DEFAULT_CONFIG]:
+        try:
+            with open(p) as f:
+                cfg = deep_merge(cfg, yaml.safe_load(f) or {})
+        except FileNotFoundError:
+            raise ConfigError(f"config file not found: {p}") from None
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{p}: not valid YAML: {' '.join(str(e).split())}") from None
+    return validate(deep_merge(cfg, overrides))
+
+
+def is_remote(path: str) -> bool:
+    return "://" in path
+
+
+def join(root: str, *parts: str) -> str:
+    if is_remote(root):
+        return "/".join([root.rstrip("/"), *parts])
+    return str(Path(root, *parts))
+
+
+@dataclass
+class Artifact:
+    kind: str  # raw | shards | tokenized | checkpoints
+    name: str  # "<readable>-<hash>"
+    hash: str
+    inputs: dict  # everything hashed, for provenance and `trajsft plan --explain`
+    location: str  # payload location under the storage root (local path or gs://)
+    manifest: str  # local file Snakemake tracks
+    deps: list[tuple[str, str]] = field(default_factory=list)  # (kind, name) of upstream artifacts
+    spec: dict = field(default_factory=dict)  # what the producing rule needs
+
+
+class Plan:
+    """Every artifact of every configured target, content-addressed."""
+
+    def __init__(self, cfg: dict, base_dir: str | os.PathLike = REPO_DIR, state_dir: str = STATE_DIR):
+        self.cfg = cfg
+        self.base_dir = Path(base_dir)
+        self.state_dir = state_dir
+        self.root = cfg["storage_root"]
+        if not is_remote(self.root) and not os.path.isabs(self.root):
+            self.root = str(self.root)  # relative to the working directory, like Snakemake paths
+        self.artifacts: dict[tuple[str, str], Artifact] = {}
+        self._tree_digests: dict[str, str] = {}
+        self.targets: dict[str, dict] = {}
+        for name in list(cfg["teachers"]) + list(cfg.get("mixtures") or {}):
+            self.targets[name] = self._resolve_target(name)
+
+    # ---- resolution ---------------------------------------------------------------------
+    def local_path(self, p: str) -> Path | None:
+        """A config path that names a local dir (relative to the repo), else None."""
+        cand = Path(p) if os.path.isabs(p) else self.base_dir / p
+        return cand if cand.exists() else None
+
+    def _tree(self, p: Path) -> str:
+        key = str(p)
+        if key not in self._tree_digests:
+            self._tree_digests[key] = hashing.tree_digest(p)
+        return self._tree_digests[key]
+
+    def _identity(self, ref: str, revision: str | None) -> dict:
+        """How a dataset/tokenizer/checkpoint reference enters a hash: local dirs by content."""
+        local = self.local_path(ref)
+        if local is not None and local.is_dir():
+            return {"local_content": self._tree(local)}
+        return {"hub": ref, "revision": revision}
+
+    def _resolve_target(self, name: str) -> dict:
+        cfg = self.cfg
+        mixtures = cfg.get("mixtures") or {}
+        entry = cfg["teachers"].get(name) or mixtures[name]
+        if name in cfg["teachers"]:
+            weights = {name: 1.0}
+        else:
+            weights = dict(entry["teachers"])
+        student_name = entry.get("student", cfg["student"])
+        student = copy.deepcopy(cfg["students"][student_name])
+        training = deep_merge(cfg["training"], entry.get("training"))
+        tokenized = []
+        for teacher, w in sorted(weights.items()):
+            tok = self._tokenized(teacher, student_name, student)
+            tokenized.append((teacher, w, tok))
+        total = sum(weights.values())
+        run_inputs = {
+            "format": FORMAT_VERSIONS["checkpoints"],
+            "data": [{"teacher": t, "weight": w / total, "tokenized": a.hash} for t, w, a in tokenized],
+            "student": self._student_identity(student),
+            "training": training,
+        }
+        h = hashing.short(run_inputs)
+        run_name = f"{name}-{h}"
+        run = self._add(
+            "checkpoints",
+            run_name,
+            h,
+            run_inputs,
+            deps=[(a.kind, a.name) for _, _, a in tokenized],
+            spec={
+                "target": name,
+                "student_name": student_name,
+                "student": student,
+                "training": training,
+                "weights": {t: w / total for t, w, _ in tokenized},
+                "tokenized": {t: a.name for t, _, a in tokenized},
+            },
+        )
+        return {"name": name, "run": run, "tokenized": [a for _, _, a in tokenized]}
+
+    def _student_identity(self, student: dict) -> dict:
+        ident = {k: v for k, v in student.items() if k not in ("tokenizer", "tokenizer_revision", "hf_checkpoint")}
+        ident["tokenizer"] = self._identity(student["tokenizer"], student.get("tokenizer_revision"))
+        if student["init"] == "hf":
+            ident["hf_checkpoint"] = self._identity(student["hf_checkpoint"], student.get("hf_revision"))
+        return ident
+
+    def teacher_transform(self, teacher: str) -> dict:
+        return deep_merge(self.cfg["transform"], self.cfg["teachers"][teacher].get("transform"))
+
+    def _raw(self, teacher: str) -> Artifact:
+        t = self.cfg["teachers"][teacher]
+        inputs = {"format": FORMAT_VERSIONS["raw"], "dataset": self._identity(t["dataset"], t["revision"])}
+        h = hashing.short(inputs)
+        return self._add("raw", f"{teacher}-{h}", h, inputs, spec={"teacher": teacher, **t})
+
+    def _shards(self, teacher: str) -> Artifact:
+        raw = self._raw(teacher)
+        transform = self.teacher_transform(teacher)
+        # `strict` decides whether a bad row fails the rule; the bytes of a success are the same
+        hashed = {k: v for k, v in transform.items() if k != "strict"}
+        inputs = {"format": FORMAT_VERSIONS["shards"], "raw": raw.hash, "transform": hashed}
+        h = hashing.short(inputs)
+        return self._add(
+            "shards", f"{teacher}-{h}", h, inputs, deps=[(raw.kind, raw.name)],
+            spec={"teacher": teacher, "transform": transform, "raw": raw.name, "expected_rows": self.cfg["teachers"][teacher]["rows"]},
+        )
+
+    def _tokenized(self, teacher: str, student_name: str, student: dict) -> Artifact:
+        shards = self._shards(teacher)
+        if not TEMPLATE_PATH.exists():
+            raise ConfigError(f"chat template missing: {TEMPLATE_PATH}")
+        inputs = {
+            "format": FORMAT_VERSIONS["tokenized"],
+            "shards": shards.hash,
+            "tokenizer": self._identity(student["tokenizer"], student.get("tokenizer_revision")),
+            "template": hashing.file_digest(TEMPLATE_PATH),
+        }
+        h = hashing.short(inputs)
+        return self._add(
+            "tokenized", f"{teacher}-{h}", h, inputs, deps=[(shards.kind, shards.name)],
+            spec={"teacher": teacher, "shards": shards.name, "tokenizer": self.resolve_ref(student["tokenizer"])},
+        )
+
+    def resolve_ref(self, ref: str) -> str:
+        local = self.local_path(ref)
+        return str(local) if local is not None else ref
+
+    def _add(self, kind, name, h, inputs, deps=(), spec=None) -> Artifact:
+        key = (kind, name)
+        if key not in self.artifacts:
+            self.artifacts[key] = Artifact(
+                kind=kind, name=name, hash=h, inputs=inputs,
+                location=join(self.root, kind, name),
+                manifest=str(Path(self.state_dir, kind, name, "manifest.json")),
+                deps=list(deps), spec=spec or {},
+            )
+        return self.artifacts[key]
+
+    # ---- queries ------------------------------------------------------------------------
+    def get(self, kind: str, name: str) -> Artifact:
+        try:
+            return self.artifacts[(kind, name)]
+        except KeyError:
+            known = sorted(n for k, n in self.artifacts if k == kind)
+            raise ConfigError(
+                f"{kind}/{name} is not produced by the current config (current {kind}: {', '.join(known) or 'none'})"
+            ) from None
+
+    def target(self, name: str) -> dict:
+        if name not in self.targets:
+            raise ConfigError(f"unknown target '{name}' (teachers and mixtures: {', '.join(self.targets)})")
+        return self.targets[name]
+
+    def chain(self, target: str) -> list[Artifact]:
+        """All artifacts of a target, upstream first."""
+        run = self.target(target)["run"]
+        seen: dict[tuple[str, str], Artifact] = {}
+
+        def visit(a: Artifact):
+            for dep in a.deps:
+                visit(self.artifacts[dep])
+            seen.setdefault((a.kind, a.name), a)
+
+        visit(run)
+        return list(seen.values())
+
+    @staticmethod
+    def done_path(target: str) -> str:
+        return f"checkpoints/{target}/done"

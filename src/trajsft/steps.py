@@ -1,0 +1,197 @@
+"""What each Snakemake rule does. Rule scripts call :func:`run_rule`; logic lives here."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Callable
+
+from . import storage, transform
+from .atomic import write_json
+from .config import ConfigError, Plan, is_remote
+
+log = logging.getLogger("trajsft")
+
+
+class DataError(RuntimeError):
+    """A one-line, user-facing data problem (wrong row count, missing column, ...)."""
+
+
+USER_ERRORS = (ConfigError, DataError, transform.BadRow)
+
+
+# ---- download ---------------------------------------------------------------------------
+def _parquet_files(root: Path) -> list[Path]:
+    files = sorted(root.glob("data/train-*.parquet")) or sorted(root.glob("**/*.parquet"))
+    if not files:
+        raise DataError(f"{root}: no parquet files in the HF dataset layout (expected data/train-*.parquet)")
+    return files
+
+
+def _hf_snapshot(dataset: str, revision: str, dest: Path) -> str:
+    """Download a dataset repo at a pinned revision; returns the resolved commit sha."""
+    from huggingface_hub import HfApi, snapshot_download
+    from huggingface_hub.errors import HfHubHTTPError
+
+    token = os.environ.get("HF_TOKEN") or None  # honoured, never logged
+    try:
+        sha = HfApi(token=token).dataset_info(dataset, revision=revision).sha or revision
+        snapshot_download(
+            repo_id=dataset, repo_type="dataset", revision=sha, token=token, local_dir=str(dest),
+            allow_patterns=["*.parquet", "README.md"],
+        )
+    except HfHubHTTPError as e:
+        status = getattr(e.response, "status_code", "?")
+        hint = " (set HF_TOKEN for gated/private datasets)" if status in (401, 403) and not token else ""
+        raise DataError(f"{dataset}@{revision}: Hugging Face Hub answered HTTP {status}{hint}") from None
+    except OSError as e:  # offline, DNS, ...
+        raise DataError(f"{dataset}@{revision}: cannot reach the Hugging Face Hub ({type(e).__name__})") from None
+    return sha
+
+
+def download(plan: Plan, name: str) -> dict:
+    art = plan.get("raw", name)
+    spec = art.spec
+    local = plan.local_path(spec["dataset"])
+    with tempfile.TemporaryDirectory(prefix="trajsft-dl-") as tmp:
+        tmp = Path(tmp)
+        if local is not None:
+            log.info("copying local dataset %s", local)
+            for f in _parquet_files(local) + [p for p in [local / "README.md"] if p.exists()]:
+                dst = tmp / f.relative_to(local)
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(f, dst)
+            resolved = "local"
+        else:
+            log.info("downloading %s at revision %s", spec["dataset"], spec["revision"])
+            resolved = _hf_snapshot(spec["dataset"], spec["revision"], tmp)
+        import pyarrow.parquet as pq
+
+        files = _parquet_files(tmp)
+        counts = {str(f.relative_to(tmp)): pq.ParquetFile(f).metadata.num_rows for f in files}
+        rows = sum(counts.values())
+        if rows != spec["rows"]:
+            raise DataError(
+                f"{spec['teacher']}: {spec['dataset']}@{spec['revision']} has {rows} rows, config says {spec['rows']} "
+                f"(teachers.{spec['teacher']}.rows): wrong revision or changed dataset"
+            )
+        storage.put_tree(tmp, art.location) if is_remote(art.location) else _replace_dir(tmp, art.location)
+    return {"rows": rows, "files": counts, "resolved_revision": resolved, "dataset": spec["dataset"], "revision": spec["revision"]}
+
+
+def _replace_dir(src: Path, dest: str) -> None:
+    dest_p = Path(dest)
+    dest_p.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{dest_p.name}.", dir=dest_p.parent))
+    try:
+        shutil.copytree(src, staging, dirs_exist_ok=True)
+        if dest_p.exists():
+            shutil.rmtree(dest_p)
+        os.replace(staging, dest_p)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+# ---- shards -----------------------------------------------------------------------------
+def _iter_rows(raw_location: str):
+    import pyarrow.parquet as pq
+
+    files = [f for f in storage.glob(raw_location.rstrip("/") + "/data/*.parquet")] or storage.glob(
+        raw_location.rstrip("/") + "/**/*.parquet"
+    )
+    if not files:
+        raise DataError(f"{raw_location}: no parquet files")
+    for f in files:
+        fs, p = storage.fs_and_path(f)
+        with fs.open(p, "rb") as fh:
+            table = pq.read_table(fh)
+        rel = os.path.relpath(f, raw_location) if not is_remote(f) else f
+        if "messages" not in table.column_names:
+            raise DataError(f"{rel}: missing column 'messages' (columns: {', '.join(table.column_names)})")
+        for i, row in enumerate(table.to_pylist()):
+            yield transform.Source(rel, i), row
+
+
+def shards(plan: Plan, name: str) -> dict:
+    art = plan.get("shards", name)
+    spec = art.spec
+    raw = plan.get("raw", spec["raw"])
+    res = transform.transform_rows(_iter_rows(raw.location), spec["teacher"], spec["transform"])
+    files = {}
+    for split, records in res.records.items():
+        if not records:
+            continue
+        files[split] = []
+        for fname, a, b in transform.shard_names(split, len(records)):
+            storage.write_bytes(f"{art.location}/{fname}", transform.gzip_jsonl(records[a:b]))
+            files[split].append(fname)
+    kept = {split: len(r) for split, r in res.records.items()}
+    if not kept["train"]:
+        raise DataError(f"{spec['teacher']}: no usable rows (skipped: {dict(res.skipped)})")
+    all_recs = res.records["train"] + res.records["validation"]
+    resolved = [r.get("resolved") for r in all_recs if isinstance(r.get("resolved"), bool)]
+    for reason, n in sorted(res.skipped.items()):
+        log.warning("%s: skipped %d row(s): %s", spec["teacher"], n, reason)
+    return {
+        "teacher": spec["teacher"],
+        "rows_in": res.rows_in,
+        "kept": kept,
+        "kept_total": sum(kept.values()),
+        "skipped": dict(sorted(res.skipped.items())),
+        "skipped_total": sum(res.skipped.values()),
+        "skipped_examples": res.skipped_examples,
+        "events": dict(sorted(res.events.items())),
+        "resolved_rate": (sum(resolved) / len(resolved)) if resolved else None,
+        "files": files,
+        "transform": spec["transform"],
+        "trajectories": [dict(transform.trajectory_stats(r), split=s) for s, rs in res.records.items() for r in rs],
+    }
+
+
+# ---- rule entry point -------------------------------------------------------------------
+STEPS: dict[str, Callable[[Plan, str], dict]] = {"download": download, "shards": shards}
+
+
+def run_rule(step: str, snakemake) -> None:
+    """Run one step for a Snakemake ``script:`` job; user errors become one line, exit 1."""
+    from . import logs
+
+    cfg = snakemake.config
+    log_path = snakemake.log[0] if snakemake.log else None
+    logs.setup(log_path, cfg.get("log_level", "INFO"))
+    plan = Plan(cfg, base_dir=snakemake.workflow.basedir if hasattr(snakemake, "workflow") else os.getcwd())
+    name = snakemake.wildcards.get("name") or snakemake.wildcards.get("target")
+    started = time.time()
+    try:
+        if step not in STEPS:
+            from . import steps_train  # tokenize/train need jax & levanter: import lazily
+
+            result = steps_train.STEPS[step](plan, name)
+        else:
+            result = STEPS[step](plan, name)
+    except USER_ERRORS as e:
+        msg = f"trajsft {step} {name}: {e}"
+        log.error(msg)
+        print(msg, file=sys.stderr)
+        sys.exit(1)
+    except Exception:
+        log.error("trajsft %s %s failed:\n%s", step, name, traceback.format_exc())
+        raise
+    if step != "train":
+        kind = {"download": "raw", "shards": "shards", "tokenize": "tokenized"}[step]
+        art = plan.get(kind, name)
+        manifest = {
+            "kind": kind, "name": art.name, "hash": art.hash, "location": art.location,
+            "hash_inputs": art.inputs, "seconds": round(time.time() - started, 3), **result,
+        }
+        if is_remote(art.location):
+            storage.write_bytes(f"{art.location}/manifest.json", json.dumps(manifest, indent=2).encode())
+        write_json(snakemake.output[0], manifest)
+    log.info("%s %s done in %.1fs", step, name, time.time() - started)

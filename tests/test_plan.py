@@ -1,0 +1,118 @@
+import json
+import subprocess
+import sys
+
+import pytest
+
+from trajsft import config as C
+from trajsft import hashing
+
+
+def plan(**over):
+    return C.Plan(C.load(None, over), base_dir=C.REPO_DIR)
+
+
+def names(p, target):
+    return {a.kind: a.name for a in p.chain(target)}
+
+
+def test_learning_rate_changes_checkpoint_dir_but_not_data():
+    base = names(plan(), "minimax-m2.5")
+    lr = names(plan(training={"learning_rate": 1e-5}), "minimax-m2.5")
+    assert lr["checkpoints"] != base["checkpoints"]
+    for kind in ("raw", "shards", "tokenized"):
+        assert lr[kind] == base[kind]
+
+
+NEW_VALUES = {"batch_size": 32, "epochs": 3, "warmup": 0.05, "decay": 0.5, "weight_decay": 0.1, "max_grad_norm": 1.0,
+              "beta1": 0.95, "beta2": 0.95, "epsilon": 1e-6, "seq_len": 16384, "seed": 0, "min_lr_ratio": 0.1,
+              "lr_schedule": "linear", "max_steps": 10}
+
+
+def test_new_values_cover_the_schema():
+    import yaml
+    schema = yaml.safe_load(C.SCHEMA_PATH.read_text())
+    assert set(NEW_VALUES) | {"learning_rate"} == set(schema["definitions"]["training"]["properties"])
+
+
+@pytest.mark.parametrize("field", sorted(NEW_VALUES))
+def test_every_training_field_is_hashed(field):
+    new = NEW_VALUES[field]
+    assert C.load()["training"].get(field) != new
+    assert names(plan(training={field: new}), "gemini-3-flash")["checkpoints"] != names(plan(), "gemini-3-flash")["checkpoints"]
+
+
+@pytest.mark.parametrize("over", [
+    {"wandb": {"project": "other", "entity": "someone", "mode": "online"}},
+    {"storage_root": "gs://marin-us-east5/trajsft"},
+    {"executor": "ray"},
+    {"log_level": "DEBUG"},
+    {"checkpointing": {"save_interval_minutes": 3}},
+    {"transform": {"strict": True}},
+])
+def test_cosmetic_settings_not_hashed(over):
+    assert names(plan(**over), "minimax-m2.5") == names(plan(), "minimax-m2.5")
+
+
+def test_transform_changes_data_hashes_downstream_only():
+    base, new = names(plan(), "demo"), names(plan(transform={"resolved_only": True}), "demo")
+    assert new["raw"] == base["raw"]
+    assert new["shards"] != base["shards"] and new["tokenized"] != base["tokenized"]
+    assert new["checkpoints"] != base["checkpoints"]
+
+
+def test_revision_and_student_are_hashed():
+    base = names(plan(), "gpt-5-mini")
+    p = plan(teachers={"gpt-5-mini": {"revision": "abc1234"}})
+    assert names(p, "gpt-5-mini")["raw"] != base["raw"]
+    p = plan(students={"qwen3-8b": {"rope_theta": 5e5}})
+    n = names(p, "gpt-5-mini")
+    assert n["checkpoints"] != base["checkpoints"] and n["tokenized"] == base["tokenized"]
+    p = plan(students={"qwen3-8b": {"tokenizer": "Qwen/Qwen3-4B"}})
+    assert names(p, "gpt-5-mini")["tokenized"] != base["tokenized"]
+
+
+def test_float_spelling_does_not_matter():
+    assert hashing.digest({"lr": 4e-5}) == hashing.digest({"lr": 0.00004})
+    assert hashing.digest({"b": 16.0, "a": 1}) == hashing.digest({"a": 1, "b": 16})
+    assert hashing.digest({"lr": 4e-5}) != hashing.digest({"lr": 4.1e-5})
+
+
+def test_mixture_reuses_teacher_data_and_hashes_weights():
+    p = plan()
+    mix = names(p, "mix-minimax-gemini")
+    mm = {a.name for a in p.chain("mix-minimax-gemini") if a.kind == "tokenized"}
+    assert names(p, "minimax-m2.5")["tokenized"] in mm and names(p, "gemini-3-flash")["tokenized"] in mm
+    p2 = plan(mixtures={"mix-minimax-gemini": {"teachers": {"minimax-m2.5": 0.7, "gemini-3-flash": 0.3}}})
+    assert names(p2, "mix-minimax-gemini")["checkpoints"] != mix["checkpoints"]
+
+
+def test_local_dataset_hashed_by_content(tmp_path):
+    d = tmp_path / "ds" / "data"
+    d.mkdir(parents=True)
+    (d / "train-00000-of-00001.parquet").write_bytes(b"one")
+    over = {"teachers": {"demo": {"dataset": str(tmp_path / "ds")}}}
+    first = names(plan(**over), "demo")["raw"]
+    (d / "train-00000-of-00001.parquet").write_bytes(b"two")
+    assert names(plan(**over), "demo")["raw"] != first
+
+
+def test_bad_config_is_one_line():
+    with pytest.raises(C.ConfigError) as e:
+        C.load(None, {"training": {"learning_rate": -1}})
+    assert "\n" not in str(e.value) and "learning_rate" in str(e.value)
+    with pytest.raises(C.ConfigError, match="unknown teacher 'nope'"):
+        C.load(None, {"mixtures": {"m": {"teachers": {"nope": 1}}}})
+    with pytest.raises(C.ConfigError, match="unknown target 'nope'"):
+        plan().target("nope")
+
+
+def test_plan_cli_prints_locations_without_running(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "trajsft.cli", "plan", "minimax-m2.5", "--json",
+                          "--storage-root", "gs://marin-us-east5/trajsft"], capture_output=True, text=True, check=True)
+    [t] = json.loads(out.stdout)
+    assert t["checkpoint_dir"].startswith("gs://marin-us-east5/trajsft/checkpoints/minimax-m2.5-")
+    assert t["checkpoint_dir"] == C.join("gs://marin-us-east5/trajsft", "checkpoints", names(plan(), "minimax-m2.5")["checkpoints"])
+    assert [a["kind"] for a in t["artifacts"]] == ["raw", "shards", "tokenized", "checkpoints"]
+    bad = subprocess.run([sys.executable, "-m", "trajsft.cli", "plan", "nope"], capture_output=True, text=True)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "unknown target" in bad.stderr

@@ -1,0 +1,131 @@
+import gzip
+import json
+
+import pytest
+
+from trajsft import transform as T
+
+SYS = {"role": "system", "content": "You are an agent."}
+USER = {"role": "user", "content": "Fix the bug."}
+
+
+def call(i, name="bash", args='{"command": "ls"}'):
+    return {"id": f"call_{i}", "type": "function", "function": {"name": name, "arguments": args}}
+
+
+def asst(content="", calls=None):
+    m = {"role": "assistant", "content": content}
+    if calls is not None:
+        m["tool_calls"] = calls
+    return m
+
+
+def tool(i, out="ok", name="bash"):
+    return {"role": "tool", "content": out, "tool_call_id": f"call_{i}", "name": name}
+
+
+GOOD = [SYS, USER, asst("", [call(1)]), tool(1, "src/"), asst("Done.")]
+
+
+def rows(*items):
+    return [(T.Source("data/train-00000-of-00001.parquet", i), r) for i, r in enumerate(items)]
+
+
+def row(messages, traj_id="t1", resolved=True, **kw):
+    return {"messages": json.dumps(messages) if not isinstance(messages, str) else messages,
+            "traj_id": traj_id, "instance_id": "x__y.1", "resolved": resolved, "model": "m", **kw}
+
+
+def test_tool_calls_tool_call_id_and_name_preserved():
+    msgs, _ = T.normalize_messages(json.dumps(GOOD))
+    assert msgs[2]["tool_calls"] == [call(1)]
+    assert msgs[3] == {"role": "tool", "content": "src/", "tool_call_id": "call_1", "name": "bash"}
+    assert msgs[2]["content"] == ""  # empty content alongside tool calls is valid
+
+
+def test_trailing_user_turn_trimmed_and_counted():
+    msgs, ev = T.normalize_messages(GOOD + [{"role": "user", "content": "thanks"}, tool(9)])
+    assert msgs[-1]["role"] == "assistant"
+    assert ev["trimmed_trailing_turns"] == 2
+
+
+def test_drop_roles():
+    msgs, ev = T.normalize_messages(GOOD + [{"role": "exit", "content": "submitted"}], drop_roles=["exit"])
+    assert [m["role"] for m in msgs] == [m["role"] for m in GOOD]
+    assert ev["dropped_role:exit"] == 1
+
+
+@pytest.mark.parametrize(
+    "messages,reason",
+    [
+        ("{not json", "invalid_json"),
+        ('{"role": "user"}', "not_a_message_list"),
+        ([SYS, USER, {"role": "narrator", "content": "x"}, asst("a")], "unknown_role"),
+        ([SYS, USER], "no_assistant_turn"),
+        ([SYS, USER, asst(42)], "non_string_content"),
+        ([SYS, USER, {"role": "user", "content": {"a": 1}}, asst("a")], "non_string_content"),
+        ([SYS, USER, asst("", [call(1, args="{bad")]), tool(1), asst("x")], "invalid_tool_arguments"),
+        ([SYS, USER, asst("", [{"type": "function", "function": {}}])], "bad_tool_calls"),
+        ([SYS, asst("hi")], "no_user_turn"),
+    ],
+)
+def test_bad_messages(messages, reason):
+    raw = messages if isinstance(messages, str) else json.dumps(messages)
+    with pytest.raises(T.BadRow) as e:
+        T.normalize_messages(raw)
+    assert e.value.reason == reason
+
+
+def test_text_part_lists_are_joined():
+    msgs, _ = T.normalize_messages([SYS, {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}, asst("c")])
+    assert msgs[1]["content"] == "ab"
+
+
+def test_transform_counts_every_row_and_dedups():
+    res = T.transform_rows(
+        rows(row(GOOD, "a"), row(GOOD, "a"), row("{oops", "b"), row(GOOD, "c", resolved=False), {"messages": json.dumps(GOOD)}),
+        "demo", {"drop_roles": ["exit"], "dedup_traj_id": True},
+    )
+    assert res.rows_in == 5
+    assert len(res.records["train"]) == 2
+    assert res.skipped == {"duplicate_traj_id": 1, "invalid_json": 1, "missing_traj_id": 1}
+    assert sum(res.skipped.values()) + len(res.records["train"]) == res.rows_in
+    ex = res.skipped_examples[0]
+    assert ex["file"].endswith(".parquet") and ex["row"] == 1 and ex["reason"] == "duplicate_traj_id"
+
+
+def test_resolved_only_filter():
+    res = T.transform_rows(rows(row(GOOD, "a"), row(GOOD, "b", resolved=False)), "d", {"resolved_only": True})
+    assert [r["traj_id"] for r in res.records["train"]] == ["a"]
+    assert res.skipped == {"unresolved": 1}
+
+
+def test_strict_raises_one_line_naming_file_row_field():
+    with pytest.raises(T.BadRow) as e:
+        T.transform_rows(rows(row(GOOD, "a"), row("{oops", "b")), "d", {"strict": True})
+    msg = str(e.value)
+    assert "\n" not in msg
+    assert msg.startswith("data/train-00000-of-00001.parquet row 1 (traj_id=b): field messages: ")
+
+
+def test_heldout_split_deterministic_by_traj_id():
+    ids = [f"traj-{i}" for i in range(2000)]
+    held = [t for t in ids if T.heldout(t, 0.1)]
+    assert 150 < len(held) < 250
+    assert held == [t for t in ids if T.heldout(t, 0.1)]
+    assert not any(T.heldout(t, 0.0) for t in ids)
+    res = T.transform_rows(rows(*[row(GOOD, t) for t in ids[:200]]), "d", {"heldout_fraction": 0.1})
+    assert {r["traj_id"] for r in res.records["validation"]} == {t for t in ids[:200] if T.heldout(t, 0.1)}
+
+
+def test_gzip_jsonl_deterministic_and_roundtrips():
+    recs = [{"messages": GOOD, "traj_id": "a"}, {"messages": GOOD, "traj_id": "b"}]
+    a, b = T.gzip_jsonl(recs), T.gzip_jsonl(recs)
+    assert a == b
+    lines = gzip.decompress(a).decode().splitlines()
+    assert [json.loads(x)["traj_id"] for x in lines] == ["a", "b"]
+
+
+def test_shard_names():
+    assert list(T.shard_names("train", 5, 2)) == [
+        ("train-00000-of-00003.jsonl.gz", 0, 2), ("train-00001-of-00003.jsonl.gz", 2, 4), ("train-00002-of-00003.jsonl.gz", 4, 5)]
