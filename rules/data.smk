@@ -4,7 +4,7 @@ rule download:
     log:
         "logs/download/{name}.log",
     script:
-        "../scripts/download.py"
+        "../scripts/rule_download.py"
 
 
 rule shard:
@@ -17,7 +17,7 @@ rule shard:
     benchmark:
         "benchmarks/shard/{name}.tsv"
     script:
-        "../scripts/shard.py"
+        "../scripts/rule_shard.py"
 
 
 rule tokenize:
@@ -30,4 +30,4 @@ rule tokenize:
     benchmark:
         "benchmarks/tokenize/{name}.tsv"
     script:
-        "../scripts/tokenize.py"
+        "../scripts/rule_tokenize.py"

@@ -12,4 +12,4 @@ rule train:
     log:
         "logs/train/{target}.log",
     script:
-        "../scripts/train.py"
+        "../scripts/rule_train.py"
