@@ -165,12 +165,18 @@ def run_rule(step: str, snakemake) -> None:
 
     cfg = snakemake.config
     log_path = snakemake.log[0] if snakemake.log else None
-    logs.setup(log_path, cfg.get("log_level", "INFO"))
     plan = Plan(cfg, base_dir=snakemake.workflow.basedir if hasattr(snakemake, "workflow") else os.getcwd())
     name = snakemake.wildcards.get("name") or snakemake.wildcards.get("target")
+    if step == "train" and log_path:
+        from . import steps_train
+
+        steps_train.link_rule_log(plan, name, log_path)
+    logs.setup(log_path, cfg.get("log_level", "INFO"))
     started = time.time()
     try:
-        if step not in STEPS:
+        if step == "train":
+            result = steps_train.train(plan, name, done_path=snakemake.output[0])
+        elif step not in STEPS:
             from . import steps_train  # tokenize/train need jax & levanter: import lazily
 
             result = steps_train.STEPS[step](plan, name)

@@ -1,0 +1,92 @@
+"""Run provenance: resolved config, code version, packages, host, and every attempt."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import platform
+import socket
+import subprocess
+from importlib import metadata
+
+from . import storage
+from .config import REPO_DIR
+
+PACKAGES = ("trajsft", "levanter", "haliax", "jax", "jaxlib", "transformers", "tokenizers", "datasets",
+            "huggingface_hub", "ray", "snakemake", "wandb", "gcsfs", "pyarrow", "pandas")
+
+
+def now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def _git(*args: str) -> str | None:
+    try:
+        return subprocess.run(["git", *args], cwd=REPO_DIR, capture_output=True, text=True, check=True, timeout=20).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def code_version() -> dict:
+    commit = _git("rev-parse", "HEAD")
+    diff = _git("diff", "HEAD")
+    status = _git("status", "--porcelain")
+    return {
+        "git_commit": commit.strip() if commit else None,
+        "git_dirty": bool(status and status.strip()),
+        "git_diff": diff or "",
+    }
+
+
+def package_versions() -> dict:
+    out = {}
+    for p in PACKAGES:
+        try:
+            out[p] = metadata.version(p)
+        except metadata.PackageNotFoundError:
+            out[p] = None
+    return out
+
+
+def host() -> dict:
+    return {"hostname": socket.gethostname(), "platform": platform.platform(), "python": platform.python_version(),
+            "pid": os.getpid()}
+
+
+def write(run_dir: str, resolved: dict) -> None:
+    """Write (or refresh) <run_dir>/provenance/: config, code, packages, host."""
+    base = f"{run_dir.rstrip('/')}/provenance"
+    code = code_version()
+    storage.write_bytes(f"{base}/config.json", json.dumps(resolved, indent=2, sort_keys=True).encode())
+    storage.write_bytes(f"{base}/code.json", json.dumps({k: v for k, v in code.items() if k != "git_diff"}, indent=2).encode())
+    storage.write_bytes(f"{base}/uncommitted.diff", code["git_diff"].encode())
+    storage.write_bytes(f"{base}/packages.json", json.dumps(package_versions(), indent=2, sort_keys=True).encode())
+
+
+def read_attempts(run_dir: str) -> list[dict]:
+    path = f"{run_dir.rstrip('/')}/attempts.json"
+    try:
+        return json.loads(storage.read_bytes(path))
+    except FileNotFoundError:
+        return []
+
+
+def record_attempt(run_dir: str, **fields) -> dict:
+    """Append a new attempt (start time, host, ...) and return it."""
+    attempts = read_attempts(run_dir)
+    for a in attempts:
+        if a.get("outcome") == "running":  # its process died without saying so (SIGKILL, node loss)
+            a.update(outcome="interrupted")
+    attempt = {"attempt": len(attempts) + 1, "started": now(), "outcome": "running", **host(), **fields}
+    attempts.append(attempt)
+    storage.write_bytes(f"{run_dir.rstrip('/')}/attempts.json", json.dumps(attempts, indent=2).encode())
+    return attempt
+
+
+def finish_attempt(run_dir: str, number: int, outcome: str, **fields) -> None:
+    attempts = read_attempts(run_dir)
+    for a in attempts:
+        if a["attempt"] == number:
+            a.update(ended=now(), outcome=outcome, **fields)
+    storage.write_bytes(f"{run_dir.rstrip('/')}/attempts.json", json.dumps(attempts, indent=2).encode())

@@ -1,0 +1,198 @@
+"""Steps that need Levanter (imported lazily by :func:`trajsft.steps.run_rule`)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+
+from . import levanter_run as LR
+from . import provenance, storage, template
+from .atomic import write_json
+from .config import STATE_DIR, ConfigError, Plan, is_remote, join
+from .steps import DataError
+
+log = logging.getLogger("trajsft")
+
+# share of chats / tokens beyond these lengths is reported for every teacher
+LENGTH_THRESHOLDS = (1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
+
+
+def _read_manifest(plan: Plan, kind: str, name: str) -> dict:
+    art = plan.get(kind, name)
+    try:
+        return json.loads(Path(art.manifest).read_text())
+    except FileNotFoundError:
+        raise DataError(f"{art.manifest} is missing: build {kind}/{name} first") from None
+
+
+def cache_dir(plan: Plan, tokenized_name: str) -> str:
+    loc = plan.get("tokenized", tokenized_name).location
+    return join(loc if is_remote(loc) else os.path.abspath(loc), "cache")
+
+
+def length_shares(lengths: list[int]) -> dict:
+    total = sum(lengths) or 1
+    out = {}
+    for t in LENGTH_THRESHOLDS:
+        over = [n for n in lengths if n > t]
+        out[str(t)] = {"chats": len(over) / max(1, len(lengths)), "tokens_beyond": sum(n - t for n in over) / total}
+    return out
+
+
+def tokenize(plan: Plan, name: str) -> dict:
+    art = plan.get("tokenized", name)
+    shards_art = plan.get("shards", art.spec["shards"])
+    shards = _read_manifest(plan, "shards", shards_art.name)
+    urls = {s: [join(shards_art.location, f) for f in files] for s, files in shards["files"].items()}
+    stats = LR.build_chat_cache(
+        urls["train"], urls.get("validation", []), cache_dir(plan, name),
+        tokenizer=art.spec["tokenizer"], chat_template=template.load_template(),
+    )
+    for split in ("train", "validation"):
+        if stats.get(split):
+            stats[split]["longer_than"] = length_shares(stats[split]["lengths"])
+    tr = stats["train"]
+    log.info("%s: %d chats, %d tokens, assistant fraction %.3f", art.spec["teacher"], tr["chats"], tr["tokens"], tr["assistant_fraction"])
+    return {"teacher": art.spec["teacher"], "cache_dir": cache_dir(plan, name), "tokenizer": art.spec["tokenizer"],
+            "template_sha256": template.template_sha256(), "stats": stats}
+
+
+def _model_args(student_name: str, student: dict) -> dict:
+    if student["init"] == "random":
+        return {"model": {**LR.MODEL_PRESETS["tiny"], **student["model"]}}
+    if student.get("model"):
+        model = {**LR.MODEL_PRESETS.get(student_name, {}), **student["model"]}
+    elif student_name in LR.MODEL_PRESETS:
+        model = dict(LR.MODEL_PRESETS[student_name])
+    else:
+        raise ConfigError(f"students.{student_name}: give model dimensions (no built-in preset of that name)")
+    return {"model": model, "initialize_from_hf": student["hf_checkpoint"]}
+
+
+def run_paths(plan: Plan, target: str) -> dict:
+    run = plan.target(target)["run"]
+    state = str(Path(STATE_DIR, "checkpoints", run.name))
+    return {"run": run, "run_dir": run.location, "state_dir": state, "log": str(Path(state, "train.log"))}
+
+
+def levanter_config(plan: Plan, target: str) -> dict:
+    """The full train_lm config of a target (plain dict), with step count from the caches."""
+    p = run_paths(plan, target)
+    run, spec = p["run"], p["run"].spec
+    tr, cfg = spec["training"], plan.cfg
+    sources = {}
+    for teacher, tok_name in spec["tokenized"].items():
+        cdir = cache_dir(plan, tok_name)
+        packed = LR.count_packed_sequences(join(cdir, "train"), int(tr["seq_len"]))
+        sources[teacher] = {"cache_dir": cdir, "weight": spec["weights"][teacher], "packed_sequences": packed}
+    ck = cfg["checkpointing"]
+    wandb = cfg["wandb"]
+    return LR.levanter_config(
+        run_id=run.hash,  # W&B run id and trainer id: a retry continues the same run
+        run_dir=p["run_dir"],
+        tokenizer=plan.resolve_ref(spec["student"]["tokenizer"]),
+        chat_template=template.load_template(),
+        sources=sources,
+        seq_len=int(tr["seq_len"]),
+        train_batch_size=int(tr["batch_size"]),
+        epochs=float(tr["epochs"]),
+        num_train_steps=tr.get("max_steps"),
+        rope_theta=float(spec["student"].get("rope_theta", 1e6)),
+        learning_rate=float(tr["learning_rate"]),
+        lr_schedule=tr["lr_schedule"],
+        warmup=float(tr["warmup"]),
+        decay=float(tr["decay"]),
+        min_lr_ratio=float(tr["min_lr_ratio"]),
+        weight_decay=float(tr["weight_decay"]),
+        max_grad_norm=tr["max_grad_norm"],
+        beta1=float(tr["beta1"]),
+        beta2=float(tr["beta2"]),
+        epsilon=float(tr["epsilon"]),
+        seed=int(tr["seed"]),
+        accelerator="tpu" if cfg["executor"] == "ray" else "cpu",
+        save_interval=f"{ck['save_interval_minutes']}m",
+        keep_every=int(ck["keep_every_steps"]),
+        hf_save_steps=int(ck["hf_export_every_steps"]),
+        wandb_mode=wandb["mode"],
+        wandb_project=wandb["project"],
+        wandb_entity=wandb.get("entity"),
+        wandb_tags=[target],
+        **_model_args(spec["student_name"], spec["student"]),
+    )
+
+
+def wandb_url(cfg: dict, run_id: str) -> str | None:
+    w = cfg["wandb"]
+    if w["mode"] != "online" or not w.get("entity"):
+        return None
+    return f"https://wandb.ai/{w['entity']}/{w['project']}/runs/{run_id}"
+
+
+def link_rule_log(plan: Plan, target: str, rule_log: str) -> None:
+    """Snakemake deletes a rule's log before every attempt; point it at the durable run log."""
+    p = run_paths(plan, target)
+    os.makedirs(p["state_dir"], exist_ok=True)
+    _link(rule_log, p["log"])
+
+
+def train(plan: Plan, target: str, done_path: str | None = None) -> dict:
+    p = run_paths(plan, target)
+    run = p["run"]
+    os.makedirs(p["state_dir"], exist_ok=True)
+    lev = levanter_config(plan, target)
+    provenance.write(p["run_dir"], {"target": target, "run": run.name, "hash": run.hash, "hash_inputs": run.inputs,
+                                     "config": plan.cfg, "levanter": lev})
+    executor = plan.cfg["executor"]
+    attempt = provenance.record_attempt(p["run_dir"], executor=executor)
+    log.info("training %s -> %s (attempt %d, %s)", target, p["run_dir"], attempt["attempt"], executor)
+    try:
+        if executor == "ray":
+            from . import ray_train
+
+            result = ray_train.train_on_ray(plan, target, lev, p, attempt["attempt"])
+        else:
+            result = LR.run_training(lev, p["run_dir"], p["log"])
+    except BaseException as e:
+        provenance.finish_attempt(p["run_dir"], attempt["attempt"], "failed", error=f"{type(e).__name__}: {e}"[:500])
+        raise
+    provenance.finish_attempt(p["run_dir"], attempt["attempt"], "succeeded", steps=result.get("steps"),
+                              resumed_from_step=result.get("resumed_from_step"))
+    hf = result.get("hf_export")
+    if not hf or not storage.exists(join(hf, "config.json")):
+        raise DataError(f"training of {target} ended without a final HF export at {hf}")
+    done = {
+        "target": target,
+        "hash": run.hash,
+        "run": run.name,
+        "checkpoint_dir": p["run_dir"],
+        "trainer_checkpoint": result.get("checkpoint_dir"),
+        "hf_export": hf,
+        "steps": result.get("steps"),
+        "final_loss": result.get("final_loss"),
+        "eval_loss": result.get("eval_loss"),
+        "wandb_run_id": run.hash,
+        "wandb_url": wandb_url(plan.cfg, run.hash),
+        "wandb_mode": plan.cfg["wandb"]["mode"],
+        "attempts": attempt["attempt"],
+        "log": p["log"],
+        "finished": provenance.now(),
+    }
+    write_json(Path(p["state_dir"], "manifest.json"), done)
+    if is_remote(p["run_dir"]):
+        storage.write_bytes(join(p["run_dir"], "done.json"), json.dumps(done, indent=2).encode())
+    if done_path:
+        write_json(done_path, done)
+    return done
+
+
+def _link(link: str, target: str) -> None:
+    Path(target).touch()
+    Path(link).parent.mkdir(parents=True, exist_ok=True)
+    if os.path.lexists(link):
+        os.unlink(link)
+    os.symlink(os.path.relpath(target, os.path.dirname(os.path.abspath(link))), link)
+
+
+STEPS = {"tokenize": tokenize, "train": train}
