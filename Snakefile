@@ -1,8 +1,9 @@
 # trajsft: SFT a student LLM on agent trajectories from several teacher models.
 # Targets: checkpoints/<teacher-or-mixture>/done  (see README; `trajsft plan <target>`)
+import os
 
 
-configfile: "config/config.yaml"
+configfile: os.path.join(workflow.basedir, "config", "config.yaml")
 
 
 include: "rules/common.smk"

@@ -1,6 +1,8 @@
 rule download:
     output:
         f"{STATE_DIR}/raw/{{name}}/manifest.json",
+    conda:
+        "../envs/trajsft.yaml"
     log:
         "logs/download/{name}.log",
     script:
@@ -12,6 +14,8 @@ rule shard:
         upstream_manifest("shards", "raw"),
     output:
         f"{STATE_DIR}/shards/{{name}}/manifest.json",
+    conda:
+        "../envs/trajsft.yaml"
     log:
         "logs/shard/{name}.log",
     benchmark:
@@ -25,6 +29,8 @@ rule tokenize:
         upstream_manifest("tokenized", "shards"),
     output:
         f"{STATE_DIR}/tokenized/{{name}}/manifest.json",
+    conda:
+        "../envs/trajsft.yaml"
     log:
         "logs/tokenize/{name}.log",
     benchmark:

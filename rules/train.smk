@@ -9,6 +9,8 @@ rule train:
         "checkpoints/{target}/done",
     params:
         run=run_name,
+    conda:
+        "../envs/trajsft.yaml"
     log:
         "logs/train/{target}.log",
     script:

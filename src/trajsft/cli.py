@@ -15,7 +15,7 @@ def _load(args) -> C.Plan:
     overrides = {}
     if getattr(args, "storage_root", None):
         overrides["storage_root"] = args.storage_root
-    cfg = C.load(args.configfile or None, overrides)
+    cfg = C.load([C.DEFAULT_CONFIG, *(args.configfile or [])], overrides)
     return C.Plan(cfg, base_dir=C.REPO_DIR)
 
 
@@ -69,7 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="cmd", required=True)
 
     def common(sp):
-        sp.add_argument("--configfile", action="append", help="config file(s); default config/config.yaml")
+        sp.add_argument("--configfile", action="append", help="extra config file(s) merged over config/config.yaml, as with snakemake --configfile")
         sp.add_argument("--storage-root", help="override storage_root (e.g. gs://marin-us-east5/trajsft)")
 
     sp = sub.add_parser("plan", help="where every artifact of a target lives (runs and downloads nothing)")

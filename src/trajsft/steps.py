@@ -165,7 +165,8 @@ def run_rule(step: str, snakemake) -> None:
 
     cfg = snakemake.config
     log_path = snakemake.log[0] if snakemake.log else None
-    plan = Plan(cfg, base_dir=snakemake.workflow.basedir if hasattr(snakemake, "workflow") else os.getcwd())
+    # relative config paths (demo/dataset, demo/tokenizer) are relative to the workflow dir
+    plan = Plan(cfg, base_dir=Path(snakemake.scriptdir).parent)
     name = snakemake.wildcards.get("name") or snakemake.wildcards.get("target")
     if step == "train" and log_path:
         from . import steps_train

@@ -1,0 +1,79 @@
+"""Helpers for integration tests that run the real Snakemake workflow in a scratch workdir."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+SNAKEMAKE = str(Path(sys.executable).parent / "snakemake")
+
+
+def overrides_file(workdir: Path, config: dict | None) -> list[str]:
+    """Config overrides as a --configfile (merged over config/config.yaml, like a profile's)."""
+    if not config:
+        return []
+    path = Path(workdir) / "test-overrides.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return ["--configfile", str(path)]
+
+
+def snakemake_cmd(workdir: Path, *args: str, config: dict | None = None) -> list[str]:
+    return [SNAKEMAKE, "-s", str(REPO / "Snakefile"), "-d", str(workdir), "--cores", "2", *args,
+            *overrides_file(workdir, config)]
+
+
+def env() -> dict:
+    e = dict(os.environ)
+    e.setdefault("RAY_TMPDIR", "/tmp/rt-tests")
+    e["HF_HUB_OFFLINE"] = "1"
+    e["WANDB_MODE"] = "offline"
+    return e
+
+
+def run(workdir: Path, *args: str, config: dict | None = None, check=True, timeout=900) -> subprocess.CompletedProcess:
+    p = subprocess.run(snakemake_cmd(workdir, *args, config=config), capture_output=True, text=True, env=env(),
+                       timeout=timeout)
+    if check and p.returncode != 0:
+        raise AssertionError(f"snakemake failed ({p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-6000:]}")
+    return p
+
+
+def start(workdir: Path, *args: str, config: dict | None = None, log: Path) -> subprocess.Popen:
+    fh = open(log, "w")
+    return subprocess.Popen(snakemake_cmd(workdir, *args, config=config), stdout=fh, stderr=subprocess.STDOUT,
+                            env=env(), start_new_session=True)
+
+
+def kill_group(p: subprocess.Popen, sig=signal.SIGKILL) -> None:
+    try:
+        os.killpg(p.pid, sig)
+    except ProcessLookupError:
+        pass
+    p.wait(timeout=60)
+
+
+def wait_for(pred, timeout: float, what: str, proc: subprocess.Popen | None = None, poll: float = 0.5):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        v = pred()
+        if v:
+            return v
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"process exited ({proc.returncode}) before: {what}")
+        time.sleep(poll)
+    raise AssertionError(f"timed out after {timeout}s waiting for: {what}")
+
+
+def plan(workdir: Path, target: str, config: dict | None = None) -> dict:
+    cmd = [sys.executable, "-m", "trajsft.cli", "plan", target, "--json", *overrides_file(workdir, config)]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=workdir, env=env())
+    [t] = json.loads(out.stdout)
+    return t
