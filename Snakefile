@@ -9,9 +9,11 @@ configfile: os.path.join(workflow.basedir, "config", "config.yaml")
 include: "rules/common.smk"
 include: "rules/data.smk"
 include: "rules/train.smk"
+include: "rules/report.smk"
 
 
 rule all:
+    default_target: True
     input:
         done_targets(config["default_targets"]),
-    default_target: True
+        REPORT_OUTPUTS,

@@ -1,5 +1,7 @@
 import re
+import sys
 
+from snakemake.exceptions import WorkflowError
 from snakemake.utils import min_version, validate
 
 from trajsft.config import STATE_DIR, Plan, check_references
@@ -37,3 +39,22 @@ def tokenized_manifests(wildcards):
 
 def run_name(wildcards):
     return PLAN.target(wildcards.target)["run"].name
+
+
+def preflight_or_exit():
+    """On a Ray cluster profile: refuse to start (in seconds) if training could not run."""
+    if config["executor"] != "ray":
+        return
+    from trajsft.ray_train import preflight
+
+    problems = preflight(config)
+    for p in problems:
+        print(f"trajsft preflight: {p}", file=sys.stderr)
+    if problems:
+        raise WorkflowError(
+            f"preflight failed ({len(problems)} problem(s) above); nothing was submitted"
+        )
+
+
+onstart:
+    preflight_or_exit()

@@ -1,10 +1,10 @@
 rule download:
     output:
         f"{STATE_DIR}/raw/{{name}}/manifest.json",
-    conda:
-        "../envs/trajsft.yaml"
     log:
         "logs/download/{name}.log",
+    conda:
+        "../envs/trajsft.yaml"
     script:
         "../scripts/rule_download.py"
 
@@ -14,12 +14,12 @@ rule shard:
         upstream_manifest("shards", "raw"),
     output:
         f"{STATE_DIR}/shards/{{name}}/manifest.json",
-    conda:
-        "../envs/trajsft.yaml"
     log:
         "logs/shard/{name}.log",
     benchmark:
         "benchmarks/shard/{name}.tsv"
+    conda:
+        "../envs/trajsft.yaml"
     script:
         "../scripts/rule_shard.py"
 
@@ -29,11 +29,11 @@ rule tokenize:
         upstream_manifest("tokenized", "shards"),
     output:
         f"{STATE_DIR}/tokenized/{{name}}/manifest.json",
-    conda:
-        "../envs/trajsft.yaml"
     log:
         "logs/tokenize/{name}.log",
     benchmark:
         "benchmarks/tokenize/{name}.tsv"
+    conda:
+        "../envs/trajsft.yaml"
     script:
         "../scripts/rule_tokenize.py"

@@ -6,12 +6,18 @@ rule train:
     input:
         tokenized_manifests,
     output:
-        "checkpoints/{target}/done",
-    params:
-        run=run_name,
-    conda:
-        "../envs/trajsft.yaml"
+        report(
+            "checkpoints/{target}/done",
+            caption="../report/done.rst",
+            category="Checkpoints",
+            subcategory="{target}",
+            labels={"target": "{target}", "file": "done"},
+        ),
     log:
         "logs/train/{target}.log",
+    conda:
+        "../envs/trajsft.yaml"
+    params:
+        run=run_name,
     script:
         "../scripts/rule_train.py"

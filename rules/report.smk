@@ -1,0 +1,89 @@
+# Report rules: dataset cards, the teacher comparison table and training curves.
+# Logic lives in trajsft.cards / trajsft.curves (run via scripts/report_rule.py).
+# `snakemake --report report.html` includes every output marked report(...) below.
+#
+# Needs from rules/common.smk: PLAN, STATE_DIR. For `rule all`: REPORT_OUTPUTS.
+
+from trajsft import cards as report_cards
+
+
+report: "../report/workflow.rst"
+
+
+# targets compared in results/cards/teachers.html: config `report_targets`, else `default_targets`
+REPORT_TARGETS = report_cards.report_targets(PLAN, config)
+# table + cards of the report targets and default targets + curves of the default targets
+REPORT_OUTPUTS = report_cards.report_outputs(
+    PLAN, REPORT_TARGETS, config["default_targets"], STATE_DIR
+)
+
+
+rule report_card:
+    input:
+        unpack(lambda w: report_cards.card_inputs(PLAN, w.target)),
+    output:
+        json=report(
+            f"{STATE_DIR}/cards/{{target}}/card.json",
+            caption="../report/card_json.rst",
+            category="Dataset cards",
+            subcategory="{target}",
+            labels={"target": "{target}", "file": "card.json"},
+        ),
+        png=report(
+            f"{STATE_DIR}/cards/{{target}}/card.png",
+            caption="../report/card.rst",
+            category="Dataset cards",
+            subcategory="{target}",
+            labels={"target": "{target}", "file": "card.png"},
+        ),
+    log:
+        "logs/report/card/{target}.log",
+    conda:
+        "../envs/trajsft.yaml"
+    params:
+        seq_len=lambda w: report_cards.card_params(PLAN, w.target)["seq_len"],
+        weights=lambda w: report_cards.card_params(PLAN, w.target)["weights"],
+        mixture=lambda w: report_cards.card_params(PLAN, w.target)["mixture"],
+    script:
+        "../scripts/report_rule.py"
+
+
+rule report_table:
+    input:
+        cards=[report_cards.card_paths(t, STATE_DIR)["json"] for t in REPORT_TARGETS],
+    output:
+        html=report(
+            f"{STATE_DIR}/cards/teachers.html",
+            caption="../report/table.rst",
+            category="Teacher comparison",
+            labels={"target": "all report targets", "file": "teachers.html"},
+        ),
+        md=f"{STATE_DIR}/cards/teachers.md",
+        tsv=f"{STATE_DIR}/cards/teachers.tsv",
+    log:
+        "logs/report/teachers.log",
+    conda:
+        "../envs/trajsft.yaml"
+    script:
+        "../scripts/report_rule.py"
+
+
+rule report_curves:
+    input:
+        done="checkpoints/{target}/done",
+        log="logs/train/{target}.log",  # the train rule's log (a link to the durable run log)
+    output:
+        png=report(
+            f"{STATE_DIR}/curves/{{target}}.png",
+            caption="../report/curves.rst",
+            category="Training curves",
+            subcategory="{target}",
+            labels={"target": "{target}", "file": "curves"},
+        ),
+        json=f"{STATE_DIR}/curves/{{target}}.json",
+    log:
+        "logs/report/curves/{target}.log",
+    conda:
+        "../envs/trajsft.yaml"
+    script:
+        "../scripts/report_rule.py"
