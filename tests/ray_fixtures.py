@@ -49,6 +49,10 @@ import requests
 
 DEFAULT_RESOURCES = {"TPU-v5p-32-head": 1, "TPU": 4}
 MARKER_ENV = "TRAJSFT_TEST_RAY_HEAD"
+# The test head stands in for a TPU slice head on a machine with no TPU and no internet:
+# jobs may train on CPU and W&B logs offline (see trajsft.remote_train).
+TEST_HEAD_ENV = {"TRAJSFT_ALLOW_CPU_TRAINING": "1", "WANDB_MODE": "offline", "JAX_PLATFORMS": "cpu",
+                 "HF_HUB_OFFLINE": "1"}
 # Never let these reach the head (tests check the job gets them only via our
 # secret channel).
 _SCRUB_ENV = ("HF_TOKEN", "WANDB_API_KEY", "RAY_ADDRESS", "RAY_API_SERVER_ADDRESS",
@@ -293,7 +297,7 @@ atexit.register(_stop_shared_at_exit)
 def ray_head():
     """One real Ray head per pytest session (shared even if several modules import this)."""
     if _SHARED["head"] is None:
-        _SHARED["head"] = start_ray_head()
+        _SHARED["head"] = start_ray_head(extra_env=TEST_HEAD_ENV)
     _SHARED["refs"] += 1
     try:
         yield _SHARED["head"]

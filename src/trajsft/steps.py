@@ -171,7 +171,7 @@ def run_rule(step: str, snakemake) -> None:
     if step == "train" and log_path:
         from . import steps_train
 
-        steps_train.link_rule_log(plan, name, log_path)
+        log_path = steps_train.link_rule_log(plan, name, log_path)
     logs.setup(log_path, cfg.get("log_level", "INFO"))
     started = time.time()
     try:

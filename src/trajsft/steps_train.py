@@ -92,7 +92,7 @@ def levanter_config(plan: Plan, target: str) -> dict:
     return LR.levanter_config(
         run_id=run.hash,  # W&B run id and trainer id: a retry continues the same run
         run_dir=p["run_dir"],
-        tokenizer=plan.resolve_ref(spec["student"]["tokenizer"]),
+        tokenizer=_tokenizer_ref(plan, spec["student"]["tokenizer"]),
         chat_template=template.load_template(),
         sources=sources,
         seq_len=int(tr["seq_len"]),
@@ -116,25 +116,44 @@ def levanter_config(plan: Plan, target: str) -> dict:
         keep_every=int(ck["keep_every_steps"]),
         hf_save_steps=int(ck["hf_export_every_steps"]),
         wandb_mode=wandb["mode"],
-        wandb_project=wandb["project"],
-        wandb_entity=wandb.get("entity"),
+        wandb_project=wandb.get("project") or os.environ.get("WANDB_PROJECT") or "trajsft",
+        wandb_entity=wandb.get("entity") or os.environ.get("WANDB_ENTITY"),
         wandb_tags=[target],
         **_model_args(spec["student_name"], spec["student"]),
     )
 
 
+def _tokenizer_ref(plan: Plan, ref: str) -> str:
+    resolved = plan.resolve_ref(ref)
+    if plan.cfg["executor"] == "ray" and resolved != ref:
+        # a local tokenizer dir ships with the workflow code: relative to the job's working dir
+        return os.path.relpath(resolved, plan.base_dir)
+    return resolved
+
+
 def wandb_url(cfg: dict, run_id: str) -> str | None:
+    """The run's W&B page (online runs with a known entity); the run id is the content hash."""
     w = cfg["wandb"]
-    if w["mode"] != "online" or not w.get("entity"):
+    entity = w.get("entity") or os.environ.get("WANDB_ENTITY")
+    project = w.get("project") or os.environ.get("WANDB_PROJECT") or "trajsft"
+    if w["mode"] != "online" or not entity:
         return None
-    return f"https://wandb.ai/{w['entity']}/{w['project']}/runs/{run_id}"
+    return f"https://wandb.ai/{entity}/{project}/runs/{run_id}"
 
 
-def link_rule_log(plan: Plan, target: str, rule_log: str) -> None:
-    """Snakemake deletes a rule's log before every attempt; point it at the durable run log."""
+def link_rule_log(plan: Plan, target: str, rule_log: str) -> str:
+    """Snakemake deletes a rule's log before every attempt; point it at the durable run log.
+
+    Returns where this process should write its own log lines: the same file for local
+    training; for Ray a separate launcher log, since the job log is written by the log
+    follower alone (it tracks byte offsets to re-attach without duplicates).
+    """
     p = run_paths(plan, target)
     os.makedirs(p["state_dir"], exist_ok=True)
     _link(rule_log, p["log"])
+    if plan.cfg["executor"] == "ray":
+        return str(Path(p["state_dir"], "launcher.log"))
+    return rule_log
 
 
 def train(plan: Plan, target: str, done_path: str | None = None) -> dict:
@@ -158,7 +177,7 @@ def train(plan: Plan, target: str, done_path: str | None = None) -> dict:
         provenance.finish_attempt(p["run_dir"], attempt["attempt"], "failed", error=f"{type(e).__name__}: {e}"[:500])
         raise
     provenance.finish_attempt(p["run_dir"], attempt["attempt"], "succeeded", steps=result.get("steps"),
-                              resumed_from_step=result.get("resumed_from_step"))
+                              resumed_from_step=result.get("resumed_from_step"), ray_job_id=result.get("ray_job_id"))
     hf = result.get("hf_export")
     if not hf or not storage.exists(join(hf, "config.json")):
         raise DataError(f"training of {target} ended without a final HF export at {hf}")
@@ -176,6 +195,9 @@ def train(plan: Plan, target: str, done_path: str | None = None) -> dict:
         "wandb_url": wandb_url(plan.cfg, run.hash),
         "wandb_mode": plan.cfg["wandb"]["mode"],
         "attempts": attempt["attempt"],
+        "executor": executor,
+        "cluster": (plan.cfg.get("ray") or {}).get("cluster") if executor == "ray" else "local",
+        "ray_job_id": result.get("ray_job_id"),
         "log": p["log"],
         "finished": provenance.now(),
     }
