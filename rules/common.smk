@@ -41,6 +41,12 @@ def run_name(wildcards):
     return PLAN.target(wildcards.target)["run"].name
 
 
+def forward_signals_to_jobs():
+    from trajsft.signals import forward_to_rule_jobs
+
+    forward_to_rule_jobs()
+
+
 def preflight_or_exit():
     """On a Ray cluster profile: refuse to start (in seconds) if training could not run."""
     if config["executor"] != "ray":
@@ -58,3 +64,4 @@ def preflight_or_exit():
 
 onstart:
     preflight_or_exit()
+    forward_signals_to_jobs()

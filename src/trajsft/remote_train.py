@@ -88,8 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         stop.set()
         tee.join(timeout=30)
-    if is_remote(args.run_dir):
-        storage.write_bytes(join(args.run_dir, "training_result.json"), json.dumps(result, indent=2).encode())
+    result["wandb_mode"] = next((t.get("mode") for t in cfg["trainer"].get("tracker") or [] if t.get("type") == "wandb"), None)
+    storage.write_bytes(join(args.run_dir, "training_result.json"), json.dumps(result, indent=2).encode())
     print("[trajsft.remote_train] result " + json.dumps({k: result.get(k) for k in ("steps", "final_loss", "hf_export", "resumed_from_step")}), flush=True)
     return 0
 
