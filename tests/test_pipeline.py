@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
+import chromium
 from pipeline_utils import REPO, kill_group, plan, run, start, wait_for
 from trajsft import levanter_run as LR
 
@@ -23,9 +27,9 @@ def manifest(workdir: Path, t: dict, kind: str) -> dict:
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory):
-    """The README's main job, from a clean state: `snakemake checkpoints/demo/done`."""
+    """The README's main job, from a clean state: `snakemake` (demo training + cards + curves)."""
     wd = tmp_path_factory.mktemp("demo")
-    run(wd, "checkpoints/demo/done")
+    run(wd)
     return wd, plan(wd, "demo")
 
 
@@ -100,6 +104,47 @@ def test_provenance(demo):
     assert list((run_dir / "wandb").glob("offline-run-*")), "W&B offline run files missing"
 
 
+needs_chromium = pytest.mark.skipif(
+    not chromium.available() and os.environ.get("TRAJSFT_REQUIRE_CHROMIUM") != "1", reason=chromium.INSTALL_HINT)
+
+
+@needs_chromium
+def test_report_of_the_demo_renders_in_chromium(demo, tmp_path):
+    wd, _ = demo
+    run(wd, "--report", str(wd / "report.html"))
+    info = chromium.check_snakemake_report(wd / "report.html", tmp_path / "shots")
+    assert info["errors"] == []
+    assert {"Dataset cards", "Teacher comparison", "Training curves", "Checkpoints"} <= set(info["categories"])
+    res = info["results"]
+    for name in ("results/cards/demo/card.png", "results/curves/demo.png"):
+        assert res[name]["ok"] and res[name]["w"] > 600, res[name]
+    table = res["results/cards/teachers.html"]
+    assert table["ok"] and table["tables"] == 1 and "demo" in table["text"]
+    card = json.loads((wd / "results/cards/demo/card.json").read_text())
+    shards = json.loads(next((wd / "results/shards").glob("demo-*/manifest.json")).read_text())
+    assert (card["rows_in"], card["skipped"]) == (shards["rows_in"], shards["skipped"])
+    shutil.copy(tmp_path / "shots" / "landing.png", wd / "report-landing.png")
+
+
+def cli(wd: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "trajsft.cli", *args], capture_output=True, text=True, cwd=wd,
+                          timeout=120)
+
+
+def test_status_and_logs_of_a_local_run(demo):
+    wd, t = demo
+    p = cli(wd, "status", "--json")
+    rows = {r["target"]: r for r in json.loads(p.stdout)}
+    done = json.loads((wd / "checkpoints/demo/done").read_text())
+    assert rows["demo"]["state"] == "done" and rows["demo"]["hash"] == done["hash"]
+    assert rows["demo"]["hf_export"] == done["hf_export"] and rows["demo"]["cluster"] == "local"
+    assert rows["minimax-m2.5"]["state"] == "not started"
+    human = cli(wd, "status", "demo").stdout
+    assert "demo" in human.splitlines()[1] and "done" in human.splitlines()[1]
+    tail = cli(wd, "logs", "demo", "-n", "5").stdout.splitlines()
+    assert tail == (wd / "logs/train/demo.log").read_text().splitlines()[-5:]
+
+
 def test_rerun_is_noop_and_finished_training_is_not_relaunched(demo):
     wd, t = demo
     out = run(wd, "-n", "checkpoints/demo/done")
@@ -138,6 +183,9 @@ def test_kill_and_resume(tmp_path):
     assert not (wd / "checkpoints/demo/done").exists()
     latest = LR.latest_checkpoint(str(run_dir / "checkpoints"))
     assert latest["completed_steps"] >= ck["completed_steps"] >= 1 and latest["completed_steps"] < 12
+    [row] = json.loads(cli(wd, "status", "demo", "--json", "--configfile", str(wd / "test-overrides.yaml")).stdout)
+    assert row["state"] == "failed" and row["cause"] == "killed (no end recorded)"
+    assert row["next"] == f"resume from step {latest['completed_steps']}" and row["steps_total"] == 12
 
     # 3. rerun the same target: resumes from that checkpoint and finishes
     run(wd, "--unlock", config=over)

@@ -173,9 +173,31 @@ def test_end_to_end_on_ray_and_no_secret_leaks(data, ray_head):
                 blob = f.read_bytes()
                 assert HF.encode() not in blob and WK.encode() not in blob, f
                 assert ray_head.token.encode() not in blob, f
+    row = status(wd, prof, ray_head)
+    assert (row["state"], row["ray_job_id"], row["cluster"], row["step"]) == ("done", f"trajsft-{h}-a0", "us-east5-a", 4)
+    assert row["hf_export"] == done["hf_export"] and row["checkpoint_dir"] == done["checkpoint_dir"]
+    out = trajsft(wd, ray_head, "logs", "demo", "--profile", str(prof), "-n", "3")
+    assert out.returncode == 0 and out.stdout.splitlines() == log.splitlines()[-3:]
+    out = trajsft(wd, ray_head, "clusters", str(prof), "--json")
+    [c] = json.loads(out.stdout)
+    assert c["reachable"] and c["tpu"]["TPU-v5p-32-head"] == {"total": 1.0, "free": 1.0}
     listing = json.dumps(jobs(ray_head))
     assert HF not in listing and WK not in listing and ray_head.token not in listing
     assert set(job["metadata"]["trajsft_forwarded_env"].split(",")) >= {"HF_TOKEN", "WANDB_API_KEY"}
+
+
+def trajsft(wd: Path, head, *args: str) -> subprocess.CompletedProcess:
+    """The `trajsft` CLI run in a test workdir, talking to the test head."""
+    env = sm_env(head)
+    return subprocess.run([sys.executable, "-m", "trajsft.cli", *args], capture_output=True, text=True, cwd=wd,
+                          env=env, timeout=120)
+
+
+def status(wd: Path, prof: Path, head) -> dict:
+    p = trajsft(wd, head, "status", "demo", "--profile", str(prof), "--json")
+    assert p.returncode == 0, p.stderr
+    [row] = json.loads(p.stdout)
+    return row
 
 
 def _start(wd, prof, head, log: Path) -> subprocess.Popen:
@@ -198,8 +220,15 @@ def test_stopped_job_is_retried_and_resumes_from_checkpoint(data, ray_head):
     p = _start(wd, prof, ray_head, wd / "snakemake.log")
     job = _running_job(ray_head, h, p)
     wait_for(lambda: LR.latest_checkpoint(ckdir), 600, "a checkpoint", p)
+    row = status(wd, prof, ray_head)
+    assert row["state"] == "training running" and row["ray_job_id"] == f"trajsft-{h}-a0" and row["steps_total"] == 12
+    c = json.loads(trajsft(wd, ray_head, "clusters", str(prof), "--json").stdout)[0]
+    assert c["jobs"]["ours_running"] == [f"trajsft-{h}-a0"]
     assert rayjobs.stop(ray_head.address, job["submission_id"], 60, auth_token=ray_head.token) == "STOPPED"  # like a preemption
     resumed_from = LR.latest_checkpoint(ckdir)["completed_steps"]
+    row = wait_for(lambda: (r := status(wd, prof, ray_head))["state"] in ("failed", "retrying") and r, 120,
+                   "status to show the stopped attempt", p)
+    assert row["cause"] == "stopped" and row["next"] == f"resume from step {resumed_from}"
     assert p.wait(timeout=900) == 0, (wd / "snakemake.log").read_text()[-4000:]
     states = {j["submission_id"]: j["status"] for j in jobs(ray_head, h)}
     assert states == {f"trajsft-{h}-a0": "STOPPED", f"trajsft-{h}-a1": "SUCCEEDED"}
@@ -237,3 +266,6 @@ def test_signal_to_snakemake_stops_the_ray_job(data, ray_head, sig):
     wait_for(lambda: [j["status"] for j in jobs(ray_head, h)] == ["STOPPED"], 120, "the Ray job to be STOPPED")
     assert not (wd / "checkpoints/demo/done").exists()
     assert job["submission_id"] == f"trajsft-{h}-a0"
+    row = status(wd, prof, ray_head)
+    assert (row["state"], row["cause"], row["attempt"]) == ("failed", "stopped", 1)
+    assert row["next"].startswith(("resume from step", "start from step 0"))

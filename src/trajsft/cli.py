@@ -6,17 +6,121 @@ import argparse
 import json
 import os
 import sys
+from pathlib import Path
 
 from . import config as C
 from . import storage
 
 
 def _load(args) -> C.Plan:
+    from .status import profile_configfiles
+
     overrides = {}
     if getattr(args, "storage_root", None):
         overrides["storage_root"] = args.storage_root
-    cfg = C.load([C.DEFAULT_CONFIG, *(args.configfile or [])], overrides)
-    return C.Plan(cfg, base_dir=C.REPO_DIR)
+    files = [C.DEFAULT_CONFIG, *profile_configfiles(getattr(args, "profile", None)), *(args.configfile or [])]
+    return C.Plan(C.load(files, overrides), base_dir=C.REPO_DIR)
+
+
+def _targets(plan: C.Plan, names: list[str] | None) -> list[str]:
+    names = [n.removeprefix("checkpoints/").removesuffix("/done") for n in names or []]
+    for n in names:
+        plan.target(n)
+    return names or list(plan.targets)
+
+
+def cmd_status(args) -> int:
+    from . import status
+
+    plan = _load(args)
+    rows = [status.target_status(plan, t, query_ray=not args.offline) for t in _targets(plan, args.targets)]
+    print(json.dumps(rows, indent=2) if args.json else status.render(rows))
+    return 0
+
+
+def cmd_logs(args) -> int:
+    import time
+
+    from . import status
+    from .steps_train import run_paths
+
+    plan = _load(args)
+    [t] = _targets(plan, [args.target])
+    p = run_paths(plan, t)
+    path = Path(p["log"])
+    if not path.exists() and plan.cfg["executor"] == "ray":
+        from . import rayjobs
+
+        jobs = rayjobs.run_jobs(plan.cfg["ray"]["address"], p["run"].hash)
+        if not jobs:
+            print(f"trajsft: no log yet for {t} ({path}) and no Ray job for {p['run'].name}", file=sys.stderr)
+            return 1
+        lines = rayjobs.job_logs(plan.cfg["ray"]["address"], jobs[-1]["submission_id"]).splitlines()
+        print("\n".join(lines[-args.n:]))
+        return 0
+    if not path.exists():
+        print(f"trajsft: no training log yet for {t} ({path})", file=sys.stderr)
+        return 1
+    for line in status.tail(path, args.n):
+        print(line)
+    if args.follow:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            try:
+                while True:
+                    chunk = f.read()
+                    if chunk:
+                        sys.stdout.write(chunk.decode(errors="replace"))
+                        sys.stdout.flush()
+                    else:
+                        time.sleep(1)
+            except KeyboardInterrupt:
+                return 0
+    return 0
+
+
+def cmd_clusters(args) -> int:
+    from . import status
+
+    rows = status.clusters(args.profiles or None)
+    print(json.dumps(rows, indent=2) if args.json else status.render_clusters(rows))
+    return 0
+
+
+def cmd_stop(args) -> int:
+    from . import rayjobs
+
+    plan = _load(args)
+    if plan.cfg["executor"] != "ray":
+        print("trajsft: stop needs a cluster profile (--profile tpu-east5 ...)", file=sys.stderr)
+        return 2
+    address = plan.cfg["ray"]["address"]
+    rc = 0
+    for t in _targets(plan, args.targets):
+        run = plan.target(t)["run"]
+        active = [j for j in rayjobs.run_jobs(address, run.hash) if j["status"] in ("PENDING", "RUNNING")]
+        if not active:
+            print(f"{t}: no running Ray job for {run.name} on {plan.cfg['ray'].get('cluster')}")
+        for j in active:
+            st = rayjobs.stop(address, j["submission_id"], 120)
+            print(f"{t}: {j['submission_id']} {st}")
+            rc |= st not in ("STOPPED", "SUCCEEDED", "FAILED")
+    return rc
+
+
+def cmd_preflight(args) -> int:
+    from .ray_train import preflight
+
+    plan = _load(args)
+    if plan.cfg["executor"] != "ray":
+        print("local executor: nothing to check")
+        return 0
+    problems = preflight(plan.cfg)
+    for p in problems:
+        print(f"trajsft preflight: {p}", file=sys.stderr)
+    if not problems:
+        print(f"preflight OK for {plan.cfg['ray'].get('cluster')} ({plan.cfg['ray']['address']})")
+    return 1 if problems else 0
 
 
 def _exists(path: str) -> bool:
@@ -69,6 +173,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="cmd", required=True)
 
     def common(sp):
+        sp.add_argument("--profile", help="a profile under profiles/ (e.g. tpu-east5), as given to snakemake")
         sp.add_argument("--configfile", action="append", help="extra config file(s) merged over config/config.yaml, as with snakemake --configfile")
         sp.add_argument("--storage-root", help="override storage_root (e.g. gs://marin-us-east5/trajsft)")
 
@@ -78,6 +183,34 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--json", action="store_true")
     sp.add_argument("--explain", action="store_true", help="show what each hash covers")
     sp.set_defaults(func=cmd_plan)
+
+    sp = sub.add_parser("status", help="one row per target: state, hash, cluster/job, step/loss, W&B, checkpoints")
+    common(sp)
+    sp.add_argument("targets", nargs="*", help="default: every teacher and mixture")
+    sp.add_argument("--json", action="store_true")
+    sp.add_argument("--offline", action="store_true", help="do not query the Ray cluster")
+    sp.set_defaults(func=cmd_status)
+
+    sp = sub.add_parser("logs", help="tail the training log of a target (local or from its Ray job)")
+    common(sp)
+    sp.add_argument("target")
+    sp.add_argument("-n", type=int, default=20, help="lines (default 20)")
+    sp.add_argument("--follow", "-f", action="store_true")
+    sp.set_defaults(func=cmd_logs)
+
+    sp = sub.add_parser("clusters", help="per cluster profile: reachable, running/pending jobs (ours), TPUs free")
+    sp.add_argument("profiles", nargs="*", help="default: every profile with a Ray cluster")
+    sp.add_argument("--json", action="store_true")
+    sp.set_defaults(func=cmd_clusters)
+
+    sp = sub.add_parser("stop", help="stop the Ray jobs of targets on the profile's cluster")
+    common(sp)
+    sp.add_argument("targets", nargs="+")
+    sp.set_defaults(func=cmd_stop)
+
+    sp = sub.add_parser("preflight", help="check env vars, cluster, TPU resource and storage for a profile")
+    common(sp)
+    sp.set_defaults(func=cmd_preflight)
     return p
 
 
@@ -88,6 +221,8 @@ def main(argv: list[str] | None = None) -> int:
     except C.ConfigError as e:
         print(f"trajsft: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `trajsft status | head`
+        return 0
 
 
 if __name__ == "__main__":

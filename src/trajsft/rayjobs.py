@@ -1350,3 +1350,25 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+# --------------------------------------------------------------------------- queries for status/logs
+
+
+def run_jobs(address: str, content_hash: str, *, auth_token: str | None = None, timeout_s: float = 5.0) -> list[dict]:
+    """All attempts ``trajsft-<hash>-a<n>`` on a cluster, oldest attempt first."""
+    conn = _Conn(address, auth_token, timeout=timeout_s)
+    conn.check()
+    prefix = f"{SUBMISSION_PREFIX}{content_hash}-a"
+    out = []
+    for j in conn.list_jobs():
+        sid = j.submission_id or ""
+        if sid.startswith(prefix) and sid[len(prefix):].isdigit():
+            out.append({"submission_id": sid, "attempt": int(sid[len(prefix):]), "status": j.status,
+                        "message": j.message or "", "start_time": j.start_time, "end_time": j.end_time,
+                        "metadata": dict(j.metadata or {})})
+    return sorted(out, key=lambda d: d["attempt"])
+
+
+def job_logs(address: str, job_id: str, *, auth_token: str | None = None) -> str:
+    return _Conn(address, auth_token).job_logs(job_id)
