@@ -39,16 +39,13 @@ from __future__ import annotations
 import contextlib
 import copy
 import datetime as _dt
-import gzip  # noqa: F401  (documented: shards may be .jsonl.gz; fsspec infers compression)
 import json
 import math
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
-import time
 import uuid
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
@@ -206,6 +203,14 @@ def _cache_complete(cache_dir: str, splits: Iterable[str]) -> bool:
     return all(_split_finished(os.path.join(cache_dir, s)) for s in splits)
 
 
+# Levanter's cache builder concatenates shard groups with a Ray task declared
+# ``num_cpus=4, memory=6GiB`` (levanter.store.cache._copy_cache_data) while its long-lived actors
+# keep holding CPU (0.1 per _TreeStoreCacheBuilder, 0.5 per _MetadataCopier). If fewer than 4 CPUs
+# are *free* the copy is never scheduled and the build hangs forever (as soon as a split has more
+# than one shard). So the local Ray advertises at least 8 logical CPUs.
+_MIN_RAY_CPUS = 8
+
+
 @contextlib.contextmanager
 def _ray_session(num_cpus: Optional[int], ray_tmpdir: Optional[str]):
     """Use a running Ray if there is one, otherwise start (and later stop) a local one."""
@@ -213,6 +218,12 @@ def _ray_session(num_cpus: Optional[int], ray_tmpdir: Optional[str]):
     import ray
 
     if ray.is_initialized():
+        cpus = ray.cluster_resources().get("CPU", 0)
+        if cpus < 5:
+            raise RuntimeError(
+                f"the running Ray cluster advertises {cpus} CPUs; Levanter's cache builder needs 4 free "
+                f"CPUs next to its actors (it would hang). Start Ray with num_cpus>={_MIN_RAY_CPUS}."
+            )
         yield
         return
     tmp = ray_tmpdir or _default_ray_tmpdir()
@@ -220,7 +231,8 @@ def _ray_session(num_cpus: Optional[int], ray_tmpdir: Optional[str]):
     ray.init(
         address="local",
         namespace="levanter",
-        num_cpus=num_cpus or os.cpu_count(),
+        # logical CPUs are only a scheduling resource; oversubscribing a 2-core box is fine
+        num_cpus=max(int(num_cpus or os.cpu_count() or 1), _MIN_RAY_CPUS),
         include_dashboard=False,
         _temp_dir=tmp,
     )
@@ -287,7 +299,10 @@ def build_chat_cache(
     loads an unfinished cache, and a rerun resumes the build from the finished shard groups.
 
     Ray: a local Ray is started if none is running (``RAY_AUTH_MODE=disabled``, temp dir
-    ``ray_tmpdir`` / ``$RAY_TMPDIR`` / ``/tmp/ray-<uid>``) and shut down afterwards.
+    ``ray_tmpdir`` / ``$RAY_TMPDIR`` / ``/tmp/ray-<uid>``, at least 8 logical CPUs because
+    Levanter's shard-merge task asks for 4 free CPUs next to its actors and would otherwise never
+    be scheduled) and shut down
+    afterwards. A Ray started by the caller is reused.
 
     Returns ``chat_cache_stats(cache_dir, seq_len)`` (also written to
     ``<cache_dir>/trajsft_cache_stats.json``).
@@ -943,20 +958,28 @@ def _eval_losses(metrics: dict) -> dict:
 # training
 # --------------------------------------------------------------------------------------
 
-# Same as ``python -m levanter.main.train_lm`` but imported as a module, so train_lm's own logger is
-# "levanter.main.train_lm" (INFO, e.g. "Resuming training from step N") instead of "__main__"
-# (whose INFO lines are dropped by Levanter's logging setup).
-_TRAIN_LAUNCHER = "import levanter, levanter.main.train_lm as m; levanter.config.main(m.main)()"
-
-
-def _set_pdeathsig():  # runs in the child between fork and exec (Linux only)
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: die with the launching thread
-    except Exception:  # noqa: BLE001
-        pass
+# First thing every child does: ask the kernel to SIGKILL it when the launching thread dies
+# (PR_SET_PDEATHSIG), so a SIGKILLed Snakemake / driver never leaves an orphan trainer writing
+# checkpoints next to its own relaunch; exit if the parent is already gone. Done in the child
+# itself (not via preexec_fn, which is unsafe in multi-threaded parents such as Snakemake).
+_CHILD_PRELUDE = (
+    "import os, sys\n"
+    "if sys.platform.startswith('linux'):\n"
+    "    try:\n"
+    "        import ctypes, signal\n"
+    "        ctypes.CDLL('libc.so.6').prctl(1, signal.SIGKILL)\n"
+    "    except Exception:\n"
+    "        pass\n"
+    "    _pp = int(os.environ.get('TRAJSFT_PARENT_PID', '0') or 0)\n"
+    "    if _pp and os.getppid() != _pp:\n"
+    "        sys.exit(99)\n"
+)
+# Same entry point as ``python -m levanter.main.train_lm`` (its ``__main__`` block is exactly
+# ``levanter.config.main(main)()``), but imported as a module so train_lm's logger is
+# "levanter.main.train_lm" (INFO, e.g. "Resuming training from step N") instead of "__main__",
+# whose INFO lines Levanter's logging setup drops.
+_TRAIN_LAUNCHER = _CHILD_PRELUDE + "import levanter, levanter.main.train_lm as m\nlevanter.config.main(m.main)()\n"
+_EXPORT_LAUNCHER = _CHILD_PRELUDE + "from trajsft.levanter_run import _export_main\n_export_main(sys.argv[1])\n"
 
 
 def _run_subprocess(cmd: list[str], log_path: str, env: dict, cwd: str, header: str, timeout=None) -> int:
@@ -964,6 +987,7 @@ def _run_subprocess(cmd: list[str], log_path: str, env: dict, cwd: str, header: 
     with open(log_path, "a", buffering=1) as log:
         log.write(f"{header}\n")
         log.flush()
+        env = dict(env, TRAJSFT_PARENT_PID=str(os.getpid()))
         proc = subprocess.Popen(
             cmd,
             stdout=log,
@@ -971,7 +995,6 @@ def _run_subprocess(cmd: list[str], log_path: str, env: dict, cwd: str, header: 
             stdin=subprocess.DEVNULL,
             env=env,
             cwd=cwd,
-            preexec_fn=_set_pdeathsig if sys.platform.startswith("linux") else None,
         )
         try:
             return proc.wait(timeout=timeout)
@@ -1085,7 +1108,7 @@ def export_hf(
     with open(spec_path, "w") as f:
         json.dump({"config_path": cfg_path, "checkpoint_path": checkpoint_path, "output_dir": tmp_out}, f)
     try:
-        cmd = [sys.executable, "-m", "trajsft.levanter_run", "_export", spec_path]
+        cmd = [sys.executable, "-c", _EXPORT_LAUNCHER, spec_path]
         rc = _run_subprocess(
             cmd,
             log_path or os.path.join(work, "export_hf.log"),
@@ -1128,7 +1151,7 @@ def _export_main(spec_path: str) -> None:
     with open(spec_path) as f:
         spec = json.load(f)
     config: TrainLmConfig = draccus.parse(config_class=TrainLmConfig, config_path=spec["config_path"], args=[])
-    levanter.utils.logging.init_logging(os.getcwd(), "export_hf")
+    levanter.utils.logging.init_logging(os.path.join(os.getcwd(), "logs"), "export_hf")
     tokenizer = config.data.the_tokenizer
     converter = config.model.hf_checkpoint_converter()
     if config.initialize_from_hf:
@@ -1176,8 +1199,10 @@ def run_training(
        executed"). Otherwise launches ``train_lm`` (same code as ``python -m
        levanter.main.train_lm --config_path <yaml>``) in a subprocess, stdout+stderr appended to
        ``log_path``; killing it (even SIGKILL) is safe: relaunching resumes from the latest
-       checkpoint (same ``trainer.id`` + checkpoint path), data position included. The child gets
-       PR_SET_PDEATHSIG so it dies with the launching process.
+       checkpoint (same ``trainer.id`` + checkpoint path), data position included. The child sets
+       PR_SET_PDEATHSIG so it dies with the launching process; if run_training itself is
+       interrupted (KeyboardInterrupt / timeout) it terminates the child. ``run_dir`` must be
+       local (logs, lock file, W&B dir); checkpoints / HF exports may be on gs://.
     3. Afterwards it requires a trainer checkpoint at the final step (guaranteed by the keep
        policy of ``levanter_config``) and ensures a complete HF export at ``<hf_dir>/step-{N-1}``;
        if it is missing / incomplete (e.g. killed during the export) it is re-exported from the
@@ -1198,6 +1223,13 @@ def run_training(
     run_dir = os.path.abspath(run_dir)
     log_path = os.path.abspath(log_path)
     os.makedirs(run_dir, exist_ok=True)
+    # Levanter's log file is a plain logging.FileHandler: it must be local (a gs:// log_dir would
+    # silently become a local directory called "gs:"). Same for the generated tiny-model reference.
+    if not tr.get("log_dir") or _is_remote(str(tr["log_dir"])):
+        tr["log_dir"] = os.path.join(run_dir, "logs")
+    ref = cfg["model"].get("reference_checkpoint") or ""
+    if not cfg.get("initialize_from_hf") and _is_remote(ref) and ref.rstrip("/").endswith("/hf_reference"):
+        cfg["model"]["reference_checkpoint"] = os.path.join(run_dir, "hf_reference")
     ckpt_dir = tr["checkpointer"]["base_path"]
     if tr["checkpointer"].get("append_run_id_to_base_path", True):
         ckpt_dir = os.path.join(ckpt_dir, tr["id"])
@@ -1251,10 +1283,12 @@ def run_training(
                 _write_chat_template(final_hf, tmpl)
 
         metrics = read_metrics(log_path)
-        if not metrics["steps"]:
-            # fall back to Levanter's own log file (<log_dir>/<id>.log.log, appended across launches)
-            lev_log = os.path.join(tr.get("log_dir", os.path.join(run_dir, "logs")), f"{tr['id']}.log.log")
-            metrics = read_metrics(lev_log)
+        # Levanter's own log file (<log_dir>/<id>.log.log: it appends ".log" twice) is appended
+        # across launches and has every metric line even if log_path was rotated; prefer its steps.
+        lev_log = os.path.join(tr.get("log_dir") or os.path.join(run_dir, "logs"), f"{tr['id']}.log.log")
+        lev_metrics = read_metrics(lev_log)
+        if len(lev_metrics["steps"]) >= len(metrics["steps"]):
+            metrics["steps"] = lev_metrics["steps"]
         history = _loss_history(metrics)
         final_loss = None
         for s, loss in history:
@@ -1295,9 +1329,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     import argparse
 
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] == "_export":
-        _export_main(argv[1])
-        return 0
     p = argparse.ArgumentParser(prog="python -m trajsft.levanter_run")
     sub = p.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser("build-cache", help="build a chat cache; prints stats JSON")

@@ -1,0 +1,518 @@
+"""Tests for trajsft.levanter_run.
+
+Fast unit tests cover config building, checkpoint discovery and metric parsing. Tests marked
+``integration`` build a real Levanter chat cache (Ray) from a throwaway byte-level BPE tokenizer and
+synthetic tool-calling chats, train a tiny Qwen3 on CPU, SIGKILL + resume a run, and check the HF
+exports load with ``transformers.AutoConfig`` and ``safetensors``. They never touch the HF Hub.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from trajsft import levanter_run as lr
+
+# never reach for the Hub, in this process or in the Levanter subprocesses (which inherit os.environ)
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["TRANSFORMERS_OFFLINE"] = "1"
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "WANDB_MODE": "offline"}
+
+SEQ_LEN = 256
+TINY = {
+    "hidden_dim": 32,
+    "intermediate_dim": 64,
+    "num_layers": 2,
+    "num_heads": 4,
+    "num_kv_heads": 2,
+    "head_dim": 8,
+    "layer_norm_epsilon": 1e-6,
+    "tie_word_embeddings": False,
+}
+
+# A Qwen-style template with tool calls; {% generation %} marks the assistant (loss) tokens.
+CHAT_TEMPLATE = (
+    "{%- for message in messages -%}"
+    "{%- if message['role'] == 'assistant' -%}"
+    "{{- '<|im_start|>assistant\\n' -}}"
+    "{%- generation -%}"
+    "{%- if message.get('content') -%}{{- message['content'] -}}{%- endif -%}"
+    "{%- if message.get('tool_calls') -%}"
+    "{%- for tc in message['tool_calls'] -%}"
+    "{{- '\\n<tool_call>\\n{\"name\": \"' + tc['function']['name'] + '\", \"arguments\": '"
+    " + tc['function']['arguments'] + '}\\n</tool_call>' -}}"
+    "{%- endfor -%}"
+    "{%- endif -%}"
+    "{{- '<|im_end|>' -}}"
+    "{%- endgeneration -%}"
+    "{{- '\\n' -}}"
+    "{%- elif message['role'] == 'tool' -%}"
+    "{{- '<|im_start|>user\\n<tool_response>\\n' + message['content'] + '\\n</tool_response><|im_end|>\\n' -}}"
+    "{%- else -%}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' -}}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
+)
+
+WORDS = "the a file list read write dir python error fix test run bash grep cat ls output value ok".split()
+
+
+def synthetic_chats(n: int, seed: int = 0) -> list[dict]:
+    rng = random.Random(seed)
+
+    def words(lo, hi):
+        return " ".join(rng.choice(WORDS) for _ in range(rng.randint(lo, hi)))
+
+    out = []
+    for i in range(n):
+        msgs = [{"role": "system", "content": "You are a coding agent."}, {"role": "user", "content": words(3, 12)}]
+        for t in range(rng.randint(1, 2)):
+            call = {
+                "id": f"call_{t}",
+                "type": "function",
+                "function": {"name": rng.choice(["bash", "read_file"]), "arguments": json.dumps({"cmd": words(1, 4)})},
+            }
+            msgs.append({"role": "assistant", "content": words(0, 6) or None, "tool_calls": [call]})
+            msgs.append({"role": "tool", "tool_call_id": f"call_{t}", "content": words(2, 10)})
+        msgs.append({"role": "assistant", "content": words(2, 10)})
+        out.append({"messages": msgs, "traj_id": f"traj-{seed}-{i}", "teacher": "synthetic", "reward": 1.0})
+    return out
+
+
+def make_tokenizer(path: str, corpus: list[str]) -> str:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=384,
+        special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tok.train_from_iterator(corpus, trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        additional_special_tokens=["<|im_start|>"],
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    fast.save_pretrained(path)
+    return path
+
+
+def write_jsonl_gz(path: str, rows: list[dict]) -> str:
+    with gzip.open(path, "wt") as f:
+        for r in rows:
+            f.write(json.dumps(r) + "\n")
+    return path
+
+
+@pytest.fixture(scope="session")
+def assets(tmp_path_factory):
+    d = tmp_path_factory.mktemp("assets")
+    chats = synthetic_chats(64, seed=1)
+    tok = make_tokenizer(str(d / "tokenizer"), [json.dumps(c) for c in chats])
+    train = [
+        write_jsonl_gz(str(d / "train-00000.jsonl.gz"), chats[:28]),
+        write_jsonl_gz(str(d / "train-00001.jsonl.gz"), chats[28:56]),
+    ]
+    val = [write_jsonl_gz(str(d / "val-00000.jsonl.gz"), chats[56:])]
+    return {"dir": str(d), "tokenizer": tok, "train": train, "validation": val, "chats": chats}
+
+
+@pytest.fixture(scope="session")
+def chat_cache(assets, tmp_path_factory):
+    cache_dir = str(tmp_path_factory.mktemp("caches") / "teacher_a")
+    t0 = time.time()
+    stats = lr.build_chat_cache(
+        assets["train"], assets["validation"], cache_dir, assets["tokenizer"], CHAT_TEMPLATE, seq_len=SEQ_LEN
+    )
+    stats["_build_seconds"] = time.time() - t0
+    return stats
+
+
+@pytest.fixture(scope="session")
+def jax_cache(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("jax_cache"))
+
+
+def _tiny_config(assets, chat_cache, run_dir, run_id, jax_cache, **kw):
+    args = dict(
+        run_id=run_id,
+        run_dir=run_dir,
+        tokenizer=assets["tokenizer"],
+        chat_template=CHAT_TEMPLATE,
+        sources={"teacher_a": {"cache_dir": chat_cache["cache_dir"], "packed_sequences": chat_cache["train"]["packed_sequences"]}},
+        seq_len=SEQ_LEN,
+        train_batch_size=4,
+        model=TINY,
+        learning_rate=3e-3,
+        warmup=0.1,
+        watch_interval=0,
+        jax_compilation_cache_dir=jax_cache,
+        wandb_mode="offline",
+    )
+    args.update(kw)
+    return lr.levanter_config(**args)
+
+
+# --------------------------------------------------------------------------------------
+# unit tests (no Levanter run)
+# --------------------------------------------------------------------------------------
+
+
+def test_steps_for_epochs():
+    assert lr.steps_for_epochs(10, 4, 1) == 3
+    assert lr.steps_for_epochs(10, 4, 2) == 5
+    assert lr.steps_for_epochs(10, 4, 0.1) == 1
+    with pytest.raises(ValueError):
+        lr.steps_for_epochs(0, 4, 1)
+
+
+def test_config_single_source(tmp_path):
+    cfg = lr.levanter_config(
+        run_id="r1",
+        run_dir=str(tmp_path),
+        tokenizer="tok",
+        chat_template="{% generation %}x{% endgeneration %}",
+        sources={"a": {"cache_dir": "/c/a", "packed_sequences": 100}},
+        seq_len=512,
+        train_batch_size=8,
+        epochs=3,
+        keep_every=10,
+    )
+    assert cfg["trainer"]["num_train_steps"] == math.ceil(3 * 100 / 8) == 38
+    assert cfg["epoch"] == 3  # single source cycles its data for 3 passes
+    d = cfg["data"]
+    assert d["cache_dir"] == "/c/a" and "configs" not in d
+    assert d["format"]["type"] == "chat" and d["format"]["pack"] and d["format"]["mask_user_turns"]
+    assert d["format"]["chat_template"].startswith("{% generation %}")
+    m = cfg["model"]
+    assert m["type"] == "qwen3" and m["seq_len"] == 512 and m["rope"]["theta"] == 1e6
+    assert m["tokenizer"] == "tok" and m["reference_checkpoint"] == os.path.join(str(tmp_path), "hf_reference")
+    assert "initialize_from_hf" not in cfg
+    t = cfg["trainer"]
+    assert t["id"] == "r1" and t["require_accelerator"] is False and t["mp"] == "f32"
+    # final step (index 37) is always a permanent checkpoint, plus every 10 before it
+    assert t["checkpointer"]["keep"] == [{"every": 10, "until": 36}, {"every": 37, "until": None}]
+    assert t["checkpointer"]["append_run_id_to_base_path"] is False
+    wandb, jl = t["tracker"]
+    assert wandb["type"] == "wandb" and wandb["id"] == "r1" and wandb["resume"] == "allow"
+    assert jl == {"type": "json_logger"}
+    assert cfg["hf_save_path"] == os.path.join(str(tmp_path), "hf") and cfg["hf_save_steps"] == 38
+    o = cfg["optimizer"]
+    assert o["type"] == "adam" and o["lr_schedule"] == "cosine"
+
+
+def test_config_mixture_and_hf_init(tmp_path):
+    cfg = lr.levanter_config(
+        run_id="mix",
+        run_dir=str(tmp_path),
+        tokenizer="Qwen/Qwen3-8B",
+        chat_template="{% generation %}x{% endgeneration %}",
+        sources={
+            "a": {"cache_dir": "gs://b/a", "weight": 2.0, "packed_sequences": 300},
+            "b": {"cache_dir": "gs://b/b", "weight": 1.0, "packed_sequences": 100},
+        },
+        seq_len=8192,
+        train_batch_size=64,
+        epochs=2,
+        model="qwen3-8b",
+        accelerator="tpu",
+        hf_save_dtype="bfloat16",
+    )
+    d = cfg["data"]
+    assert set(d["configs"]) == {"a", "b"} and d["configs"]["a"]["cache_dir"] == "gs://b/a"
+    assert d["train_weights"] == {"a": 2.0, "b": 1.0} and d["stop_strategy"] == "restart"
+    assert cfg["epoch"] == 0  # Levanter rejects epochs for mixtures; the mixture restarts instead
+    assert cfg["trainer"]["num_train_steps"] == math.ceil(2 * 400 / 64)
+    assert cfg["initialize_from_hf"] == "Qwen/Qwen3-8B" and cfg["use_hf_model_config"] is False
+    assert cfg["model"]["reference_checkpoint"] == "Qwen/Qwen3-8B"
+    assert cfg["model"]["seq_len"] == 8192 and cfg["model"]["num_layers"] == 36
+    assert cfg["trainer"]["require_accelerator"] is True and cfg["trainer"]["mp"] == "p=f32,c=bfloat16"
+    assert cfg["hf_save_dtype"] == "bfloat16"
+
+
+def test_config_requires_steps_or_packed_counts(tmp_path):
+    with pytest.raises(ValueError, match="packed_sequences"):
+        lr.levanter_config(
+            run_id="x", run_dir=str(tmp_path), tokenizer="t", chat_template="", sources="/c",
+            seq_len=8, train_batch_size=2,
+        )
+    with pytest.raises(ValueError, match="run_id"):
+        lr.levanter_config(
+            run_id="bad/id", run_dir=str(tmp_path), tokenizer="t", chat_template="", sources="/c",
+            seq_len=8, train_batch_size=2, num_train_steps=4,
+        )
+
+
+def test_config_roundtrips_through_levanter(tmp_path):
+    """The YAML we write parses into Levanter's TrainLmConfig (draccus) with the intended types."""
+    import draccus
+    import levanter.config  # noqa: F401  (codecs)
+    from levanter.data.text import LMMixtureDatasetConfig, UrlSingleDatasetLMConfig
+    from levanter.main.train_lm import TrainLmConfig
+
+    for sources in ({"a": {"cache_dir": "/c/a", "packed_sequences": 10}},
+                    {"a": {"cache_dir": "/c/a", "packed_sequences": 10, "weight": 3},
+                     "b": {"cache_dir": "/c/b", "packed_sequences": 10}}):
+        cfg = lr.levanter_config(
+            run_id="rt", run_dir=str(tmp_path), tokenizer="tok", chat_template=CHAT_TEMPLATE,
+            sources=sources, seq_len=128, train_batch_size=2, keep_every=2,
+        )
+        path = lr.write_config(cfg, str(tmp_path / "c.yaml"))
+        parsed = draccus.parse(config_class=TrainLmConfig, config_path=path, args=[])
+        cls = UrlSingleDatasetLMConfig if len(sources) == 1 else LMMixtureDatasetConfig
+        assert isinstance(parsed.data, cls)
+        fmt = parsed.data.format if len(sources) == 1 else parsed.data.configs["a"].format
+        assert fmt.chat_template == CHAT_TEMPLATE and fmt.pack and fmt.mask_user_turns
+        assert parsed.model.seq_len == 128 and type(parsed.model).__name__ == "Qwen3Config"
+        assert parsed.model.rope.theta == 1e6
+        n = 5 * len(sources)  # ceil(1 epoch * 10 * n_sources / 2)
+        assert parsed.trainer.num_train_steps == n and parsed.trainer.require_accelerator is False
+        assert [t.__class__.__name__ for t in parsed.trainer.tracker] == ["WandbConfig", "JsonLoggerConfig"]
+        ckp = parsed.trainer.checkpointer.create("rt")
+        # every 2 steps and always at the final step index n-1
+        assert ckp._get_current_step_save_interval(2) == 2 and ckp._get_current_step_save_interval(n - 1) == n - 1
+        assert (n - 1) % ckp._get_current_step_save_interval(n - 1) == 0
+        assert parsed.trainer.checkpointer.save_interval.total_seconds() == 1800
+
+
+def test_qwen3_8b_preset_matches_hf_architecture(tmp_path):
+    """The qwen3-8b preset parses and has Qwen3-8B's 8.19B parameters (shape-only, no weights)."""
+    import draccus
+    import equinox as eqx
+    import jax
+    import numpy as np
+    import levanter.config  # noqa: F401
+    from haliax import Axis
+    from levanter.main.train_lm import TrainLmConfig
+
+    cfg = lr.levanter_config(
+        run_id="q8", run_dir=str(tmp_path), tokenizer="Qwen/Qwen3-8B", chat_template=CHAT_TEMPLATE,
+        sources={"a": {"cache_dir": "/c", "packed_sequences": 1000}}, seq_len=16384,
+        train_batch_size=32, model="qwen3-8b", accelerator="tpu", epochs=2,
+    )
+    parsed = draccus.parse(config_class=TrainLmConfig, config_path=lr.write_config(cfg, str(tmp_path / "c.yaml")), args=[])
+    assert parsed.model.seq_len == 16384 and parsed.epoch == 2 and parsed.trainer.num_train_steps == 63
+    model = eqx.filter_eval_shape(parsed.model.build, Axis("vocab", 151936), key=jax.random.PRNGKey(0))
+    n = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(model) if hasattr(x, "shape"))
+    assert abs(n - 8_190_735_360) < 1e6
+
+
+def test_latest_checkpoint_and_metrics(tmp_path):
+    ck = tmp_path / "ck"
+    for step, ts, tmp in [(4, "2025-01-01T00:00:01", False), (9, "2025-01-01T00:00:03", True)]:
+        (ck / f"step-{step}").mkdir(parents=True)
+        (ck / f"step-{step}" / "metadata.json").write_text(
+            json.dumps({"step": step, "timestamp": ts, "is_temporary": tmp})
+        )
+    (ck / "step-12").mkdir()  # unfinished save: no metadata.json -> ignored
+    latest = lr.latest_checkpoint(str(ck))
+    assert latest["step"] == 9 and latest["completed_steps"] == 10 and latest["is_temporary"]
+    assert lr.latest_checkpoint(str(tmp_path / "nope")) is None
+
+    log = tmp_path / "train.log"
+    rec = lambda s, m: (  # noqa: E731
+        "2025-01-01T00:00:00 - 0 - levanter.json_logger - json_logger.py:89 - INFO :: "
+        + json.dumps({"tracker": "json_logger", "event": "log", "step": s, "metrics": m})
+    )
+    log.write_text(
+        "\n".join(
+            [
+                f"{lr._LAUNCH_MARK} train_lm id=x",
+                rec(0, {"train/loss": 5.0}),
+                rec(1, {"train/loss": 4.0}),
+                rec(2, {"train/loss": 3.9}),
+                f"{lr._LAUNCH_MARK} train_lm id=x",
+                "... - levanter.main.train_lm - train_lm.py:262 - INFO :: Resuming training from step 2",
+                rec(2, {"train/loss": 3.5}),
+                rec(3, {"train/loss": 3.0, "global_step": 3}),
+                rec(3, {"eval/loss": 3.2, "eval/a/loss": 3.1}),
+                rec(3, {"train/loss": 3.0}),
+                f"{lr._LAUNCH_MARK} export x",
+            ]
+        )
+        + "\n"
+    )
+    m = lr.read_metrics(str(log))
+    assert lr._loss_history(m) == [[0, 5.0], [1, 4.0], [2, 3.5], [3, 3.0]]
+    assert [x["kind"] for x in m["launches"]] == ["train_lm", "train_lm", "export"]
+    assert m["launches"][1]["resumed_from_step"] == 2 and m["launches"][1]["first_step"] == 2
+    assert lr._eval_losses(m) == {"eval/loss": [3, 3.2], "eval/a/loss": [3, 3.1]}
+
+
+# --------------------------------------------------------------------------------------
+# integration tests (real Ray / Levanter / JAX on CPU)
+# --------------------------------------------------------------------------------------
+
+
+@pytest.mark.integration
+def test_build_chat_cache_stats(assets, chat_cache):
+    from transformers import AutoTokenizer
+
+    st = chat_cache
+    tr, va = st["train"], st["validation"]
+    assert tr["chats"] == 56 and va["chats"] == 8
+    assert tr["tokens"] == sum(tr["lengths"]) and len(tr["lengths"]) == 56
+    assert tr["assistant_tokens"] == sum(tr["assistant_lengths"])
+    assert 0.05 < tr["assistant_fraction"] < 0.95
+    assert 0 < tr["packed_sequences"] <= 56
+    # the cache holds exactly what the tokenizer + template produce (same order as the shards)
+    tok = AutoTokenizer.from_pretrained(assets["tokenizer"])
+    enc = tok.apply_chat_template(
+        [c["messages"] for c in assets["chats"][:3]],
+        chat_template=CHAT_TEMPLATE,
+        tokenize=True,
+        return_dict=True,
+        return_assistant_tokens_mask=True,
+    )
+    assert tr["lengths"][:3] == [len(x) for x in enc["input_ids"]]
+    assert tr["assistant_lengths"][:3] == [sum(x) for x in enc["assistant_masks"]]
+    # published atomically: no leftover build dirs, stats file present
+    parent = os.path.dirname(st["cache_dir"])
+    assert sorted(os.listdir(parent)) == ["teacher_a"]
+    assert os.path.exists(os.path.join(st["cache_dir"], "trajsft_cache_stats.json"))
+    # the packed count is what Levanter's own chat dataset yields
+    import haliax as hax
+    from levanter.data.text import ChatLmDatasetFormat, dataset_for_format, load_lm_dataset_cache
+
+    fmt = ChatLmDatasetFormat(chat_template=CHAT_TEMPLATE)
+    cache = load_lm_dataset_cache(os.path.join(st["cache_dir"], "train"), fmt, tok)
+    ds = dataset_for_format(fmt, hax.Axis("position", SEQ_LEN), cache, eos_id=tok.eos_token_id, ignore_index=-100)
+    assert len(ds.as_sync_dataset()) == tr["packed_sequences"]
+    # second call: no rebuild, same numbers
+    t0 = time.time()
+    again = lr.build_chat_cache(
+        assets["train"], assets["validation"], st["cache_dir"], assets["tokenizer"], CHAT_TEMPLATE, seq_len=SEQ_LEN
+    )
+    assert time.time() - t0 < 30 and again["train"]["tokens"] == tr["tokens"]
+
+
+def _assert_hf_export_loads(path: str, vocab: int):
+    from safetensors.numpy import load_file
+    from transformers import AutoConfig, AutoTokenizer
+
+    conf = AutoConfig.from_pretrained(path)
+    assert conf.model_type == "qwen3" and conf.hidden_size == TINY["hidden_dim"] and conf.vocab_size == vocab
+    weights = load_file(os.path.join(path, "model.safetensors"))
+    assert weights["model.embed_tokens.weight"].shape == (vocab, TINY["hidden_dim"])
+    assert "lm_head.weight" in weights and len(weights) > 10
+    tok = AutoTokenizer.from_pretrained(path)
+    assert tok.chat_template == CHAT_TEMPLATE
+
+
+@pytest.mark.integration
+def test_train_tiny_mixture_with_eval(assets, chat_cache, jax_cache, tmp_path):
+    """Two 'teachers' (the same cache twice, different weights) -> mixture config, eval, export."""
+    run_dir = str(tmp_path / "mix")
+    src = {"cache_dir": chat_cache["cache_dir"], "packed_sequences": chat_cache["train"]["packed_sequences"]}
+    cfg = _tiny_config(
+        assets, chat_cache, run_dir, "tiny-mix", jax_cache,
+        sources={"a": {**src, "weight": 3.0}, "b": {**src, "weight": 1.0}},
+        num_train_steps=6,
+    )
+    assert "configs" in cfg["data"]
+    log = os.path.join(run_dir, "train.log")
+    res = lr.run_training(cfg, run_dir, log, env=OFFLINE_ENV)
+    assert res["launched"] and res["returncode"] == 0 and res["resumed_from_step"] == 0
+    assert res["steps"] == 6 and [s for s, _ in res["loss_history"]] == list(range(6))
+    assert math.isfinite(res["final_loss"]) and res["final_loss"] < res["loss_history"][0][1]
+    assert res["checkpoint_dir"].endswith("checkpoints/step-5") and os.path.isdir(res["checkpoint_dir"])
+    assert res["hf_export"].endswith("hf/step-5") and lr.hf_export_complete(res["hf_export"])
+    assert {"eval/loss", "eval/a/loss", "eval/b/loss"} <= set(res["eval_loss"])
+    assert all(math.isfinite(v) for _, v in res["eval_loss"].values())
+    vocab = json.load(open(os.path.join(res["hf_export"], "config.json")))["vocab_size"]
+    _assert_hf_export_loads(res["hf_export"], vocab)
+    # W&B offline files live inside the run directory
+    assert any(n.startswith("offline-run-") for n in os.listdir(os.path.join(run_dir, "wandb")))
+    assert json.load(open(os.path.join(run_dir, "training_result.json")))["final_loss"] == res["final_loss"]
+
+
+def _wait_for(pred, timeout, proc=None, what=""):
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        if pred():
+            return True
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"process exited ({proc.returncode}) while waiting for {what}")
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.mark.integration
+def test_kill_resume_and_finished_run(assets, chat_cache, jax_cache, tmp_path):
+    run_dir = str(tmp_path / "kr")
+    log = os.path.join(run_dir, "train.log")
+    P = chat_cache["train"]["packed_sequences"]
+    N = 120
+    cfg = _tiny_config(assets, chat_cache, run_dir, "tiny-kr", jax_cache, num_train_steps=N, keep_every=10)
+    assert cfg["epoch"] == (N - 1) * 4 // P + 1 > 1  # several passes over the data
+    ckpt_dir = cfg["trainer"]["checkpointer"]["base_path"]
+
+    # launch run_training in a child process (as Snakemake would), SIGKILL the trainer after the
+    # first permanent checkpoint, then rerun: it must resume from that checkpoint
+    driver = (
+        "import json,sys; from trajsft import levanter_run as lr; "
+        "cfg=json.load(open(sys.argv[1])); lr.run_training(cfg, sys.argv[2], sys.argv[3], env=json.loads(sys.argv[4]))"
+    )
+    os.makedirs(run_dir, exist_ok=True)
+    cfg_json = os.path.join(run_dir, "cfg.json")
+    json.dump(cfg, open(cfg_json, "w"))
+    parent = subprocess.Popen(
+        [sys.executable, "-c", driver, cfg_json, run_dir, log, json.dumps(OFFLINE_ENV)], start_new_session=True
+    )
+    try:
+        first = os.path.join(ckpt_dir, "step-10", "metadata.json")
+        _wait_for(lambda: os.path.exists(first), 240, parent, "first checkpoint")
+        os.killpg(parent.pid, signal.SIGKILL)  # driver and trainer, no cleanup
+        parent.wait(30)
+    finally:
+        if parent.poll() is None:
+            os.killpg(parent.pid, signal.SIGKILL)
+    latest = lr.latest_checkpoint(ckpt_dir)
+    assert latest is not None and latest["completed_steps"] < N, "run finished before it could be killed"
+    killed_at = latest["completed_steps"]
+
+    res = lr.run_training(cfg, run_dir, log, env=OFFLINE_ENV)
+    assert res["launched"] and res["returncode"] == 0
+    assert res["resumed_from_step"] == killed_at
+    assert res["steps"] == N and res["checkpoint_dir"].endswith(f"step-{N - 1}")
+    assert [s for s, _ in res["loss_history"]] == list(range(N))
+    assert math.isfinite(res["final_loss"])
+    assert lr.hf_export_complete(res["hf_export"])
+    assert "Resuming training from step" in open(log).read()
+    steps_saved = sorted(int(n.split("-")[1]) for n in os.listdir(ckpt_dir) if n.startswith("step-"))
+    assert steps_saved[-1] == N - 1 and 10 in steps_saved
+
+    # finished run: no relaunch (Levanter would exit 1), same answer
+    size = os.path.getsize(log)
+    again = lr.run_training(cfg, run_dir, log, env=OFFLINE_ENV)
+    assert not again["launched"] and again["resumed_from_step"] is None and again["returncode"] is None
+    assert again["steps"] == N and again["final_loss"] == res["final_loss"]
+    assert again["checkpoint_dir"] == res["checkpoint_dir"] and os.path.getsize(log) == size
+
+    # a lost / partial final HF export is regenerated from the final trainer checkpoint
+    import shutil
+
+    shutil.rmtree(res["hf_export"])
+    os.makedirs(res["hf_export"])
+    open(os.path.join(res["hf_export"], "model.safetensors"), "wb").write(b"\0" * 10)  # truncated
+    fixed = lr.run_training(cfg, run_dir, log, env=OFFLINE_ENV)
+    assert not fixed["launched"] and lr.hf_export_complete(fixed["hf_export"])
+    vocab = json.load(open(os.path.join(fixed["hf_export"], "config.json")))["vocab_size"]
+    _assert_hf_export_loads(fixed["hf_export"], vocab)
