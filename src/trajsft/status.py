@@ -55,15 +55,19 @@ def classify(text: str) -> str | None:
 
 
 def tail(path: str | Path, n: int = 20) -> list[str]:
+    """The last ``n`` lines, reading backwards in blocks (logs can be large, lines long)."""
     try:
         with open(path, "rb") as f:
             f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(0, size - max(4096, 400 * n)))
-            lines = f.read().decode(errors="replace").splitlines()
+            pos, buf = f.tell(), b""
+            while pos > 0 and buf.count(b"\n") <= n:
+                step = min(pos, 1 << 16)
+                pos -= step
+                f.seek(pos)
+                buf = f.read(step) + buf
     except FileNotFoundError:
         return []
-    return lines[-n:]
+    return buf.decode(errors="replace").splitlines()[-n:] if n > 0 else []
 
 
 def _read_json(path: str) -> dict | list | None:

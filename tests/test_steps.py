@@ -1,0 +1,133 @@
+"""The data steps on small real data (the bundled demo dataset, a faked Hub)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from trajsft import config as C
+from trajsft import steps
+
+DEMO = C.REPO_DIR / "demo" / "dataset"
+
+
+def make_plan(tmp_path, **over) -> C.Plan:
+    return C.Plan(C.load(None, {"storage_root": str(tmp_path / "store"), **over}), base_dir=C.REPO_DIR,
+                  state_dir=str(tmp_path / "state"))
+
+
+def name(plan, kind, teacher="demo"):
+    return next(a.name for a in plan.chain(teacher) if a.kind == kind)
+
+
+def build_shards(plan) -> tuple[dict, Path]:
+    steps.download(plan, name(plan, "raw"))
+    res = steps.shards(plan, name(plan, "shards"))
+    return res, Path(plan.get("shards", name(plan, "shards")).location)
+
+
+def test_shards_are_byte_identical_across_runs(tmp_path):
+    res1, d1 = build_shards(make_plan(tmp_path / "a"))
+    res2, d2 = build_shards(make_plan(tmp_path / "b"))
+    files = sorted(p.name for p in d1.glob("*.jsonl.gz"))
+    assert files == ["train-00000-of-00001.jsonl.gz", "validation-00000-of-00001.jsonl.gz"]
+    for f in files:
+        assert (d1 / f).read_bytes() == (d2 / f).read_bytes()
+    assert res1["skipped"] == res2["skipped"] and res1["kept"] == res2["kept"]
+    assert not [p for p in d1.iterdir() if p.name.startswith(".")], "temp files left behind"
+
+
+def test_row_count_mismatch_is_one_line(tmp_path):
+    plan = make_plan(tmp_path, teachers={"demo": {"rows": 61}})
+    with pytest.raises(steps.DataError) as e:
+        steps.download(plan, name(plan, "raw"))
+    assert str(e.value) == ("demo: demo/dataset@local has 60 rows, config says 61 (teachers.demo.rows): "
+                            "wrong revision or changed dataset")
+
+
+def test_strict_mode_fails_on_first_bad_row(tmp_path):
+    plan = make_plan(tmp_path, transform={"strict": True})
+    steps.download(plan, name(plan, "raw"))
+    with pytest.raises(Exception) as e:
+        steps.shards(plan, name(plan, "shards"))
+    assert "\n" not in str(e.value)
+    assert str(e.value).startswith("data/train-00000-of-00002.parquet row 0 (traj_id=")
+    assert "field messages" in str(e.value) and "not valid JSON" in str(e.value)
+
+
+def test_missing_messages_column(tmp_path):
+    ds = tmp_path / "ds" / "data"
+    ds.mkdir(parents=True)
+    pq.write_table(pa.table({"traj_id": ["a"], "text": ["x"]}), ds / "train-00000-of-00001.parquet")
+    plan = make_plan(tmp_path, teachers={"demo": {"dataset": str(tmp_path / "ds"), "rows": 1}})
+    steps.download(plan, name(plan, "raw"))
+    with pytest.raises(steps.DataError, match=r"data/train-00000-of-00001.parquet: missing column 'messages'"):
+        steps.shards(plan, name(plan, "shards"))
+
+
+def test_hub_download_pins_revision_and_keeps_token_secret(tmp_path, monkeypatch, caplog):
+    """The real Hub code path with huggingface_hub's network calls faked."""
+    import huggingface_hub
+
+    calls = {}
+
+    class FakeApi:
+        def __init__(self, token=None):
+            calls["api_token"] = token
+
+        def dataset_info(self, repo_id, revision=None):
+            calls["info"] = (repo_id, revision)
+            return type("Info", (), {"sha": "de3bb10" + "0" * 33})()
+
+    def fake_snapshot(repo_id, repo_type, revision, token, local_dir, allow_patterns):
+        calls["snapshot"] = (repo_id, repo_type, revision, token)
+        (Path(local_dir) / "data").mkdir(parents=True)
+        for f in sorted(DEMO.glob("data/*.parquet")):
+            shutil.copy(f, Path(local_dir) / "data" / f.name)
+        return local_dir
+
+    monkeypatch.setattr(huggingface_hub, "HfApi", FakeApi)
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", fake_snapshot)
+    secret = "hf_do_not_log_me_123456"
+    monkeypatch.setenv("HF_TOKEN", secret)
+    plan = make_plan(tmp_path, teachers={"gpt-5-mini": {"rows": 60}})
+    with caplog.at_level(logging.DEBUG):
+        res = steps.download(plan, name(plan, "raw", "gpt-5-mini"))
+    assert calls["info"] == ("AlienKevin/SWE-smith-rs-gpt-5-mini-trajectories", "de3bb10")
+    assert calls["snapshot"][:3] == ("AlienKevin/SWE-smith-rs-gpt-5-mini-trajectories", "dataset", "de3bb10" + "0" * 33)
+    assert calls["snapshot"][3] == secret and calls["api_token"] == secret
+    assert res["rows"] == 60 and res["resolved_revision"].startswith("de3bb10")
+    assert secret not in caplog.text and secret not in json.dumps(res)
+    assert secret not in json.dumps(plan.get("raw", name(plan, "raw", "gpt-5-mini")).inputs)
+
+
+def test_hub_errors_are_one_line(tmp_path, monkeypatch):
+    import huggingface_hub
+    from huggingface_hub.errors import HfHubHTTPError
+
+    import requests
+
+    resp = requests.Response()
+    resp.status_code = 401
+    resp.request = requests.Request("GET", "https://huggingface.co/api/datasets/x").prepare()
+
+    class FakeApi:
+        def __init__(self, token=None):
+            pass
+
+        def dataset_info(self, repo_id, revision=None):
+            raise HfHubHTTPError("401 Unauthorized", response=resp)
+
+    monkeypatch.setattr(huggingface_hub, "HfApi", FakeApi)
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    plan = make_plan(tmp_path)
+    with pytest.raises(steps.DataError) as e:
+        steps.download(plan, name(plan, "raw", "minimax-m2.5"))
+    assert str(e.value) == ("AlienKevin/SWE-smith-rs-minimax-m2.5-trajectories@dfd98db: Hugging Face Hub answered "
+                            "HTTP 401 (set HF_TOKEN for gated/private datasets)")
