@@ -10,7 +10,7 @@ Usage in a test module::
         ray_head.client_env() # {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": ...}
 
 ``ray_head`` is session scoped: one ``ray start --head --block`` per pytest
-session, with custom resources ``{"TPU-v5p-32-head": 1, "TPU": 4}`` by default,
+session, with custom resources ``{"TPU-v5p-32-head": 2, "TPU": 4}`` (two slice heads) by default,
 token auth (``RAY_AUTH_MODE=token`` + a random ``RAY_AUTH_TOKEN`` in the head's
 environment only; ``~/.ray/auth_token`` is never touched), a private short
 ``RAY_TMPDIR``/``--temp-dir`` (``/tmp/rt-XXXXXX``) and free non-default ports.
@@ -47,7 +47,7 @@ import psutil
 import pytest
 import requests
 
-DEFAULT_RESOURCES = {"TPU-v5p-32-head": 1, "TPU": 4}
+DEFAULT_RESOURCES = {"TPU-v5p-32-head": 2, "TPU": 4}  # two v5p-32 slice heads
 MARKER_ENV = "TRAJSFT_TEST_RAY_HEAD"
 # The test head stands in for a TPU slice head on a machine with no TPU and no internet:
 # jobs may train on CPU and W&B logs offline (see trajsft.remote_train).

@@ -116,3 +116,12 @@ def test_plan_cli_prints_locations_without_running(tmp_path):
     assert [a["kind"] for a in t["artifacts"]] == ["raw", "shards", "tokenized", "checkpoints"]
     bad = subprocess.run([sys.executable, "-m", "trajsft.cli", "plan", "nope"], capture_output=True, text=True)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "unknown target" in bad.stderr
+
+
+def test_targets_with_identical_content_get_distinct_runs():
+    demo = C.load()["teachers"]["demo"]
+    p = plan(mixtures={"mix-demo": {"teachers": {"demo": 1.0}, "student": "tiny", "training": demo["training"]}})
+    a, b = p.target("demo")["run"], p.target("mix-demo")["run"]
+    assert a.inputs["training"] == b.inputs["training"] and a.inputs["data"] == b.inputs["data"]
+    assert a.hash != b.hash  # the hash is also the W&B run id and the Ray submission id
+    assert names(p, "demo")["tokenized"] == names(p, "mix-demo")["tokenized"]

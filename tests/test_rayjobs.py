@@ -241,7 +241,7 @@ def test_stop_and_cluster_summary(ray_client_env, tmp_path):  # noqa: F811
     assert s["reachable"] and s["authenticated"] and s["error"] is None
     assert sid in s["jobs"]["ours_running"] and sid in s["jobs"]["running"]
     assert s["tpu"]["TPU"] == {"total": 4.0, "free": 3.0}
-    assert s["tpu"]["TPU-v5p-32-head"]["total"] == 1.0
+    assert s["tpu"]["TPU-v5p-32-head"]["total"] == 2.0
     t0 = time.monotonic()
     assert rj.stop(head.address, sid, wait_s=60) == "STOPPED"
     stop_s = time.monotonic() - t0

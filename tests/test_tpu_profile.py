@@ -180,7 +180,7 @@ def test_end_to_end_on_ray_and_no_secret_leaks(data, ray_head):
     assert out.returncode == 0 and out.stdout.splitlines() == log.splitlines()[-3:]
     out = trajsft(wd, ray_head, "clusters", str(prof), "--json")
     [c] = json.loads(out.stdout)
-    assert c["reachable"] and c["tpu"]["TPU-v5p-32-head"] == {"total": 1.0, "free": 1.0}
+    assert c["reachable"] and c["tpu"]["TPU-v5p-32-head"] == {"total": 2.0, "free": 2.0}
     listing = json.dumps(jobs(ray_head))
     assert HF not in listing and WK not in listing and ray_head.token not in listing
     assert set(job["metadata"]["trajsft_forwarded_env"].split(",")) >= {"HF_TOKEN", "WANDB_API_KEY"}
@@ -269,3 +269,25 @@ def test_signal_to_snakemake_stops_the_ray_job(data, ray_head, sig):
     row = status(wd, prof, ray_head)
     assert (row["state"], row["cause"], row["attempt"]) == ("failed", "stopped", 1)
     assert row["next"].startswith(("resume from step", "start from step 0"))
+
+
+def test_two_targets_run_as_two_concurrent_ray_jobs(data, ray_head):
+    """-j 2 with two targets: two Ray jobs at once (one per slice head), separate run dirs."""
+    wd = workdir(data, "two")
+    demo_training = {"epochs": 2, "batch_size": 4, "learning_rate": 3.0e-3, "max_grad_norm": 1.0, "seq_len": 1024,
+                     "max_steps": 8}
+    prof = make_profile(wd.parent / "two-profile", ray_head.address, data[1], {
+        "teachers": {"demo": {"training": {"max_steps": 8}}},
+        "mixtures": {"mix-demo": {"teachers": {"demo": 1.0}, "student": "tiny", "training": demo_training}}})
+    cmd = [SNAKEMAKE, "-s", str(REPO / "Snakefile"), "-d", str(wd), "--profile", str(prof), "-j", "2",
+           "checkpoints/demo/done", "checkpoints/mix-demo/done"]
+    p = subprocess.Popen(cmd, stdout=open(wd / "snakemake.log", "w"), stderr=subprocess.STDOUT, env=sm_env(ray_head),
+                         start_new_session=True, cwd=REPO)
+    both = wait_for(lambda: (r := [j for j in jobs(ray_head) if j["status"] == "RUNNING"
+                                    and j["submission_id"].startswith("trajsft-")]) and len(r) == 2 and r,
+                    600, "two Ray jobs running at once", p)
+    assert p.wait(timeout=900) == 0, (wd / "snakemake.log").read_text()[-4000:]
+    done = [json.loads((wd / f"checkpoints/{t}/done").read_text()) for t in ("demo", "mix-demo")]
+    assert {d["ray_job_id"] for d in done} == {j["submission_id"] for j in both}
+    assert done[0]["checkpoint_dir"] != done[1]["checkpoint_dir"] and done[0]["hash"] != done[1]["hash"]
+    assert all(d["steps"] == 8 for d in done)

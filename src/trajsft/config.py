@@ -165,6 +165,8 @@ class Plan:
         total = sum(weights.values())
         run_inputs = {
             "format": FORMAT_VERSIONS["checkpoints"],
+            # the run's name is part of its identity: the hash is also its W&B/trainer/Ray job id
+            "target": name,
             "data": [{"teacher": t, "weight": w / total, "tokenized": a.hash} for t, w, a in tokenized],
             "student": self._student_identity(student),
             "training": training,
