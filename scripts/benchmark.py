@@ -1,0 +1,752 @@
+#!/usr/bin/env python
+"""Benchmark of the tokenize step and of Levanter's sequence packing on agent-trajectory-shaped chats.
+
+This is a benchmark, not a test: it prints figures.
+
+Usage::
+
+    .venv/bin/python scripts/benchmark.py [--chats N] [--seq-len 32768] [--seed 0] [--json]
+                                          [--repeats 3] [--with-cache] [--tokenizer DIR]
+
+What it does
+------------
+1. Generates ``--chats`` synthetic agent trajectories in OpenAI chat format (system, user task,
+   then ``n`` assistant turns each with one ``bash`` tool call -- ``tool_calls`` with JSON-string
+   ``arguments`` -- followed by its ``tool`` message, and a closing assistant message without a tool
+   call; shards never end on a tool message because ``transform`` trims trailing non-assistant
+   turns). Same shape as ``demo/dataset``. Length profile (see ``LengthProfile``), in tokens of
+   the tokenizer used:
+
+   * total length ``L ~ LogNormal(ln 12000, 0.68)`` clipped to ``[1500, 131072]``: median 12k,
+     mean ~15k, ~5th percentile ~4k, ``P(L > 32768) = 1 - Phi(ln(32768/12000)/0.68) ~ 7%``; drawn
+     stratified (one draw per 1/N quantile, shuffled) so small sets keep the tail share;
+   * tokens per turn ``~ LogNormal(ln 400, 0.35)``, ``n = clip(round(L / per_turn), 10, 80)``;
+   * per turn: assistant thought = ``U(5%, 20%)`` of the turn, the command 10-40 tokens, the rest
+     is the tool output (code listings, grep hits, cargo output, diffs);
+   * system prompt ~150 tokens, user task 200-600 tokens, closing message 40-200 tokens.
+
+   Character budgets come from a chars/token calibration of each kind of text with the tokenizer,
+   so the profile holds in *tokens*; the measured distribution is printed.
+2. Tokenize throughput, best of ``--repeats`` after a warm-up pass over the first 32 chats:
+   (a) our rule's path: ``levanter.data.text.ChatProcessor`` with the project template
+       (``tokenizer.apply_chat_template(..., return_assistant_tokens_mask=True)``) in batches of
+       128 (Levanter's ``CacheOptions`` batch size); optionally (``--with-cache``) the full
+       ``trajsft.levanter_run.build_chat_cache`` (Ray, jsonl.gz shards written with
+       ``transform.gzip_jsonl``), timed once including Ray start-up;
+   (b) the raw tokenizer batch encode ``tokenizer(texts, add_special_tokens=False)`` of the SAME
+       text, rendered once beforehand with ``apply_chat_template(tokenize=False)``
+       (``add_special_tokens=False`` is what ``apply_chat_template`` uses; the script checks that
+       both paths produce identical ids). Ratio = ours / raw tokens/s. The render time alone is
+       also reported (best of ``--repeats``).
+3. Packing at ``--seq-len`` with Levanter's own packer: ``levanter.data.packing.GreedyPrepackedDataset``
+   over an in-memory (tensorstore ``memory://``) ``JaggedArrayStore`` tree holding the
+   ChatProcessor output -- no Ray -- with the parameters ``MultiturnChatDataset`` / ``train_lm``
+   use (``max_segments_per_example=64``, ``slice_strategy="left"``: a chat longer than
+   ``seq_len`` keeps its first ``seq_len`` tokens and fills a sequence on its own). The figures
+   are read from the packed examples themselves (segment ids != -1, assistant masks) and
+   cross-checked against a pure-Python re-implementation of the same greedy (next-fit) rule.
+
+   Levanter packs in cache (= shard) order, next-fit, so the efficiency depends on the order of
+   chats; the synthetic set is in random length order.
+
+Tokenizer: the real Qwen3 tokenizer is not available offline, so the default is ``demo/tokenizer``
+(a 2k-vocab byte-level BPE with Qwen's special tokens, trained on the demo trajectories). Absolute
+throughput, chars/token (~2.1 on the synthetic tool output vs ~3.5-4 for Qwen3 on real code) and
+token counts differ from Qwen3 (151k vocab), and the ours/raw ratio is only indicative. The packing
+and truncation figures depend only on the token-length profile, which is specified in tokens of the
+tokenizer used, so they carry over to a Qwen3-tokenized set with the same profile.
+``TOKENIZERS_PARALLELISM`` defaults to ``false`` (as in ``levanter_env``).
+
+The warm-up is a pass over the first 32 chats (fast tokenizers have no JIT: it pays the lazy
+imports, the Jinja template compilation and the first BPE cache fills) so that the default run,
+4 passes per path on ~3M tokens, stays around a minute on 2 cores.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+# Running ``python scripts/benchmark.py`` puts scripts/ first on sys.path; keep it from shadowing
+# anything (same guard as make_demo_assets.py).
+if sys.path and os.path.abspath(sys.path[0] or ".") == os.path.dirname(os.path.abspath(__file__)):
+    del sys.path[0]
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import argparse  # noqa: E402
+import asyncio  # noqa: E402
+import json  # noqa: E402
+import math  # noqa: E402
+import random  # noqa: E402
+import shutil  # noqa: E402
+import string  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+from dataclasses import asdict, dataclass  # noqa: E402
+from pathlib import Path  # noqa: E402
+from statistics import NormalDist  # noqa: E402
+from typing import Any, Callable, Optional, Sequence  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+if str(REPO_ROOT / "src") not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT / "src"))
+
+DEFAULT_TOKENIZER = str(REPO_ROOT / "demo" / "tokenizer")
+DEFAULT_CHATS = 200
+DEFAULT_SEQ_LEN = 32768
+BATCH_SIZE = 128  # levanter.store.cache.CacheOptions.default().batch_size
+WARMUP_CHATS = 32
+MAX_SEGMENTS_PER_EXAMPLE = 64  # levanter.data.text.dataset_for_format (pack=True)
+# tokens per turn outside the content budgets: template (~27) + output wrapper, JSON and command excess (~28);
+# measured with the demo tokenizer (generated lengths land within a few % of the target)
+OVERHEAD_TOKENS_PER_TURN = 55
+
+
+@dataclass(frozen=True)
+class LengthProfile:
+    """Parameters of the synthetic length profile (all lengths in tokens)."""
+
+    median_tokens: float = 12000.0
+    sigma: float = 0.68  # log-space std: P(L > 32768) ~ 7% at median 12000
+    min_tokens: int = 1500
+    max_tokens: int = 131072
+    turn_tokens_median: float = 400.0
+    turn_tokens_sigma: float = 0.35
+    min_turns: int = 10
+    max_turns: int = 80
+    thought_share: tuple = (0.05, 0.20)
+    command_tokens: tuple = (10, 40)
+    user_tokens: tuple = (200, 600)
+    closing_tokens: tuple = (40, 200)
+
+    def tail_share(self, seq_len: int) -> float:
+        """Expected share of chats longer than ``seq_len`` (ignoring the clip)."""
+        z = math.log(seq_len / self.median_tokens) / self.sigma
+        return 0.5 * math.erfc(z / math.sqrt(2))
+
+
+# --------------------------------------------------------------------------------------
+# synthetic trajectories
+# --------------------------------------------------------------------------------------
+
+_WORDS = (
+    "the a to of and in is it that this for with we on be not as by function test file line value "
+    "error call return type struct field method check look let me now see where which when because "
+    "should would could first then next fix bug issue change update run build compile output input "
+    "case path buffer index length capacity offset range slice string parse token result option some "
+    "none panic assert expected actual behavior implementation module crate trait impl public private "
+    "iterator closure lifetime borrow reference owned clone copy vector map set key entry match arm "
+    "condition branch loop early edge boundary empty missing wrong correct passes fails failing unit "
+    "integration regression reproduce minimal patch diff commit repository directory source tests "
+    "looks like seems the problem is here so I will instead also only still again both after before"
+).split()
+_IDENT_PARTS = (
+    "buf len cap split off read write path glob match span start end index parse token iter next peek byte "
+    "char str node tree map key value entry count size offset chunk block state config opts error result handle "
+    "ctx inner raw ptr slice vec pos line col file dir name ext pattern cache pool queue stack frame header body "
+    "request response client conn stream sink task timer lock guard shared owned clone drain push pop insert "
+    "remove get set take replace flush seek advance reserve extend truncate clear is has with from into try new "
+    "default unchecked mut last first dot total remaining"
+).split()
+_TYPES = ("usize", "u8", "u32", "i64", "bool", "String", "&str", "Vec<u8>", "Option<usize>", "Self",
+          "Result<(), Error>", "&[u8]", "Bytes", "PathBuf", "&Path", "Span", "Cow<'a, str>")
+_OPS = ("<", "<=", ">", ">=", "==", "!=", "+", "-", "&&", "||")
+_CRATES = ("bytes", "regex", "serde", "tokio", "globset", "clap", "hyper", "rand", "log", "itertools")
+
+
+def _ident(rng: random.Random, camel: bool = False) -> str:
+    parts = [rng.choice(_IDENT_PARTS) for _ in range(rng.choice((1, 2, 2, 2, 3, 3)))]
+    return "".join(p.capitalize() for p in parts) if camel else "_".join(parts)
+
+
+def _prose(rng: random.Random, idents: Sequence[str], n_words: int) -> str:
+    out, sentence = [], []
+    for _ in range(n_words):
+        w = f"`{rng.choice(idents)}`" if rng.random() < 0.08 else rng.choice(_WORDS)
+        sentence.append(w)
+        if len(sentence) >= rng.randint(8, 24):
+            s = " ".join(sentence)
+            out.append(s[0].upper() + s[1:] + rng.choice(".....:?"))
+            sentence = []
+    if sentence:
+        s = " ".join(sentence)
+        out.append(s[0].upper() + s[1:] + ".")
+    return " ".join(out)
+
+
+def _code_line(rng: random.Random, ids: Sequence[str], tys: Sequence[str]) -> str:
+    i, t, n = rng.choice, rng.choice, rng.randint
+    forms = (
+        lambda: f"    let {i(ids)} = {i(ids)}.{i(ids)}({i(ids)}, {n(0, 4096)});",
+        lambda: f"    pub fn {i(ids)}(&self, {i(ids)}: {t(_TYPES)}) -> {t(_TYPES)} {{",
+        lambda: f"        if {i(ids)} {t(_OPS)} self.{i(ids)} {{",
+        lambda: f"            return {i(tys)}::{i(ids)}({i(ids)});",
+        lambda: "        }",
+        lambda: "    }",
+        lambda: "",
+        lambda: f"    // {_prose(rng, ids, n(4, 12))}",
+        lambda: f"impl {i(tys)} for {i(tys)} {{",
+        lambda: f"use crate::{i(ids)}::{{{i(tys)}, {i(tys)}}};",
+        lambda: f"        self.{i(ids)} = cmp::min(self.{i(ids)}, {i(ids)});",
+        lambda: f"        assert_eq!({i(ids)}.{i(ids)}(), {n(0, 512)});",
+        lambda: f"    #[inline]",
+        lambda: f"        match {i(ids)} {{ {i(tys)}::{i(ids)} => {n(0, 9)}, _ => {i(ids)}.len() }}",
+    )
+    return rng.choice(forms)()
+
+
+def _output_line(rng: random.Random, kind: str, ids: Sequence[str], tys: Sequence[str]) -> str:
+    n = rng.randint
+    if kind == "listing":
+        return f"{n(1, 2400):6d}\t{_code_line(rng, ids, tys)}"
+    if kind == "grep":
+        return f"src/{rng.choice(ids)}/{rng.choice(ids)}.rs:{n(1, 2400)}:{_code_line(rng, ids, tys)}"
+    if kind == "cargo":
+        forms = (
+            lambda: f"   Compiling {rng.choice(_CRATES)} v{n(0, 2)}.{n(0, 30)}.{n(0, 12)}",
+            lambda: f"test {rng.choice(ids)}::{rng.choice(ids)} ... {rng.choice(('ok', 'ok', 'ok', 'FAILED'))}",
+            lambda: f"error[E0{n(100, 799)}]: {_prose(rng, ids, n(4, 10))}",
+            lambda: f"  --> src/{rng.choice(ids)}.rs:{n(1, 2400)}:{n(1, 80)}",
+            lambda: f"    |     {_code_line(rng, ids, tys).strip()}",
+            lambda: f"thread 'main' panicked at src/{rng.choice(ids)}.rs:{n(1, 999)}:{n(1, 80)}:",
+            lambda: f"test result: FAILED. {n(0, 300)} passed; {n(1, 5)} failed; 0 ignored; finished in {n(0, 9)}.{n(10, 99)}s",
+        )
+        return rng.choice(forms)()
+    # diff
+    forms = (
+        lambda: f"@@ -{n(1, 2000)},{n(3, 20)} +{n(1, 2000)},{n(3, 20)} @@ {_code_line(rng, ids, tys).strip()}",
+        lambda: f"-{_code_line(rng, ids, tys)}",
+        lambda: f"+{_code_line(rng, ids, tys)}",
+        lambda: f" {_code_line(rng, ids, tys)}",
+    )
+    return rng.choice(forms)()
+
+
+_OUTPUT_KINDS = ("listing", "grep", "cargo", "diff")
+
+
+def _command(rng: random.Random, ids: Sequence[str], n_tokens: int) -> str:
+    f = f"src/{rng.choice(ids)}/{rng.choice(ids)}.rs"
+    forms = (
+        lambda: f"nl -ba {f} | sed -n '{rng.randint(1, 900)},{rng.randint(900, 2000)}p'",
+        lambda: f"grep -rn 'fn {rng.choice(ids)}' src/ tests/ | head -n {rng.randint(5, 60)}",
+        lambda: f"cargo test -p {rng.choice(_CRATES)} {rng.choice(ids)} 2>&1 | tail -n {rng.randint(10, 80)}",
+        lambda: f"git diff -- {f}",
+        lambda: f"sed -i 's/{rng.choice(ids)} < self/{rng.choice(ids)} <= self/' {f}",
+    )
+    cmd = rng.choice(forms)()
+    while len(cmd) < 3.0 * n_tokens:  # long commands: heredoc-ish edits
+        cmd += f" && grep -n '{rng.choice(ids)}' {f}"
+    return cmd
+
+
+class _TextPools:
+    """Pre-generated line pools (per output kind) plus chars/token calibration for a tokenizer."""
+
+    def __init__(self, rng: random.Random, tokenizer, pool_lines: int = 12000):
+        self.ids = sorted({_ident(rng) for _ in range(600)})
+        self.tys = sorted({_ident(rng, camel=True) for _ in range(150)})
+        self.lines = {k: [_output_line(rng, k, self.ids, self.tys) for _ in range(pool_lines)] for k in _OUTPUT_KINDS}
+        self.prose_words = [
+            f"`{rng.choice(self.ids)}`" if rng.random() < 0.08 else rng.choice(_WORDS) for _ in range(20000)
+        ]
+        self.chars_per_word = sum(len(w) + 1 for w in self.prose_words) / len(self.prose_words)
+        # chars per token of each kind of text, measured with the tokenizer itself
+        samples = {k: "\n".join(v[:600]) for k, v in self.lines.items()}
+        samples["prose"] = _prose(rng, self.ids, 3000)
+        samples["command"] = "\n".join(_command(rng, self.ids, 10) for _ in range(300))
+        enc = tokenizer(list(samples.values()), add_special_tokens=False)["input_ids"]
+        self.cpt = {k: len(s) / max(1, len(e)) for (k, s), e in zip(samples.items(), enc)}
+
+    def output(self, rng: random.Random, n_tokens: int) -> str:
+        kind = rng.choice(_OUTPUT_KINDS)
+        budget = n_tokens * self.cpt[kind]
+        pool, out, size = self.lines[kind], [], 0
+        start = rng.randrange(len(pool))
+        while True:  # a contiguous run of the pool, like a real listing; stop nearest to the budget
+            line = pool[(start + len(out)) % len(pool)]
+            if out and size + (len(line) + 1) / 2 > budget:
+                break
+            out.append(line)
+            size += len(line) + 1
+        rc = 101 if kind == "cargo" and rng.random() < 0.5 else 0
+        return f"<returncode>{rc}</returncode>\n<output>\n" + "\n".join(out) + "\n</output>"
+
+    def prose(self, rng: random.Random, n_tokens: int) -> str:
+        n_words = max(3, round(n_tokens * self.cpt["prose"] / self.chars_per_word))
+        pool, start = self.prose_words, rng.randrange(len(self.prose_words))
+        text = " ".join(pool[(start + j) % len(pool)] for j in range(n_words))
+        return text[0].upper() + text[1:] + "."
+
+
+def _call_id(rng: random.Random) -> str:
+    return "call_" + "".join(rng.choice(string.ascii_letters + string.digits) for _ in range(24))
+
+
+SYSTEM_PROMPT = (
+    "You are a helpful assistant that can interact with a computer shell to solve programming tasks. "
+    "Use the `bash` tool to run one command at a time; every command runs in a fresh subshell in the "
+    "repository root. When you are done, run `echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT && git add -A "
+    "&& git diff --cached`. Think step by step, keep your edits minimal, never modify tests, and verify "
+    "every change by running the relevant tests before you submit. If a command fails, read the error "
+    "output carefully before trying again."
+)
+
+
+def make_chats(n: int, seed: int, tokenizer, profile: LengthProfile = LengthProfile()) -> list[dict]:
+    """``n`` synthetic trajectories ``{"messages": [...], "traj_id", "target_tokens", "turns"}``."""
+    rng = random.Random(seed)
+    pools = _TextPools(random.Random(seed + 1), tokenizer)
+    records = []
+    # stratified (Latin-hypercube) draw of the log-normal: one length per 1/n quantile stratum, shuffled,
+    # so even a few hundred chats reproduce the profile's tail instead of a noisy binomial count
+    strata = list(range(n))
+    rng.shuffle(strata)
+    normal = NormalDist(math.log(profile.median_tokens), profile.sigma)
+    for i in range(n):
+        u = min(max((strata[i] + rng.random()) / n, 1e-12), 1 - 1e-12)
+        target = int(min(max(math.exp(normal.inv_cdf(u)), profile.min_tokens), profile.max_tokens))
+        per_turn = rng.lognormvariate(math.log(profile.turn_tokens_median), profile.turn_tokens_sigma)
+        turns = int(min(max(round(target / per_turn), profile.min_turns), profile.max_turns))
+        user_tokens = rng.randint(*profile.user_tokens)
+        closing_tokens = rng.randint(*profile.closing_tokens)
+        fixed = 150 + user_tokens + closing_tokens + 2 * 5
+        budget = max(40.0, (target - fixed) / turns - OVERHEAD_TOKENS_PER_TURN)
+        repo = f"{rng.choice(_CRATES)}-rs__{pools.ids[i % len(pools.ids)]}"
+        messages: list[dict[str, Any]] = [
+            {"role": "system", "content": SYSTEM_PROMPT},
+            {"role": "user", "content": "<pr_description>\nConsider the following PR description:\n"
+             + pools.prose(rng, user_tokens) + "\n</pr_description>\n\n<instructions>\nThe repository `"
+             + repo + "` is checked out in the current directory. Make the minimal change to non-test "
+             "source files so that the issue is fixed.\n</instructions>"},
+        ]
+        for _ in range(turns):
+            b = budget * rng.uniform(0.7, 1.3)
+            thought = max(8, int(b * rng.uniform(*profile.thought_share)))
+            cmd_tokens = rng.randint(*profile.command_tokens)
+            out_tokens = max(5, int(b - thought - cmd_tokens))
+            cid = _call_id(rng)
+            messages.append({
+                "role": "assistant",
+                "content": pools.prose(rng, thought),
+                "tool_calls": [{"id": cid, "type": "function", "function": {
+                    "name": "bash", "arguments": json.dumps({"command": _command(rng, pools.ids, cmd_tokens)})}}],
+            })
+            messages.append({"role": "tool", "tool_call_id": cid, "name": "bash", "content": pools.output(rng, out_tokens)})
+        messages.append({"role": "assistant", "content": pools.prose(rng, closing_tokens)})
+        records.append({"messages": messages, "traj_id": f"synthetic-{seed}-{i:06d}", "target_tokens": target,
+                        "turns": turns})
+    return records
+
+
+# --------------------------------------------------------------------------------------
+# tokenization
+# --------------------------------------------------------------------------------------
+
+
+def load_tokenizer(path: str = DEFAULT_TOKENIZER):
+    from levanter.compat.hf_checkpoints import load_tokenizer as _load
+
+    return _load(path)
+
+
+def chat_processor(tokenizer, chat_template: Optional[str] = None):
+    from levanter.data.text import ChatProcessor
+
+    from trajsft.template import load_template
+
+    return ChatProcessor(tokenizer, chat_template=chat_template or load_template(), messages_field="messages",
+                         mask_user_turns=True)
+
+
+def _batches(items: Sequence, size: int = BATCH_SIZE):
+    for i in range(0, len(items), size):
+        yield items[i : i + size]
+
+
+def tokenize_ours(processor, records: Sequence[dict]) -> list[dict]:
+    """Our rule's tokenization: ChatProcessor over batches of 128 (ids + assistant masks)."""
+    out: list[dict] = []
+    for batch in _batches(records):
+        out.extend(processor(batch))
+    return out
+
+
+def render_texts(tokenizer, records: Sequence[dict], chat_template: str) -> list[str]:
+    out: list[str] = []
+    for batch in _batches(records):
+        out.extend(tokenizer.apply_chat_template([r["messages"] for r in batch], tokenize=False,
+                                                 chat_template=chat_template))
+    return out
+
+
+def tokenize_raw(tokenizer, texts: Sequence[str]) -> list[list[int]]:
+    """The raw fast tokenizer's batch encode of pre-rendered text (what apply_chat_template calls)."""
+    out: list[list[int]] = []
+    for batch in _batches(texts):
+        out.extend(tokenizer(list(batch), add_special_tokens=False)["input_ids"])
+    return out
+
+
+def best_of(fn: Callable[[], Any], repeats: int = 3, warmup: Optional[Callable[[], Any]] = None) -> tuple[float, Any]:
+    """(best wall seconds over ``repeats`` calls of ``fn``, result of the last call); ``warmup`` runs first."""
+    if warmup is not None:
+        warmup()
+    best, result = math.inf, None
+    for _ in range(max(1, repeats)):
+        t0 = time.perf_counter()
+        result = fn()
+        best = min(best, time.perf_counter() - t0)
+    return best, result
+
+
+# --------------------------------------------------------------------------------------
+# packing
+# --------------------------------------------------------------------------------------
+
+
+def _memory_store(arrays: Sequence[np.ndarray]):
+    """An in-memory (tensorstore memory://) JaggedArrayStore holding ``arrays``."""
+    from levanter.store.jagged_array import JaggedArrayStore
+
+    async def _open():
+        # path=None -> memory:// kvstore (the sync open() cannot do this in this Levanter version)
+        return await JaggedArrayStore.open_async(None, mode="w", dtype=np.int32)
+
+    store = asyncio.run(_open())
+    for chunk in _batches(arrays, 1024):
+        store.extend([np.asarray(a, dtype=np.int32) for a in chunk])
+    return store
+
+
+def greedy_pack_reference(lengths: Sequence[int], seq_len: int,
+                          max_segments: int = MAX_SEGMENTS_PER_EXAMPLE) -> list[range]:
+    """Pure-Python re-implementation of ``levanter.data.packing.pack_documents`` (slicing on):
+    next-fit in order; a pack is closed as soon as the next chat does not fit or it holds
+    ``max_segments`` chats; a chat longer than ``seq_len`` gets a pack of its own."""
+    packs, i, n = [], 0, len(lengths)
+    while i < n:
+        start, total = i, 0
+        while i < n and i - start < max_segments and total + lengths[i] <= seq_len:
+            total += lengths[i]
+            i += 1
+        if i == start:
+            i += 1
+        packs.append(range(start, i))
+    return packs
+
+
+def pack_with_levanter(input_ids: Sequence[np.ndarray], assistant_masks: Sequence[np.ndarray], seq_len: int,
+                       read_batch: int = 64) -> dict:
+    """Pack with Levanter's ``GreedyPrepackedDataset`` (train_lm's parameters) and measure the packed examples.
+
+    Returns ``packs`` (list of ranges), ``non_pad_tokens`` / ``loss_tokens`` counted in the padded
+    ``seq_len`` examples that Levanter's packer yields.
+    """
+    from levanter.data.packing import GreedyPrepackedDataset
+
+    tree = {"input_ids": _memory_store(input_ids), "assistant_masks": _memory_store(assistant_masks)}
+    packed = GreedyPrepackedDataset(tree, int(seq_len), max_segments_per_example=MAX_SEGMENTS_PER_EXAMPLE,
+                                    pad_with_zeros=True, slice_strategy="left")
+    packs = list(packed._pack_indices)
+    sync = packed.as_sync_dataset()
+    non_pad = loss = 0
+    for lo in range(0, len(packs), read_batch):
+        for data, seg in sync.get_batch(range(lo, min(lo + read_batch, len(packs)))):
+            assert data["input_ids"].shape == (seq_len,)
+            non_pad += int((seg["input_ids"] >= 0).sum())
+            loss += int(np.asarray(data["assistant_masks"]).sum())
+    return {"packs": packs, "non_pad_tokens": non_pad, "loss_tokens": loss}
+
+
+def packing_stats(lengths: Sequence[int], assistant_lengths: Sequence[int], assistant_in_window: Sequence[int],
+                  seq_len: int, packs: Sequence[range], non_pad_tokens: Optional[int] = None,
+                  loss_tokens: Optional[int] = None) -> dict:
+    """Packing / truncation figures from per-chat lengths and a packing (list of index ranges)."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    total = int(lengths.sum())
+    kept = int(np.minimum(lengths, seq_len).sum())
+    asst_total = int(np.sum(assistant_lengths))
+    asst_kept = int(np.sum(assistant_in_window))
+    n_packs = len(packs)
+    if non_pad_tokens is None:
+        non_pad_tokens = sum(min(int(lengths[r.start : r.stop].sum()), seq_len) for r in packs)
+    if loss_tokens is None:
+        loss_tokens = asst_kept
+    return {
+        "seq_len": int(seq_len),
+        "chats": int(len(lengths)),
+        "packed_sequences": n_packs,
+        "training_tokens": n_packs * int(seq_len),
+        "non_pad_tokens": int(non_pad_tokens),
+        "packing_efficiency": float(non_pad_tokens / (n_packs * seq_len)) if n_packs else 0.0,
+        "mean_chats_per_sequence": float(len(lengths) / n_packs) if n_packs else 0.0,
+        "tokens_total": total,
+        "tokens_truncated": total - kept,
+        "truncated_token_share": float((total - kept) / total) if total else 0.0,
+        "chats_truncated": int((lengths > seq_len).sum()),
+        "truncated_chat_share": float((lengths > seq_len).mean()) if len(lengths) else 0.0,
+        "assistant_tokens": asst_total,
+        "assistant_tokens_kept": int(loss_tokens),
+        "assistant_truncated_share": float(1 - loss_tokens / asst_total) if asst_total else 0.0,
+        "loss_token_share_of_training_tokens": float(loss_tokens / (n_packs * seq_len)) if n_packs else 0.0,
+    }
+
+
+def packing_from_lengths(lengths: Sequence[int], seq_len: int, assistant_lengths: Optional[Sequence[int]] = None,
+                         use_levanter: bool = True) -> dict:
+    """Packing figures for a plain list of chat lengths (dummy tokens; assistant tokens at each chat's end)."""
+    lengths = [int(x) for x in lengths]
+    asst = [int(a) for a in (assistant_lengths if assistant_lengths is not None else [0] * len(lengths))]
+    masks = [np.concatenate([np.zeros(n - a, np.int32), np.ones(a, np.int32)]) for n, a in zip(lengths, asst)]
+    in_window = [int(m[:seq_len].sum()) for m in masks]
+    if use_levanter:
+        res = pack_with_levanter([np.ones(n, np.int32) for n in lengths], masks, seq_len)
+        out = packing_stats(lengths, asst, in_window, seq_len, res["packs"], res["non_pad_tokens"], res["loss_tokens"])
+        out["packer"] = "levanter"
+    else:
+        out = packing_stats(lengths, asst, in_window, seq_len, greedy_pack_reference(lengths, seq_len))
+        out["packer"] = "reference"
+    return out
+
+
+# --------------------------------------------------------------------------------------
+# optional: the full Ray cache build
+# --------------------------------------------------------------------------------------
+
+
+def bench_build_chat_cache(records: Sequence[dict], tokenizer_path: str, seq_len: int) -> dict:
+    """Time ``trajsft.levanter_run.build_chat_cache`` once (jsonl.gz shards -> cache; starts a local Ray)."""
+    from trajsft import levanter_run as LR
+    from trajsft.template import load_template
+    from trajsft.transform import gzip_jsonl, shard_names
+
+    tmp = tempfile.mkdtemp(prefix="trajsft-bench-")
+    try:
+        urls = []
+        rows = [{"messages": r["messages"], "traj_id": r["traj_id"]} for r in records]
+        for name, lo, hi in shard_names("train", len(rows)):
+            path = os.path.join(tmp, "shards", name)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "wb") as f:
+                f.write(gzip_jsonl(rows[lo:hi]))
+            urls.append(path)
+        t0 = time.perf_counter()
+        stats = LR.build_chat_cache(urls, [], os.path.join(tmp, "cache"), os.path.abspath(tokenizer_path),
+                                    load_template(), seq_len=seq_len)
+        dt = time.perf_counter() - t0
+        tr = stats["train"]
+        return {"seconds": dt, "chats": tr["chats"], "tokens": tr["tokens"], "chats_per_s": tr["chats"] / dt,
+                "tokens_per_s": tr["tokens"] / dt, "packed_sequences": tr.get("packed_sequences"),
+                "tokens_truncated": tr.get("tokens_truncated"), "shards": len(urls)}
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------------------
+# driver
+# --------------------------------------------------------------------------------------
+
+
+def _pct(values: Sequence[int], q: float) -> int:
+    return int(np.percentile(np.asarray(values), q)) if len(values) else 0
+
+
+def run_benchmark(chats: int = DEFAULT_CHATS, seq_len: int = DEFAULT_SEQ_LEN, seed: int = 0, repeats: int = 3,
+                  tokenizer_path: str = DEFAULT_TOKENIZER, with_cache: bool = False,
+                  profile: LengthProfile = LengthProfile(), log: Callable[[str], None] = lambda s: None) -> dict:
+    """Run the whole benchmark and return all figures as a plain dict."""
+    from trajsft.template import load_template
+
+    t_start = time.perf_counter()
+    template = load_template()
+    tokenizer = load_tokenizer(tokenizer_path)
+    processor = chat_processor(tokenizer, template)
+
+    log(f"generating {chats} synthetic trajectories (seed {seed}) ...")
+    t0 = time.perf_counter()
+    records = make_chats(chats, seed, tokenizer, profile)
+    gen_s = time.perf_counter() - t0
+    warm = records[:WARMUP_CHATS]
+
+    log(f"ChatProcessor: warm-up + best of {repeats} ...")
+    ours_s, processed = best_of(lambda: tokenize_ours(processor, records), repeats,
+                                warmup=lambda: tokenize_ours(processor, warm))
+    input_ids = [p["input_ids"] for p in processed]
+    masks = [p["assistant_masks"] for p in processed]
+    lengths = [int(len(x)) for x in input_ids]
+    n_tokens = int(sum(lengths))
+
+    log(f"apply_chat_template(tokenize=False), then raw batch encode of that text: warm-up + best of {repeats} ...")
+    render_s, texts = best_of(lambda: render_texts(tokenizer, records, template), repeats,
+                              warmup=lambda: render_texts(tokenizer, warm, template))
+    raw_s, raw_ids = best_of(lambda: tokenize_raw(tokenizer, texts), repeats,
+                             warmup=lambda: tokenize_raw(tokenizer, texts[:WARMUP_CHATS]))
+    raw_tokens = int(sum(len(x) for x in raw_ids))
+    ids_match = raw_tokens == n_tokens and all(
+        len(a) == len(b) and np.array_equal(a, np.asarray(b, dtype=np.int32)) for a, b in zip(input_ids, raw_ids))
+
+    ours = {"seconds": ours_s, "chats_per_s": chats / ours_s, "tokens_per_s": n_tokens / ours_s}
+    raw = {"seconds": raw_s, "chats_per_s": chats / raw_s, "tokens_per_s": raw_tokens / raw_s}
+    render = {"seconds": render_s, "chats_per_s": chats / render_s, "chars": int(sum(map(len, texts)))}
+
+    log(f"packing at seq_len {seq_len} with Levanter's GreedyPrepackedDataset (in-memory store) ...")
+    t0 = time.perf_counter()
+    asst = [int(m.sum()) for m in masks]
+    asst_win = [int(m[:seq_len].sum()) for m in masks]
+    packer = "levanter.data.packing.GreedyPrepackedDataset (in-memory JaggedArrayStore, no Ray)"
+    try:
+        lev = pack_with_levanter(input_ids, masks, seq_len)
+        packing = packing_stats(lengths, asst, asst_win, seq_len, lev["packs"], lev["non_pad_tokens"],
+                                lev["loss_tokens"])
+        ref_packs = greedy_pack_reference(lengths, seq_len)
+        ref = packing_stats(lengths, asst, asst_win, seq_len, ref_packs)
+        packing["crosscheck_reference_greedy"] = (
+            [(r.start, r.stop) for r in ref_packs] == [(r.start, r.stop) for r in lev["packs"]]
+            and ref["non_pad_tokens"] == packing["non_pad_tokens"]
+            and ref["assistant_tokens_kept"] == packing["assistant_tokens_kept"]
+        )
+    except ImportError as e:  # pragma: no cover - Levanter is a project dependency
+        packer = f"reference greedy re-implementation (Levanter packer unavailable: {e})"
+        packing = packing_stats(lengths, asst, asst_win, seq_len, greedy_pack_reference(lengths, seq_len))
+        packing["crosscheck_reference_greedy"] = None
+    packing["packer"] = packer
+    packing["max_segments_per_example"] = MAX_SEGMENTS_PER_EXAMPLE
+    packing["slice_strategy"] = "left"
+    packing["seconds"] = time.perf_counter() - t0
+
+    cache = None
+    if with_cache:
+        log("build_chat_cache (Ray) once ...")
+        try:
+            cache = bench_build_chat_cache(records, tokenizer_path, seq_len)
+        except Exception as e:  # reported (and exit code 1), the other figures are still printed
+            cache = {"error": f"{type(e).__name__}: {e}"}
+        else:
+            cache["ratio_vs_raw"] = cache["tokens_per_s"] / raw["tokens_per_s"]
+            cache["tokens_match"] = cache["tokens"] == n_tokens
+            cache["packed_sequences_match"] = cache["packed_sequences"] == packing["packed_sequences"]
+
+    turns = [r["turns"] for r in records]
+    return {
+        "tokenizer": os.path.relpath(tokenizer_path, REPO_ROOT) if tokenizer_path.startswith(str(REPO_ROOT))
+        else tokenizer_path,
+        "tokenizer_note": "demo byte-level BPE (2k vocab + Qwen special tokens); the real Qwen3 tokenizer is not "
+                          "available offline: absolute throughput / token counts differ for Qwen3, the ours/raw "
+                          "ratio is indicative; packing figures depend only on the token-length profile",
+        "tokenizer_vocab": len(tokenizer),
+        "tokenizers_parallelism": os.environ.get("TOKENIZERS_PARALLELISM"),
+        "cpu_count": os.cpu_count(),
+        "chats": chats,
+        "seed": seed,
+        "repeats": repeats,
+        "batch_size": BATCH_SIZE,
+        "profile": asdict(profile),
+        "dataset": {
+            "tokens": n_tokens,
+            "assistant_tokens": int(sum(asst)),
+            "assistant_fraction": float(sum(asst) / n_tokens) if n_tokens else 0.0,
+            "length_p5": _pct(lengths, 5), "length_p50": _pct(lengths, 50), "length_mean": float(np.mean(lengths)),
+            "length_p95": _pct(lengths, 95), "length_max": int(max(lengths)),
+            "longer_than_seq_len": float(np.mean(np.asarray(lengths) > seq_len)),
+            "expected_longer_than_seq_len": profile.tail_share(seq_len),
+            "turns_min": int(min(turns)), "turns_p50": _pct(turns, 50), "turns_max": int(max(turns)),
+            "messages_mean": float(np.mean([len(r["messages"]) for r in records])),
+            "generate_seconds": gen_s,
+        },
+        "tokenize": {
+            "chat_processor": ours,
+            "render_only": render,
+            "raw_batch_encode": raw,
+            "ratio_ours_over_raw": ours["tokens_per_s"] / raw["tokens_per_s"],
+            "raw_ids_identical": bool(ids_match),
+            # what ChatProcessor spends beyond rendering + encoding (offsets, assistant masks, numpy copies)
+            "mask_overhead_seconds": ours_s - raw_s - render_s,
+            "build_chat_cache": cache,
+        },
+        "packing": packing,
+        "wall_seconds": time.perf_counter() - t_start,
+    }
+
+
+def format_table(r: dict) -> str:
+    d, t, p = r["dataset"], r["tokenize"], r["packing"]
+    k = lambda x: f"{x / 1000:,.1f}k"  # noqa: E731
+    rows = [
+        f"trajsft tokenize/packing benchmark  (tokenizer: {r['tokenizer']}, vocab {r['tokenizer_vocab']}; "
+        f"DEMO tokenizer, not Qwen3)",
+        f"chats {r['chats']} (seed {r['seed']}), {d['tokens']:,} tokens, assistant fraction {d['assistant_fraction']:.3f}, "
+        f"turns {d['turns_min']}-{d['turns_max']} (median {d['turns_p50']})",
+        f"lengths: p5 {k(d['length_p5'])}  median {k(d['length_p50'])}  mean {k(d['length_mean'])}  "
+        f"p95 {k(d['length_p95'])}  max {k(d['length_max'])}  > seq_len {d['longer_than_seq_len']:.1%} "
+        f"(profile expects {d['expected_longer_than_seq_len']:.1%})",
+        "",
+        f"tokenize (best of {r['repeats']}, batches of {r['batch_size']}, TOKENIZERS_PARALLELISM="
+        f"{r['tokenizers_parallelism']}, {r['cpu_count']} cpus)",
+        f"  {'path':<44} {'seconds':>8} {'chats/s':>9} {'tokens/s':>12}",
+        f"  {'ChatProcessor (ours: render+encode+mask)':<44} {t['chat_processor']['seconds']:>8.2f} "
+        f"{t['chat_processor']['chats_per_s']:>9.1f} {t['chat_processor']['tokens_per_s']:>12,.0f}",
+        f"  {'apply_chat_template(tokenize=False) only':<44} {t['render_only']['seconds']:>8.2f} "
+        f"{t['render_only']['chats_per_s']:>9.1f} {'-':>12}",
+        f"  {'raw tokenizer(texts) on rendered text':<44} {t['raw_batch_encode']['seconds']:>8.2f} "
+        f"{t['raw_batch_encode']['chats_per_s']:>9.1f} {t['raw_batch_encode']['tokens_per_s']:>12,.0f}",
+    ]
+    c = t.get("build_chat_cache")
+    if c and "error" in c:
+        rows.append(f"  build_chat_cache (Ray) FAILED: {c['error']}")
+    elif c:
+        rows.append(f"  {'build_chat_cache (Ray, 1 run, incl. start-up)':<44} {c['seconds']:>8.2f} "
+                    f"{c['chats_per_s']:>9.1f} {c['tokens_per_s']:>12,.0f}")
+        rows.append(f"    cache vs in-process: tokens match {c['tokens_match']}, packed sequences match "
+                    f"{c['packed_sequences_match']} ({c['packed_sequences']}); ratio cache/raw {c['ratio_vs_raw']:.3f}")
+    rows += [
+        f"  ratio ours/raw tokens/s: {t['ratio_ours_over_raw']:.3f}   (identical ids: {t['raw_ids_identical']}; "
+        f"ours - raw - render = {t['mask_overhead_seconds']:.2f}s)",
+        "",
+        f"packing at seq_len {p['seq_len']}: {p['packer']}",
+        f"  max_segments {p['max_segments_per_example']}, slice '{p['slice_strategy']}'; "
+        f"re-implementation agrees: {p['crosscheck_reference_greedy']}",
+        f"  packed sequences               {p['packed_sequences']:>10,}   ({p['mean_chats_per_sequence']:.2f} chats/seq)",
+        f"  packing efficiency (non-pad)   {p['packing_efficiency']:>10.1%}   ({p['non_pad_tokens']:,} of "
+        f"{p['training_tokens']:,} tokens)",
+        f"  tokens lost to truncation      {p['truncated_token_share']:>10.1%}   ({p['tokens_truncated']:,})",
+        f"  chats truncated                {p['truncated_chat_share']:>10.1%}   ({p['chats_truncated']} of {p['chats']})",
+        f"  assistant tokens lost          {p['assistant_truncated_share']:>10.1%}   "
+        f"({p['assistant_tokens'] - p['assistant_tokens_kept']:,} of {p['assistant_tokens']:,})",
+        f"  loss tokens / training tokens  {p['loss_token_share_of_training_tokens']:>10.1%}",
+        "",
+        f"wall time {r['wall_seconds']:.1f}s (generation {d['generate_seconds']:.1f}s)",
+    ]
+    return "\n".join(rows)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--chats", type=int, default=DEFAULT_CHATS, help=f"synthetic chats (default {DEFAULT_CHATS})")
+    ap.add_argument("--seq-len", type=int, default=DEFAULT_SEQ_LEN, help=f"packing length (default {DEFAULT_SEQ_LEN})")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--repeats", type=int, default=3, help="timed passes per path; the best is reported")
+    ap.add_argument("--tokenizer", default=DEFAULT_TOKENIZER, help="tokenizer dir (default: demo/tokenizer)")
+    ap.add_argument("--with-cache", action="store_true",
+                    help="also time build_chat_cache (starts a local Ray; exit code 1 if it fails)")
+    ap.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    ap.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    a = ap.parse_args(argv)
+    if a.chats < 1 or a.seq_len < 1:
+        ap.error("--chats and --seq-len must be positive")
+    log = (lambda s: None) if a.quiet else (lambda s: print(f"[benchmark] {s}", file=sys.stderr, flush=True))
+    result = run_benchmark(a.chats, a.seq_len, a.seed, a.repeats, a.tokenizer, a.with_cache, log=log)
+    if a.json:
+        print(json.dumps(result, sort_keys=True))
+    else:
+        print(format_table(result))
+    cache = result["tokenize"]["build_chat_cache"]
+    return 1 if cache and "error" in cache else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
