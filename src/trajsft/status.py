@@ -95,8 +95,8 @@ def _pid_alive(attempt: dict) -> bool:
     if attempt.get("hostname") != socket.gethostname():
         return False
     try:
-        return psutil.pid_exists(int(attempt.get("pid", -1)))
-    except (TypeError, ValueError):
+        return psutil.Process(int(attempt.get("pid", -1))).status() != psutil.STATUS_ZOMBIE
+    except (TypeError, ValueError, psutil.NoSuchProcess, psutil.AccessDenied):
         return False
 
 
