@@ -23,4 +23,6 @@ PY
   cp docs/report-shots/landing.png docs/report.png
   cp "docs/report-shots/$(ls docs/report-shots | grep -i teachers | head -n 1)" docs/report-teachers.png 2>/dev/null || true
   rm -rf docs/report-shots
+  cp results/cards/demo/card.png docs/card-demo.png
+  cp results/curves/demo.png docs/curves-demo.png
 fi

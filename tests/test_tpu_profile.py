@@ -257,7 +257,7 @@ def test_killed_snakemake_reattaches_instead_of_resubmitting(data, ray_head):
 def test_signal_to_snakemake_stops_the_ray_job(data, ray_head, sig):
     wd = workdir(data, f"sig{int(sig)}")
     prof = make_profile(wd.parent / "sigint-profile", ray_head.address, data[1],
-                        {"teachers": {"demo": {"training": {"max_steps": 200}}}})
+                        {"teachers": {"demo": {"training": {"max_steps": 180 + int(sig)}}}})  # own run per signal
     h = run_hash(wd, prof)
     p = _start(wd, prof, ray_head, wd / "snakemake.log")
     job = _running_job(ray_head, h, p)

@@ -9,11 +9,31 @@ process) and fails, and Snakemake exits with no orphaned TPU job.
 
 from __future__ import annotations
 
+import os
 import signal
+from pathlib import Path
 
 import psutil
 
 SCRIPT_MARK = ".snakemake/scripts/"
+STOP_MARK = ".snakemake/trajsft-stopping-{pid}"
+
+
+def mark_stopping() -> None:
+    """Remember (in the workdir) that this Snakemake process was told to stop."""
+    path = Path(STOP_MARK.format(pid=os.getpid()))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.touch()
+
+
+def snakemake_is_stopping() -> bool:
+    """True inside a rule job whose Snakemake got SIGINT/SIGTERM: a retry must not start
+    (Snakemake retries failed jobs even while it shuts down after SIGTERM)."""
+    try:
+        ancestors = [p.pid for p in psutil.Process().parents()]
+    except psutil.Error:
+        return False
+    return any(Path(STOP_MARK.format(pid=pid)).exists() for pid in ancestors)
 
 
 def rule_script_processes() -> list[psutil.Process]:
@@ -32,6 +52,7 @@ def forward_to_rule_jobs(signals=(signal.SIGINT, signal.SIGTERM)) -> None:
         previous = signal.getsignal(sig)
 
         def handler(signum, frame, previous=previous):
+            mark_stopping()
             for p in rule_script_processes():
                 try:
                     p.send_signal(signum)

@@ -164,6 +164,10 @@ def train(plan: Plan, target: str, done_path: str | None = None) -> dict:
     provenance.write(p["run_dir"], {"target": target, "run": run.name, "hash": run.hash, "hash_inputs": run.inputs,
                                      "config": plan.cfg, "levanter": lev})
     executor = plan.cfg["executor"]
+    from .signals import snakemake_is_stopping
+
+    if snakemake_is_stopping():
+        raise DataError("Snakemake is shutting down (got SIGINT/SIGTERM): not starting another training attempt")
     attempt = provenance.record_attempt(p["run_dir"], executor=executor)
     log.info("training %s -> %s (attempt %d, %s)", target, p["run_dir"], attempt["attempt"], executor)
     try:
