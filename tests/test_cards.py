@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 import shutil
@@ -147,11 +146,16 @@ def test_card_without_tokens_and_without_seq_len():
     assert "beyond_seq_len" not in c["tokens"]
 
 
-def test_real_demo_manifest():
-    paths = sorted(glob.glob(str(REPO_DIR / "results/shards/demo-*/manifest.json")))
-    if not paths:
-        pytest.skip("no demo shards yet: .venv/bin/snakemake -c1 results/shards/demo-<hash>/manifest.json")
-    m = json.loads(Path(paths[-1]).read_text())
+def test_real_demo_manifest(tmp_path):
+    """A shard manifest of the bundled demo dataset, built by the real data steps."""
+    from trajsft import config as C
+    from trajsft import steps
+
+    plan = C.Plan(C.load(None, {"storage_root": str(tmp_path / "store")}), base_dir=C.REPO_DIR,
+                  state_dir=str(tmp_path / "state"))
+    names = {a.kind: a.name for a in plan.chain("demo")}
+    steps.download(plan, names["raw"])
+    m = steps.shards(plan, names["shards"])
     c = cards.dataset_card(m, None, 1024)
     assert (c["rows_in"], c["kept"], c["kept_total"]) == (m["rows_in"], m["kept"], m["kept_total"])
     assert c["skipped"] == m["skipped"] and c["skipped_total"] == m["skipped_total"]
