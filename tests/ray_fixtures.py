@@ -52,7 +52,7 @@ MARKER_ENV = "TRAJSFT_TEST_RAY_HEAD"
 # The test head stands in for a TPU slice head on a machine with no TPU and no internet:
 # jobs may train on CPU and W&B logs offline (see trajsft.remote_train).
 TEST_HEAD_ENV = {"TRAJSFT_ALLOW_CPU_TRAINING": "1", "WANDB_MODE": "offline", "JAX_PLATFORMS": "cpu",
-                 "HF_HUB_OFFLINE": "1"}
+                 "HF_HUB_OFFLINE": "1", "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0"}
 # Never let these reach the head (tests check the job gets them only via our
 # secret channel).
 _SCRUB_ENV = ("HF_TOKEN", "WANDB_API_KEY", "RAY_ADDRESS", "RAY_API_SERVER_ADDRESS",
