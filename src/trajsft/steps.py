@@ -168,21 +168,19 @@ def run_rule(step: str, snakemake) -> None:
     # relative config paths (demo/dataset, demo/tokenizer) are relative to the workflow dir
     plan = Plan(cfg, base_dir=Path(snakemake.scriptdir).parent)
     name = snakemake.wildcards.get("name") or snakemake.wildcards.get("target")
+    if step not in STEPS:
+        from . import steps_train  # tokenize/train need jax & levanter: import lazily
     if step == "train" and log_path:
-        from . import steps_train
-
         log_path = steps_train.link_rule_log(plan, name, log_path)
     logs.setup(log_path, cfg.get("log_level", "INFO"))
     started = time.time()
     try:
         if step == "train":
             result = steps_train.train(plan, name, done_path=snakemake.output[0])
-        elif step not in STEPS:
-            from . import steps_train  # tokenize/train need jax & levanter: import lazily
-
-            result = steps_train.STEPS[step](plan, name)
-        else:
+        elif step in STEPS:
             result = STEPS[step](plan, name)
+        else:
+            result = steps_train.STEPS[step](plan, name)
     except USER_ERRORS as e:
         msg = f"trajsft {step} {name}: {e}"
         log.error(msg)

@@ -88,7 +88,7 @@ def levanter_config(plan: Plan, target: str) -> dict:
         packed = LR.count_packed_sequences(join(cdir, "train"), int(tr["seq_len"]))
         sources[teacher] = {"cache_dir": cdir, "weight": spec["weights"][teacher], "packed_sequences": packed}
     ck = cfg["checkpointing"]
-    wandb = cfg["wandb"]
+    wandb_project, wandb_entity = wandb_names(cfg)
     return LR.levanter_config(
         run_id=run.hash,  # W&B run id and trainer id: a retry continues the same run
         run_dir=p["run_dir"],
@@ -115,9 +115,9 @@ def levanter_config(plan: Plan, target: str) -> dict:
         save_interval=f"{ck['save_interval_minutes']}m",
         keep_every=int(ck["keep_every_steps"]),
         hf_save_steps=int(ck["hf_export_every_steps"]),
-        wandb_mode=wandb["mode"],
-        wandb_project=wandb.get("project") or os.environ.get("WANDB_PROJECT") or "trajsft",
-        wandb_entity=wandb.get("entity") or os.environ.get("WANDB_ENTITY"),
+        wandb_mode=cfg["wandb"]["mode"],
+        wandb_project=wandb_project,
+        wandb_entity=wandb_entity,
         wandb_tags=[target],
         **_model_args(spec["student_name"], spec["student"]),
     )
@@ -131,12 +131,17 @@ def _tokenizer_ref(plan: Plan, ref: str) -> str:
     return resolved
 
 
+def wandb_names(cfg: dict) -> tuple[str, str | None]:
+    """(project, entity): the config's, else $WANDB_PROJECT / $WANDB_ENTITY (project default "trajsft")."""
+    w = cfg["wandb"]
+    return (w.get("project") or os.environ.get("WANDB_PROJECT") or "trajsft",
+            w.get("entity") or os.environ.get("WANDB_ENTITY"))
+
+
 def wandb_url(cfg: dict, run_id: str) -> str | None:
     """The run's W&B page (online runs with a known entity); the run id is the content hash."""
-    w = cfg["wandb"]
-    entity = w.get("entity") or os.environ.get("WANDB_ENTITY")
-    project = w.get("project") or os.environ.get("WANDB_PROJECT") or "trajsft"
-    if w["mode"] != "online" or not entity:
+    project, entity = wandb_names(cfg)
+    if cfg["wandb"]["mode"] != "online" or not entity:
         return None
     return f"https://wandb.ai/{entity}/{project}/runs/{run_id}"
 
