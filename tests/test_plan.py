@@ -125,3 +125,37 @@ def test_targets_with_identical_content_get_distinct_runs():
     assert a.inputs["training"] == b.inputs["training"] and a.inputs["data"] == b.inputs["data"]
     assert a.hash != b.hash  # the hash is also the W&B run id and the Ray submission id
     assert names(p, "demo")["tokenized"] == names(p, "mix-demo")["tokenized"]
+
+
+QWEN3_8B_REV = "b968826d9c46dd6066d109eabc6255188de91218"
+
+
+def test_student_revision_is_pinned_hashed_and_passed_on():
+    p = plan()
+    assert p.cfg["students"]["qwen3-8b"]["hf_revision"] == QWEN3_8B_REV
+    tok = next(a for a in p.chain("minimax-m2.5") if a.kind == "tokenized")
+    assert tok.spec["tokenizer"] == f"Qwen/Qwen3-8B@{QWEN3_8B_REV}"  # what the tokenize rule loads
+    from trajsft.steps_train import _model_args
+
+    args = _model_args("qwen3-8b", p.cfg["students"]["qwen3-8b"])
+    assert args["initialize_from_hf"] == f"Qwen/Qwen3-8B@{QWEN3_8B_REV}"  # Levanter's RepoRef syntax
+    # a new revision is a new student: new tokenized cache and checkpoint dir, same shards
+    other = plan(students={"qwen3-8b": {"hf_revision": "0" * 40, "tokenizer_revision": "0" * 40}})
+    a, b = names(p, "minimax-m2.5"), names(other, "minimax-m2.5")
+    assert a["shards"] == b["shards"] and a["tokenized"] != b["tokenized"] and a["checkpoints"] != b["checkpoints"]
+
+
+def test_pinned_tokenizer_resolves_to_a_snapshot_of_that_revision(monkeypatch):
+    import huggingface_hub
+
+    from trajsft import levanter_run as LR
+
+    calls = []
+    monkeypatch.setattr(huggingface_hub, "snapshot_download",
+                        lambda repo, revision, allow_patterns: calls.append((repo, revision, allow_patterns)) or "/snap")
+    assert LR.resolve_tokenizer(f"Qwen/Qwen3-8B@{QWEN3_8B_REV}") == "/snap"
+    assert calls[0][:2] == ("Qwen/Qwen3-8B", QWEN3_8B_REV) and "tokenizer.json" in calls[0][2]
+    assert all(not f.endswith(".safetensors") for f in calls[0][2])
+    assert LR.resolve_tokenizer("demo/tokenizer") == "demo/tokenizer" and LR.resolve_tokenizer("gs://b/t@x") == "gs://b/t@x"
+    cfg = {"data": {"tokenizer": f"Qwen/Qwen3-8B@{QWEN3_8B_REV}"}, "model": {"tokenizer": "Qwen/Qwen3-8B"}}
+    assert LR.resolve_hub_refs(cfg) == {"data": {"tokenizer": "/snap"}, "model": {"tokenizer": "Qwen/Qwen3-8B"}}

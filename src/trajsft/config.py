@@ -231,12 +231,16 @@ class Plan:
         h = hashing.short(inputs)
         return self._add(
             "tokenized", f"{teacher}-{h}", h, inputs, deps=[(shards.kind, shards.name)],
-            spec={"teacher": teacher, "shards": shards.name, "tokenizer": self.resolve_ref(student["tokenizer"])},
+            spec={"teacher": teacher, "shards": shards.name,
+                  "tokenizer": self.resolve_ref(student["tokenizer"], student.get("tokenizer_revision"))},
         )
 
-    def resolve_ref(self, ref: str) -> str:
+    def resolve_ref(self, ref: str, revision: str | None = None) -> str:
+        """A local dir as its path; a Hub repo as ``repo@revision`` when pinned (Levanter's RepoRef)."""
         local = self.local_path(ref)
-        return str(local) if local is not None else ref
+        if local is not None:
+            return str(local)
+        return f"{ref}@{revision}" if revision else ref
 
     def _add(self, kind, name, h, inputs, deps=(), spec=None) -> Artifact:
         key = (kind, name)

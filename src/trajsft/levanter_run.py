@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import datetime as _dt
 import json
 import math
@@ -141,6 +142,35 @@ def levanter_env(run_dir: Optional[str] = None, env: Optional[Mapping[str, str]]
 
 def _is_remote(path: str) -> bool:
     return "://" in str(path)
+
+
+# what a tokenizer needs from a model repo (no weights)
+TOKENIZER_FILES = ["tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
+                   "added_tokens.json", "chat_template.jinja", "tokenizer.model", "config.json",
+                   "generation_config.json"]
+
+
+def resolve_tokenizer(ref: str) -> str:
+    """A pinned Hub tokenizer ``repo@revision`` as a local snapshot of that revision (tokenizer files only).
+
+    Levanter's data config loads its tokenizer with ``AutoTokenizer.from_pretrained(name)`` and no
+    revision; its ``initialize_from_hf`` does understand ``repo@revision``. This thin layer gives the
+    tokenizer the same pin. Local dirs, gs:// paths and unpinned names pass through unchanged."""
+    if "@" not in ref or _is_remote(ref) or os.path.exists(ref):
+        return ref
+    repo, revision = ref.rsplit("@", 1)
+    from huggingface_hub import snapshot_download
+
+    return snapshot_download(repo, revision=revision, allow_patterns=TOKENIZER_FILES)
+
+
+def resolve_hub_refs(cfg: dict) -> dict:
+    """``cfg`` with pinned Hub tokenizer refs replaced by local snapshots (for one launch)."""
+    for section in ("data", "model"):
+        ref = (cfg.get(section) or {}).get("tokenizer")
+        if isinstance(ref, str):
+            cfg[section]["tokenizer"] = resolve_tokenizer(ref)
+    return cfg
 
 
 def _fs(path: str):
@@ -344,7 +374,7 @@ def build_chat_cache(
         from levanter.data.text import ChatLmDatasetFormat, build_lm_dataset_cache
         from levanter.store.cache import CacheOptions
 
-        tok = load_tokenizer(tokenizer)
+        tok = load_tokenizer(resolve_tokenizer(tokenizer))
         fmt = ChatLmDatasetFormat(
             messages_field=messages_field, chat_template=chat_template, pack=True, mask_user_turns=True
         )
@@ -1095,7 +1125,7 @@ def export_hf(
     The model / tokenizer / reference / dtype come from the same train_lm config, so the export
     matches what the ``hf_save_path`` hook would have written. Written to a temporary sibling and
     renamed into place (local paths)."""
-    cfg = _plain(config_dict)
+    cfg = resolve_hub_refs(_plain(config_dict))
     work = cwd or os.path.dirname(os.path.abspath(output_dir))
     os.makedirs(work, exist_ok=True)
     tag = uuid.uuid4().hex[:8]
@@ -1182,6 +1212,113 @@ def _export_main(spec_path: str) -> None:
         converter.save_pretrained(model, spec["output_dir"], upload_to_hf=False, dtype=dtype)
 
 
+@dataclasses.dataclass(frozen=True)
+class PreparedRun:
+    """A train_lm config made ready to launch in ``run_dir``, and where its outputs go."""
+
+    cfg: dict
+    run_dir: str
+    num_steps: int
+    checkpoint_dir: str
+    hf_base: str
+
+    @property
+    def final_hf(self) -> str:
+        return os.path.join(self.hf_base, f"step-{self.num_steps - 1}")
+
+    @property
+    def levanter_log(self) -> str:
+        """Levanter's own log file (it appends ".log" twice), appended across launches."""
+        tr = self.cfg["trainer"]
+        return os.path.join(tr["log_dir"], f"{tr['id']}.log.log")
+
+    def complete(self) -> Optional[dict]:
+        """The final trainer checkpoint if the run already covers ``num_steps`` (else None)."""
+        ckpt = latest_checkpoint(self.checkpoint_dir)
+        return ckpt if ckpt is not None and ckpt["completed_steps"] >= self.num_steps else None
+
+
+def prepare_run(config_dict: Mapping, run_dir: str, log_dir: Optional[str] = None) -> PreparedRun:
+    """Normalise a train_lm config for a launch whose local files (logs, W&B, generated tiny-model
+    reference) live in ``run_dir``; checkpoints and HF exports go where the config says."""
+    cfg = copy.deepcopy(_plain(config_dict))
+    tr = cfg["trainer"]
+    run_dir = os.path.abspath(run_dir)
+    os.makedirs(run_dir, exist_ok=True)
+    # Levanter's log file is a plain logging.FileHandler: it must be local (a gs:// log_dir would
+    # silently become a local directory called "gs:"). Same for the generated tiny-model reference.
+    if log_dir:
+        tr["log_dir"] = os.path.abspath(log_dir)
+    elif not tr.get("log_dir") or _is_remote(str(tr["log_dir"])):
+        tr["log_dir"] = os.path.join(run_dir, "logs")
+    ref = cfg["model"].get("reference_checkpoint") or ""
+    if not cfg.get("initialize_from_hf") and _is_remote(ref) and ref.rstrip("/").endswith("/hf_reference"):
+        cfg["model"]["reference_checkpoint"] = os.path.join(run_dir, "hf_reference")
+    ckpt_dir = tr["checkpointer"]["base_path"]
+    hf_base = cfg.get("hf_save_path")
+    if not hf_base:
+        raise ValueError("config has no hf_save_path")
+    if tr["checkpointer"].get("append_run_id_to_base_path", True):
+        ckpt_dir = os.path.join(ckpt_dir, tr["id"])
+        hf_base = os.path.join(hf_base, tr["id"])
+    return PreparedRun(cfg, run_dir, int(tr["num_train_steps"]), ckpt_dir, hf_base)
+
+
+def collect_result(run: PreparedRun, log_path: str, ckpt: dict, *, launched: bool, returncode: Optional[int],
+                   config_path: str) -> dict:
+    """``training_result.json`` of a run from its launch log and Levanter's own log."""
+    metrics = read_metrics(log_path)
+    # Levanter's own log file is appended across launches and has every metric line even if
+    # log_path was rotated; prefer its steps.
+    lev_metrics = read_metrics(run.levanter_log)
+    if len(lev_metrics["steps"]) >= len(metrics["steps"]):
+        metrics["steps"] = lev_metrics["steps"]
+    history = _loss_history(metrics)
+    final_loss = None
+    for s, loss in history:
+        if s == run.num_steps - 1:
+            final_loss = loss
+    resumed_from = None
+    if launched:
+        train_launches = [x for x in metrics["launches"] if x["kind"] == "train_lm"]
+        launch = train_launches[-1] if train_launches else {}
+        resumed_from = launch.get("resumed_from_step")
+        if resumed_from is None:
+            resumed_from = launch.get("first_step") or 0
+    return {
+        "run_id": run.cfg["trainer"]["id"],
+        "steps": int(ckpt["completed_steps"]),
+        "final_loss": final_loss,
+        "checkpoint_dir": ckpt["path"],
+        "hf_export": run.final_hf,
+        "resumed_from_step": resumed_from,
+        "launched": launched,
+        "returncode": returncode,
+        "eval_loss": _eval_losses(metrics),
+        "loss_history": history,
+        "config_path": config_path,
+        "log_path": log_path,
+    }
+
+
+class SingleProcessOnPod(RuntimeError):
+    """A lone training process on one host of a multi-host TPU slice (it would wait 30 min for the others)."""
+
+
+def refuse_single_process_on_pod(env: Optional[Mapping[str, str]] = None) -> None:
+    """Fail fast where a single train_lm would hang: on a host of a multi-host slice, jax.distributed
+    auto-detects every host of the slice and waits for processes nobody started."""
+    env = os.environ if env is None else env
+    hosts = [h for h in (env.get("TPU_WORKER_HOSTNAMES") or "").split(",") if h.strip()]
+    if len(hosts) > 1:
+        raise SingleProcessOnPod(
+            f"this is worker {env.get('TPU_WORKER_ID', '?')} of the {len(hosts)}-host TPU slice "
+            f"{env.get('TPU_NAME', '?')} ({env.get('TPU_ACCELERATOR_TYPE', '?')}): one training process alone would wait "
+            "for the other hosts and time out; training runs one process per host through the trajsft.remote_train "
+            "driver (Levanter's run_on_pod), which must not be pinned to a TPU-<type>-head resource"
+        )
+
+
 def run_training(
     config_dict: Mapping,
     run_dir: str,
@@ -1217,32 +1354,14 @@ def run_training(
        launched), "launched": bool, "returncode": int|None, "eval_loss": {...}, "loss_history":
        [[step, loss], ...], "config_path", "log_path"}``
     """
-    cfg = copy.deepcopy(_plain(config_dict))
-    tr = cfg["trainer"]
-    N = int(tr["num_train_steps"])
-    run_dir = os.path.abspath(run_dir)
+    refuse_single_process_on_pod()
+    run = prepare_run(config_dict, run_dir)
+    cfg, tr, N = run.cfg, run.cfg["trainer"], run.num_steps
+    run_dir, ckpt_dir, final_hf = run.run_dir, run.checkpoint_dir, run.final_hf
     log_path = os.path.abspath(log_path)
-    os.makedirs(run_dir, exist_ok=True)
-    # Levanter's log file is a plain logging.FileHandler: it must be local (a gs:// log_dir would
-    # silently become a local directory called "gs:"). Same for the generated tiny-model reference.
-    if not tr.get("log_dir") or _is_remote(str(tr["log_dir"])):
-        tr["log_dir"] = os.path.join(run_dir, "logs")
-    ref = cfg["model"].get("reference_checkpoint") or ""
-    if not cfg.get("initialize_from_hf") and _is_remote(ref) and ref.rstrip("/").endswith("/hf_reference"):
-        cfg["model"]["reference_checkpoint"] = os.path.join(run_dir, "hf_reference")
-    ckpt_dir = tr["checkpointer"]["base_path"]
-    if tr["checkpointer"].get("append_run_id_to_base_path", True):
-        ckpt_dir = os.path.join(ckpt_dir, tr["id"])
-    hf_base = cfg.get("hf_save_path")
-    if not hf_base:
-        raise ValueError("config has no hf_save_path")
-    if tr["checkpointer"].get("append_run_id_to_base_path", True):
-        hf_base = os.path.join(hf_base, tr["id"])
-    final_index = N - 1
-    final_hf = os.path.join(hf_base, f"step-{final_index}")
 
     with _run_lock(run_dir):
-        config_path = write_config(cfg, os.path.join(run_dir, _CONFIG_FILE))
+        config_path = write_config(resolve_hub_refs(cfg), os.path.join(run_dir, _CONFIG_FILE))
         _ensure_reference_checkpoint(cfg)
 
         ckpt = latest_checkpoint(ckpt_dir)
@@ -1282,40 +1401,7 @@ def run_training(
             if tmpl:
                 _write_chat_template(final_hf, tmpl)
 
-        metrics = read_metrics(log_path)
-        # Levanter's own log file (<log_dir>/<id>.log.log: it appends ".log" twice) is appended
-        # across launches and has every metric line even if log_path was rotated; prefer its steps.
-        lev_log = os.path.join(tr.get("log_dir") or os.path.join(run_dir, "logs"), f"{tr['id']}.log.log")
-        lev_metrics = read_metrics(lev_log)
-        if len(lev_metrics["steps"]) >= len(metrics["steps"]):
-            metrics["steps"] = lev_metrics["steps"]
-        history = _loss_history(metrics)
-        final_loss = None
-        for s, loss in history:
-            if s == final_index:
-                final_loss = loss
-        resumed_from = None
-        if launched:
-            train_launches = [x for x in metrics["launches"] if x["kind"] == "train_lm"]
-            launch = train_launches[-1] if train_launches else {}
-            resumed_from = launch.get("resumed_from_step")
-            if resumed_from is None:
-                resumed_from = launch.get("first_step") or 0
-
-        result = {
-            "run_id": tr["id"],
-            "steps": int(ckpt["completed_steps"]),
-            "final_loss": final_loss,
-            "checkpoint_dir": ckpt["path"],
-            "hf_export": final_hf,
-            "resumed_from_step": resumed_from,
-            "launched": launched,
-            "returncode": rc,
-            "eval_loss": _eval_losses(metrics),
-            "loss_history": history,
-            "config_path": config_path,
-            "log_path": log_path,
-        }
+        result = collect_result(run, log_path, ckpt, launched=launched, returncode=rc, config_path=config_path)
         _write_json_atomic(os.path.join(run_dir, _RESULT_FILE), result)
         return result
 

@@ -68,7 +68,9 @@ def _model_args(student_name: str, student: dict) -> dict:
         model = dict(LR.MODEL_PRESETS[student_name])
     else:
         raise ConfigError(f"students.{student_name}: give model dimensions (no built-in preset of that name)")
-    return {"model": model, "initialize_from_hf": student["hf_checkpoint"]}
+    # "repo@revision": Levanter's RepoRef loads the pinned revision (weights, config, reference for export)
+    ref = student["hf_checkpoint"]
+    return {"model": model, "initialize_from_hf": f"{ref}@{student['hf_revision']}" if student.get("hf_revision") else ref}
 
 
 def run_paths(plan: Plan, target: str) -> dict:
@@ -92,7 +94,7 @@ def levanter_config(plan: Plan, target: str) -> dict:
     return LR.levanter_config(
         run_id=run.hash,  # W&B run id and trainer id: a retry continues the same run
         run_dir=p["run_dir"],
-        tokenizer=_tokenizer_ref(plan, spec["student"]["tokenizer"]),
+        tokenizer=_tokenizer_ref(plan, spec["student"]["tokenizer"], spec["student"].get("tokenizer_revision")),
         chat_template=template.load_template(),
         sources=sources,
         seq_len=int(tr["seq_len"]),
@@ -123,9 +125,9 @@ def levanter_config(plan: Plan, target: str) -> dict:
     )
 
 
-def _tokenizer_ref(plan: Plan, ref: str) -> str:
-    resolved = plan.resolve_ref(ref)
-    if plan.cfg["executor"] == "ray" and resolved != ref:
+def _tokenizer_ref(plan: Plan, ref: str, revision: str | None = None) -> str:
+    resolved = plan.resolve_ref(ref, revision)
+    if plan.cfg["executor"] == "ray" and plan.local_path(ref) is not None:
         # a local tokenizer dir ships with the workflow code: relative to the job's working dir
         return os.path.relpath(resolved, plan.base_dir)
     return resolved
