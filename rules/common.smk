@@ -53,7 +53,10 @@ def preflight_or_exit():
         return
     from trajsft.ray_train import preflight
 
-    problems = preflight(config)
+    notes = []
+    problems = preflight(config, notes)
+    for n in notes:
+        print(f"trajsft preflight: note: {n}", file=sys.stderr)
     for p in problems:
         print(f"trajsft preflight: {p}", file=sys.stderr)
     if problems:

@@ -115,7 +115,10 @@ def cmd_preflight(args) -> int:
     if plan.cfg["executor"] != "ray":
         print("local executor: nothing to check")
         return 0
-    problems = preflight(plan.cfg)
+    notes: list[str] = []
+    problems = preflight(plan.cfg, notes)
+    for n in notes:
+        print(f"trajsft preflight: note: {n}", file=sys.stderr)
     for p in problems:
         print(f"trajsft preflight: {p}", file=sys.stderr)
     if not problems:

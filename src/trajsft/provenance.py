@@ -84,6 +84,15 @@ def record_attempt(run_dir: str, **fields) -> dict:
     return attempt
 
 
+def update_attempt(run_dir: str, number: int, **fields) -> None:
+    """Add fields to attempt ``number`` (the cluster driver records its slice attempts this way)."""
+    attempts = read_attempts(run_dir)
+    for a in attempts:
+        if a["attempt"] == number:
+            a.update(**fields)
+    storage.write_bytes(f"{run_dir.rstrip('/')}/attempts.json", json.dumps(attempts, indent=2).encode())
+
+
 def finish_attempt(run_dir: str, number: int, outcome: str, **fields) -> None:
     attempts = read_attempts(run_dir)
     for a in attempts:

@@ -2,10 +2,13 @@
 
 Design: a launcher called by the train rule (not a Snakemake executor plugin). Data rules
 run where Snakemake runs and write to the region's storage root; only training, the one
-step that needs the TPU slice, becomes a Ray job. Snakemake stays the single source of
-truth: the `done` marker is written only after the Ray job SUCCEEDED *and* the final HF
-export exists; a failed job fails the rule and Snakemake's `retries` resubmit it, which
-resumes from the latest checkpoint in the same content-addressed run directory.
+step that needs TPU slices, becomes a Ray job. The job's entrypoint is a light driver
+(:mod:`trajsft.remote_train`) on a CPU node, pinned to nothing: it gets a slice through
+Levanter's ``run_on_pod`` and runs one training process on every host of it, and it rides
+out preemptions itself (new slice, resume from the latest checkpoint). Snakemake stays the
+single source of truth: the `done` marker is written only after the Ray job SUCCEEDED *and*
+the final HF export exists; a failed job (driver lost, or too many preemptions/failures)
+fails the rule and Snakemake's `retries` resubmit it, which resumes the same run directory.
 """
 
 from __future__ import annotations
@@ -46,18 +49,48 @@ def forwarded_env(cfg: dict) -> list[str]:
     return [n for n in names if os.environ.get(n)]
 
 
+# defaults of the cluster settings a profile may leave out
+RAY_DEFAULTS = {"num_slices": 1, "max_preemptions": 100, "max_failures": 2, "failure_grace_seconds": 90,
+                "runtime_env_setup_timeout_seconds": 1800}
+
+
 def ray_settings(cfg: dict) -> dict:
-    ray = cfg.get("ray") or {}
+    ray = {**RAY_DEFAULTS, **(cfg.get("ray") or {})}
     if not ray.get("address"):
         raise ConfigError("executor: ray needs ray.address (use a tpu-* profile: snakemake --profile tpu-east5 ...)")
+    if not ray.get("tpu_type"):
+        raise ConfigError("executor: ray needs ray.tpu_type (e.g. v5p-32)")
+    try:
+        from levanter.infra.ray_tpu import get_tpu_config
+
+        get_tpu_config(ray["tpu_type"])
+    except ValueError:
+        raise ConfigError(f"ray.tpu_type: unknown TPU type {ray['tpu_type']!r} (e.g. v5p-8, v5p-16, v5p-32)") from None
+    pinned = [r for r in (ray.get("entrypoint_resources") or {}) if r.startswith("TPU")]
+    if pinned:
+        raise ConfigError(
+            f"ray.entrypoint_resources pins the training job to {', '.join(pinned)}: that runs one process on one "
+            "host of a multi-host slice, which waits for the others and times out. Remove it: the driver runs on a "
+            "CPU node and schedules every host of a slice itself (run_on_pod)")
     return ray
 
 
-def preflight(cfg: dict) -> list[str]:
-    """Everything a submission needs, checked in seconds. One line per problem."""
-    ray = ray_settings(cfg)
-    return rayjobs.preflight(ray["address"], required_env(cfg), ray.get("entrypoint_resources") or {},
-                             cfg["storage_root"])
+def slice_head_resource(ray: dict) -> str:
+    return f"TPU-{ray['tpu_type']}-head"
+
+
+def preflight(cfg: dict, notes: list[str] | None = None) -> list[str]:
+    """Everything a submission needs, checked in seconds. One line per problem.
+
+    No live slice of the profile's TPU type is not a problem (autoscaled clusters, or right after a
+    preemption): it becomes a note, "waiting for a v5p-32 slice".
+    """
+    try:
+        ray = ray_settings(cfg)
+    except ConfigError as e:
+        return [str(e)]
+    return rayjobs.preflight(ray["address"], required_env(cfg), {slice_head_resource(ray): ray["num_slices"]},
+                             cfg["storage_root"], notes=notes)
 
 
 def check_or_raise(cfg: dict) -> None:
@@ -74,7 +107,11 @@ def _abs(loc: str) -> str:
 def runtime_env(cfg: dict) -> dict:
     ray = cfg.get("ray") or {}
     env: dict = {"working_dir": str(REPO_DIR), "excludes": WORKING_DIR_EXCLUDES,
-                 "env_vars": {"PYTHONPATH": "src", "PYTHONUNBUFFERED": "1"}}
+                 "env_vars": {"PYTHONPATH": "src", "PYTHONUNBUFFERED": "1", "RAY_COLOR_PREFIX": "0"},
+                 # every worker of the job (orchestrator, slice and host actors): bound Levanter's GCE check
+                 "worker_process_setup_hook": "trajsft.cluster.hooks.setup",
+                 # pip on a fresh TPU host takes minutes (marin uses the same 30 min)
+                 "config": {"setup_timeout_seconds": int(ray_settings(cfg)["runtime_env_setup_timeout_seconds"])}}
     req = ray.get("pip_requirements")
     if req:
         path = REPO_DIR / req
@@ -91,8 +128,11 @@ def train_on_ray(plan: Plan, target: str, lev: dict, paths: dict, attempt: int) 
     run_dir = _abs(run.location)
     cfg_url = join(run_dir, "levanter_config.json")
     storage.write_bytes(cfg_url, json.dumps(lev, indent=2, sort_keys=True).encode())
-    entrypoint = (f"python -m trajsft.remote_train --config {shlex.quote(cfg_url)} "
-                  f"--run-dir {shlex.quote(run_dir)}")
+    entrypoint = " ".join([
+        "python -m trajsft.remote_train", f"--config {shlex.quote(cfg_url)}", f"--run-dir {shlex.quote(run_dir)}",
+        f"--attempt {int(attempt)}", f"--tpu-type {shlex.quote(str(ray['tpu_type']))}",
+        f"--num-slices {int(ray['num_slices'])}", f"--max-preemptions {int(ray['max_preemptions'])}",
+        f"--max-failures {int(ray['max_failures'])}", f"--failure-grace {float(ray['failure_grace_seconds']):g}"])
     metadata = {"trajsft_target": target, "trajsft_run": run.name, "trajsft_cluster": str(ray.get("cluster", "")),
                 "trajsft_run_dir": run_dir}
     log.info("submitting %s to Ray cluster %s (%s)", run.name, ray.get("cluster", ""), ray["address"])
@@ -100,7 +140,7 @@ def train_on_ray(plan: Plan, target: str, lev: dict, paths: dict, attempt: int) 
         res = rayjobs.run_job(
             ray["address"], entrypoint, run.hash, paths["log"],
             runtime_env=runtime_env(cfg),
-            entrypoint_resources=ray.get("entrypoint_resources") or None,
+            entrypoint_resources=None,  # the driver runs on a CPU node; it schedules the slice itself
             metadata=metadata,
             env_vars=forwarded_env(cfg),
             poll_s=float(ray.get("poll_seconds", 5)),

@@ -91,9 +91,15 @@ occurrence of a forwarded value in the streamed log with ``<redacted:NAME>``
 ``submit_or_attach`` refuses to submit if a secret value occurs in the
 entrypoint, metadata or the remaining runtime_env.
 
-Residual exposure (inherent to Ray, documented rather than hidden): the zip
-stays in the GCS internal KV until Ray garbage-collects the URI after the job
-finishes, and the values live in the driver process environment.  Anyone who
+The wrapper also exports the package URI (``TRAJSFT_SECRETS_URI``) and the
+delivered names (``TRAJSFT_SECRET_NAMES``); the training driver
+(:mod:`trajsft.remote_train`) deletes the zip from the GCS internal KV as soon
+as it has connected, and hands the values to its hosts through an actor on its
+own node (:func:`trajsft.cluster.slices.driver_channel`).
+
+Residual exposure (inherent to Ray, documented rather than hidden): the values
+live in the driver process environment and in the memory of the hosts' training
+processes.  Anyone who
 can authenticate to the cluster can run arbitrary code on it and could read
 both, so cluster access is equivalent to secret access either way; what this
 scheme guarantees is that secrets are not *displayed* by job listings,
@@ -475,9 +481,12 @@ def _main():
     except OSError:
         pass
     os.environ.update({str(k): str(v) for k, v in values.items()})
+    pkg = os.path.basename(os.path.dirname(here))  # _ray_pkg_<hash>
+    # the driver deletes the package from the cluster's KV store as soon as it is connected
+    os.environ["TRAJSFT_SECRETS_URI"] = "gcs://" + pkg + ".zip"
+    os.environ["TRAJSFT_SECRET_NAMES"] = ",".join(sorted(str(k) for k in values))
     # Keep the bundle out of the job config the driver hands to its workers, so
     # tasks/actors on other nodes never download (and keep) the secrets file.
-    pkg = os.path.basename(os.path.dirname(here))  # _ray_pkg_<hash>
     cfg = os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR")
     if cfg:
         try:
@@ -1178,6 +1187,28 @@ def _one_line(text: str, limit: int = 300) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+_STORAGE_HOSTS = {"gs": "storage.googleapis.com", "gcs": "storage.googleapis.com", "s3": "s3.amazonaws.com"}
+
+
+def _resolves(host: str, timeout_s: float) -> bool:
+    """DNS lookup bounded in time (getaddrinfo itself has no timeout)."""
+    import socket
+
+    out: list[bool] = []
+
+    def work() -> None:
+        try:
+            socket.getaddrinfo(host, 443)
+            out.append(True)
+        except OSError:
+            out.append(False)
+
+    t = threading.Thread(target=work, daemon=True)
+    t.start()
+    t.join(timeout_s)
+    return bool(out and out[0])
+
+
 def _check_storage(storage_root: str, timeout_s: float) -> str | None:
     probe_name = f".trajsft-preflight-{uuid.uuid4().hex}"
     if "://" not in storage_root or storage_root.startswith("file://"):
@@ -1190,6 +1221,10 @@ def _check_storage(storage_root: str, timeout_s: float) -> str | None:
         except OSError as e:
             return f"storage root {storage_root} is not writable: {e.strerror or e}"
         return None
+    host = _STORAGE_HOSTS.get(storage_root.split("://", 1)[0])
+    if host and not _resolves(host, min(3.0, timeout_s)):
+        # without this, gcsfs retries the failed connection with backoff for about a minute
+        return f"storage root {storage_root} unreachable: cannot resolve {host} (no network, or DNS down)"
 
     result: list[str | None] = []
 
@@ -1213,6 +1248,35 @@ def _check_storage(storage_root: str, timeout_s: float) -> str | None:
     return result[0]
 
 
+def _check_cluster(address: str, auth_token: str | None, timeout_s: float, wait_for: Mapping[str, float],
+                   notes: list[str]) -> list[str]:
+    problems: list[str] = []
+    try:
+        conn = _Conn(address, auth_token, timeout=timeout_s)
+        conn.check()
+    except ClusterUnauthorized as e:
+        return [_one_line(f"unauthorized: {e}")]
+    except ClusterUnreachable as e:
+        return [_one_line(f"unreachable: {e}")]
+    except ValueError as e:
+        return [_one_line(f"bad Ray address: {e}")]
+    if not wait_for:
+        return problems
+    try:
+        total, avail = _cluster_resources(conn)
+    except Exception as e:  # noqa: BLE001
+        return [_one_line(f"cannot read cluster resources from {conn.address}: {e}")]
+    for name, qty in wait_for.items():
+        if total.get(name, 0.0) < float(qty):
+            # autoscaled clusters (min_workers: 0) and clusters right after a preemption have no live
+            # slice: the job waits for one, this is not an error
+            notes.append(f"no live {name} on {conn.address} now: the job will be waiting for a slice "
+                         f"(autoscaler / after a preemption)")
+        elif avail.get(name, 0.0) < float(qty):
+            notes.append(f"every {name} on {conn.address} is busy now: the job will be waiting for a slice")
+    return problems
+
+
 def preflight(
     address: str,
     required_env: Iterable[str],
@@ -1221,48 +1285,30 @@ def preflight(
     *,
     auth_token: str | None = None,
     timeout_s: float = 5.0,
-    storage_timeout_s: float = 60.0,
+    storage_timeout_s: float = 20.0,
+    notes: list[str] | None = None,
 ) -> list[str]:
-    """Check everything a training submission needs; one line per problem."""
+    """Check everything a training submission needs; one line per problem.
+
+    Env vars are checked at once; the cluster and the storage root are probed concurrently, each
+    with a short timeout. ``resources`` are waited for, not required: missing ones become lines in
+    ``notes`` ("waiting for a slice").
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
     problems: list[str] = []
     for var in required_env:
         if not os.environ.get(var):
             problems.append(f"env var {var} is not set (needed by the training job): export {var}=...")
-
+    notes = notes if notes is not None else []
+    pool = ThreadPoolExecutor(max_workers=2)
     try:
-        conn = _Conn(address, auth_token, timeout=timeout_s)
-        conn.check()
-    except ClusterUnauthorized as e:
-        problems.append(_one_line(f"unauthorized: {e}"))
-        conn = None
-    except ClusterUnreachable as e:
-        problems.append(_one_line(f"unreachable: {e}"))
-        conn = None
-    except ValueError as e:
-        problems.append(_one_line(f"bad Ray address: {e}"))
-        conn = None
-
-    if conn is not None and resources:
-        try:
-            total, _ = _cluster_resources(conn)
-        except Exception as e:  # noqa: BLE001
-            problems.append(_one_line(f"cannot read cluster resources from {conn.address}: {e}"))
-        else:
-            known = ", ".join(sorted(k for k in total if k not in ("memory", "object_store_memory")))
-            for name, qty in resources.items():
-                if name not in total:
-                    problems.append(
-                        _one_line(
-                            f"resource {name!r} unknown to Ray cluster {conn.address} "
-                            f"(wrong cluster or TPU slice type? known: {known})"
-                        )
-                    )
-                elif total[name] < float(qty):
-                    problems.append(
-                        _one_line(f"Ray cluster {conn.address} has {total[name]:g} {name!r} in total, job needs {qty:g}")
-                    )
-
-    err = _check_storage(storage_root, storage_timeout_s)
+        cluster = pool.submit(_check_cluster, address, auth_token, timeout_s, resources, notes)
+        store = pool.submit(_check_storage, storage_root, storage_timeout_s)
+        problems.extend(cluster.result())
+        err = store.result()
+    finally:
+        pool.shutdown(wait=False)
     if err:
         problems.append(_one_line(err))
     return problems

@@ -1,49 +1,39 @@
-"""Entrypoint of the training Ray job (runs on the TPU slice head).
+"""Entrypoint of the training Ray job: a light driver on a CPU node of the cluster.
 
-``python -m trajsft.remote_train --config <run_dir>/levanter_config.json --run-dir <run_dir>``
+``python -m trajsft.remote_train --config <run_dir>/levanter_config.json --run-dir <run_dir>
+--attempt N --tpu-type v5p-32 [--num-slices 1] [--max-preemptions 100] [--max-failures 2]``
 
-Runs :func:`trajsft.levanter_run.run_training` (which resumes from the latest checkpoint
-in ``<run_dir>/checkpoints``, or does nothing if the run is already complete), streams the
-Levanter log to stdout (which Ray captures as the job log, and the submitting Snakemake
-job streams into its ``log:`` file), and writes ``<run_dir>/training_result.json``.
-The run dir may be local or ``gs://``; Levanter reads/writes gs:// natively.
+The driver holds no TPU. It gets a slice through Levanter's ``run_on_pod`` and runs one
+``train_lm`` process on every host of it (:mod:`trajsft.cluster.host`); a lost host or slice
+starts a new attempt on the next slice, resuming from the latest checkpoint of the same run
+(:mod:`trajsft.cluster.slices`). Every slice attempt goes into ``attempts.json`` under the
+Snakemake attempt that submitted this job. When the run is complete the driver checks the final HF
+export (written on the slice by Levanter's own hook) and, if a kill interrupted it, rewrites it
+here as a single-process CPU step. The driver alone writes ``<run_dir>/training_result.json``.
+
+Secrets arrive in this process's environment through the secret bundle (see
+:mod:`trajsft.rayjobs`); the driver deletes the bundle from the cluster's KV store at once and
+hands the values to the hosts through an actor on its own node.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
+import socket
 import sys
 import tempfile
-import threading
-import time
 
 from . import levanter_run as LR
-from . import storage
+from . import provenance, storage
 from .config import is_remote, join
 
-ALLOW_CPU_ENV = "TRAJSFT_ALLOW_CPU_TRAINING"  # set on a test Ray head only, never by a profile
+log = logging.getLogger("trajsft")
 
-
-def _tee(path: str, stop: threading.Event) -> None:
-    """Copy what run_training appends to ``path`` onto stdout as it arrives."""
-    pos = 0
-    while True:
-        done = stop.is_set()
-        try:
-            with open(path, "rb") as f:
-                f.seek(pos)
-                chunk = f.read()
-        except FileNotFoundError:
-            chunk = b""
-        if chunk:
-            pos += len(chunk)
-            sys.stdout.buffer.write(chunk)
-            sys.stdout.flush()
-        if done:
-            return
-        time.sleep(0.5)
+SECRETS_URI_ENV = "TRAJSFT_SECRETS_URI"  # set by the secret wrapper: the bundle's package URI
+SECRET_NAMES_ENV = "TRAJSFT_SECRET_NAMES"  # set by the secret wrapper: the names it delivered
 
 
 def _absolute_local_refs(cfg: dict) -> None:
@@ -54,43 +44,112 @@ def _absolute_local_refs(cfg: dict) -> None:
             cfg[section]["tokenizer"] = os.path.abspath(ref)
 
 
-def _cpu_backend() -> bool:
-    import jax
+def delete_secret_bundle() -> bool:
+    """Remove the secret package from the cluster's KV store (the values are in our env now)."""
+    uri = os.environ.pop(SECRETS_URI_ENV, None)
+    if not uri:
+        return False
+    from ray.experimental.internal_kv import _internal_kv_del, _internal_kv_exists
 
-    return jax.default_backend() == "cpu"
+    _internal_kv_del(uri)
+    if _internal_kv_exists(uri):
+        raise RuntimeError("could not delete the secret bundle from the cluster's KV store")
+    print("[trajsft.remote_train] secret bundle read and deleted from the cluster's KV store", flush=True)
+    return True
+
+
+def forwarded_secrets() -> dict[str, str]:
+    names = [n for n in (os.environ.get(SECRET_NAMES_ENV) or "").split(",") if n]
+    return {n: os.environ[n] for n in names if n in os.environ}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def _record(run_dir: str, attempt: int):
+    def progress(slice_attempts: list[dict]) -> None:
+        preempted = sum(a["outcome"] == "preempted" for a in slice_attempts)
+        failed = sum(a["outcome"] == "failed" for a in slice_attempts)
+        provenance.update_attempt(run_dir, attempt, slice_attempts=slice_attempts, preemptions=preempted,
+                                  failures=failed)
+    return progress
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="trajsft.remote_train")
     ap.add_argument("--config", required=True)
     ap.add_argument("--run-dir", required=True)
+    ap.add_argument("--attempt", type=int, required=True, help="the Snakemake-side attempt in attempts.json")
+    ap.add_argument("--tpu-type", required=True)
+    ap.add_argument("--num-slices", type=int, default=1)
+    ap.add_argument("--max-preemptions", type=int, default=100)
+    ap.add_argument("--max-failures", type=int, default=2)
+    ap.add_argument("--failure-grace", type=float, default=90.0,
+                    help="seconds a host whose trainer failed waits for news of a lost peer before calling it a failure")
     args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="[trajsft.remote_train] %(message)s", stream=sys.stdout)
+
+    import ray
+
+    from .cluster import hooks, slices
+    from .cluster.host import HostJob
+
+    ray.init(logging_level="WARNING")
+    hooks.setup()
+    delete_secret_bundle()
+    channel = slices.driver_channel(forwarded_secrets())
+
     cfg = json.loads(storage.read_bytes(args.config))
     _absolute_local_refs(cfg)
-    node_wandb_mode = os.environ.get("WANDB_MODE")
-    if node_wandb_mode in ("offline", "disabled"):  # a node without internet access can force it
-        for t in cfg["trainer"].get("tracker") or []:
-            if t.get("type") == "wandb" and t.get("mode") != node_wandb_mode:
-                print(f"[trajsft.remote_train] WANDB_MODE={node_wandb_mode} on this node: W&B {node_wandb_mode}", flush=True)
-                t["mode"] = node_wandb_mode
-    if os.environ.get(ALLOW_CPU_ENV) == "1" and _cpu_backend():
-        print(f"[trajsft.remote_train] {ALLOW_CPU_ENV}=1 and no accelerator: training on CPU", flush=True)
-        cfg["trainer"]["require_accelerator"] = False
-    # run_training keeps its own small files (config copy, log, W&B dir) on local disk;
-    # checkpoints and HF exports go wherever the config says (the run dir, possibly gs://)
-    work = args.run_dir if not is_remote(args.run_dir) else tempfile.mkdtemp(prefix="trajsft-run-")
-    log_path = os.path.join(work, f"job-{os.environ.get('RAY_JOB_SUBMISSION_ID', os.getpid())}.log")
-    stop = threading.Event()
-    tee = threading.Thread(target=_tee, args=(log_path, stop), daemon=True)
-    tee.start()
-    try:
-        result = LR.run_training(cfg, work, log_path)
-    finally:
-        stop.set()
-        tee.join(timeout=30)
-    result["wandb_mode"] = next((t.get("mode") for t in cfg["trainer"].get("tracker") or [] if t.get("type") == "wandb"), None)
+    work = args.run_dir if not is_remote(args.run_dir) else tempfile.mkdtemp(prefix="trajsft-driver-")
+    run = LR.prepare_run(cfg, work)
+    progress = _record(args.run_dir, args.attempt)
+
+    def checkpoint_step():
+        ck = LR.latest_checkpoint(run.checkpoint_dir)
+        return ck["completed_steps"] if ck else None
+
+    def make_job(tag: str) -> HostJob:
+        return HostJob(levanter=cfg, run_dir=args.run_dir, attempt_tag=tag, coordinator_port=_free_port(),
+                       channel=channel, num_slices=args.num_slices, failure_grace_s=args.failure_grace)
+
+    host_results: list[dict] = []
+    ckpt = run.complete()
+    if ckpt is None:
+        host_results, _ = slices.run_on_slices(
+            make_job, args.tpu_type, num_slices=args.num_slices,
+            limits=slices.Limits(args.max_preemptions, args.max_failures), channel=channel,
+            tag_prefix=f"a{args.attempt}-", progress=progress, checkpoint_step=checkpoint_step)
+        ckpt = run.complete()
+        if ckpt is None:
+            got = checkpoint_step() or 0
+            raise SystemExit(f"[trajsft.remote_train] every host finished but the latest checkpoint covers "
+                             f"{got}/{run.num_steps} steps (data exhausted? check epochs / max_steps)")
+    else:
+        print(f"[trajsft.remote_train] run already complete at step {ckpt['completed_steps']}: not relaunched",
+              flush=True)
+    if not LR.hf_export_complete(run.final_hf):
+        # the slice's own export was interrupted: a single-process CPU step here, never one host of a pod
+        print(f"[trajsft.remote_train] final HF export {run.final_hf} incomplete: exporting on the driver's CPU",
+              flush=True)
+        LR.export_hf(run.cfg, ckpt["path"], run.final_hf, env={"JAX_PLATFORMS": "cpu"},
+                     log_path=os.path.join(work, "export_hf.log"), cwd=work)
+    tmpl = LR._chat_template_of(run.cfg)
+    if tmpl and not is_remote(run.final_hf):
+        LR._write_chat_template(run.final_hf, tmpl)
+    primary = next((h["result"] for h in host_results if "result" in h), None)
+    result = primary or {"run_id": run.cfg["trainer"]["id"], "final_loss": None, "launched": False,
+                         "resumed_from_step": None, "loss_history": []}
+    result.update(steps=int(ckpt["completed_steps"]), checkpoint_dir=ckpt["path"], hf_export=run.final_hf,
+                  hosts=[{k: h[k] for k in ("slice", "worker", "slice_id", "seconds")} for h in host_results])
+    result["wandb_mode"] = next((t.get("mode") for t in run.cfg["trainer"].get("tracker") or []
+                                 if t.get("type") == "wandb"), None)
     storage.write_bytes(join(args.run_dir, "training_result.json"), json.dumps(result, indent=2).encode())
-    print("[trajsft.remote_train] result " + json.dumps({k: result.get(k) for k in ("steps", "final_loss", "hf_export", "resumed_from_step")}), flush=True)
+    print("[trajsft.remote_train] result " + json.dumps(
+        {k: result.get(k) for k in ("steps", "final_loss", "hf_export", "resumed_from_step")}), flush=True)
     return 0
 
 

@@ -100,6 +100,39 @@ def _pid_alive(attempt: dict) -> bool:
         return False
 
 
+def slice_summary(attempts: list[dict]) -> dict:
+    """Preemptions, failures and the slice story of a run, from its attempts.json (pure).
+
+    Counts every slice attempt of every Snakemake attempt (the cluster driver records them);
+    ``detail`` is one line, e.g. "preempted 2x, resumed at step 12 on slice s-b (2 hosts)".
+    """
+    slice_attempts = [sa for a in attempts for sa in a.get("slice_attempts") or []]
+    out = {"preemptions": sum(sa.get("outcome") == "preempted" for sa in slice_attempts),
+           "failures": sum(sa.get("outcome") == "failed" for sa in slice_attempts),
+           "slice_attempts": len(slice_attempts), "slice": None, "detail": None}
+    if not slice_attempts:
+        return out
+    last = slice_attempts[-1]
+    out["slice"] = ", ".join(last.get("slices") or []) or None
+    parts = []
+    if out["preemptions"]:
+        parts.append(f"preempted {out['preemptions']}x")
+    if out["failures"]:
+        parts.append(f"failed {out['failures']}x")
+    where = f"slice {out['slice']} ({len(last.get('hosts') or [])} hosts)" if out["slice"] else None
+    if last.get("outcome") == "waiting for slice" and not last.get("ended"):
+        parts.append(f"waiting for a {last.get('tpu_type', 'TPU')} slice since {last.get('started')}"
+                     f" (resumes at step {last.get('resumed_from_step', 0)})")
+    elif len(slice_attempts) > 1 and where:
+        parts.append(f"resumed at step {last.get('resumed_from_step', 0)} on {where}")
+    elif where:
+        parts.append(f"on {where}")
+    if last.get("outcome") in ("preempted", "failed") and last.get("cause"):
+        parts.append(f"last: {last['cause']}")
+    out["detail"] = ", ".join(parts) or None
+    return out
+
+
 def target_status(plan: C.Plan, target: str, query_ray: bool = True) -> dict:
     from . import levanter_run as LR
     from .steps_train import run_paths, wandb_url
@@ -113,8 +146,11 @@ def target_status(plan: C.Plan, target: str, query_ray: bool = True) -> dict:
         "cluster": ray_cfg.get("cluster", "ray") if plan.cfg["executor"] == "ray" else "local",
         "ray_job_id": None, "attempt": None, "step": None, "steps_total": None, "loss": None, "eval_loss": None,
         "wandb_url": wandb_url(plan.cfg, run.hash), "checkpoint_dir": run_dir, "hf_export": None,
-        "log": p["log"], "cause": None, "next": None,
+        "log": p["log"], "cause": None, "next": None, "preemptions": 0, "failures": 0, "detail": None,
     }
+    attempts = provenance.read_attempts(run_dir) if storage.exists(run_dir) else []
+    sl = slice_summary(attempts)
+    row.update(preemptions=sl["preemptions"], failures=sl["failures"], detail=sl["detail"])
     done_path = Path(C.Plan.done_path(target))
     done = _read_json(str(done_path)) if done_path.exists() else None
     if done and done.get("hash") == run.hash:
@@ -138,7 +174,6 @@ def target_status(plan: C.Plan, target: str, query_ray: bool = True) -> dict:
         row["eval_loss"] = evals[-1][1]
     row["hf_export"] = _latest_hf_export(run_dir)
     text = "\n".join(tail(p["log"], 60))
-    attempts = provenance.read_attempts(run_dir) if storage.exists(run_dir) else []
     jobs = []
     if plan.cfg["executor"] == "ray" and query_ray and ray_cfg.get("address"):
         from . import rayjobs
@@ -197,6 +232,8 @@ def render(rows: list[dict]) -> str:
         if r.get("wandb_url"):
             extra.append(f"W&B {r['wandb_url']}")
         lines.append("; ".join(extra))
+        if r.get("detail"):
+            lines.append(f"  {r['target']}: {r['detail']}")
         if r.get("cause") or r.get("next"):
             lines.append(f"  {r['target']}: " + "; ".join(x for x in (
                 f"cause: {r['cause']}" if r.get("cause") else None,

@@ -1,0 +1,242 @@
+"""One host of a TPU slice: this host's JAX process of a Levanter ``train_lm`` run.
+
+Levanter's ``run_on_pod`` runs :func:`run_host` once on every host of the slice, all started
+together (each task holds that host's ``TPU`` chips). Each host launches ``train_lm`` as a child
+process (it dies with the host task: PR_SET_PDEATHSIG) with the same config; process 0 writes the
+launch log that the job log streams, every other host logs and keeps W&B offline files in its own
+local directory (Levanter makes processes > 0 use W&B offline).
+
+On a real TPU slice JAX finds its peers itself (GCE metadata). On an emulated slice (CPU nodes
+that present themselves as TPU hosts, ``TRAJSFT_ALLOW_CPU_TRAINING=1`` and ``JAX_PLATFORMS=cpu``
+on the node) the coordinator address, process count and id are passed to Levanter explicitly,
+from the same ``TPU_WORKER_ID`` / ``TPU_WORKER_HOSTNAMES`` variables JAX reads on GKE, and every
+host gets as many CPU devices as it has TPU chips.
+
+Outcomes: a dict on success; :class:`HostLost` when this host's process was killed by a signal or
+a peer host of the slice went away (a preemption: the driver gets a new slice and resumes);
+:class:`TrainingFailed` when ``train_lm`` exited with an error on a slice whose hosts are all alive.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import os
+import signal
+import sys
+import threading
+import time
+from typing import Any, Optional
+
+from .. import levanter_run as LR
+
+ALLOW_CPU_ENV = "TRAJSFT_ALLOW_CPU_TRAINING"  # set on emulated/test Ray nodes only, never by a profile
+
+
+class HostLost(RuntimeError):
+    """This host's training process was killed, or a peer host of the slice disappeared."""
+
+
+class TrainingFailed(RuntimeError):
+    """train_lm exited with an error while every host of the slice was alive."""
+
+
+@dataclasses.dataclass(frozen=True)
+class HostInfo:
+    slice_name: str
+    worker_id: int
+    hostnames: tuple[str, ...]
+    accelerator_type: str
+    slice_id: int = 0  # multislice: MEGASCALE_SLICE_ID, set by run_on_pod
+
+    @classmethod
+    def from_env(cls, env=None) -> "HostInfo":
+        env = os.environ if env is None else env
+        hosts = tuple(h.strip() for h in (env.get("TPU_WORKER_HOSTNAMES") or "").split(",") if h.strip())
+        return cls(
+            slice_name=env.get("TPU_NAME", ""),
+            worker_id=int(env.get("TPU_WORKER_ID", "0") or 0),
+            hostnames=hosts or ("127.0.0.1",),
+            accelerator_type=env.get("TPU_ACCELERATOR_TYPE", ""),
+            slice_id=int(env.get("MEGASCALE_SLICE_ID", "0") or 0),
+        )
+
+    @property
+    def num_hosts(self) -> int:
+        return len(self.hostnames)
+
+    @property
+    def primary(self) -> bool:
+        """Process 0 of the run: worker 0 of slice 0."""
+        return self.worker_id == 0 and self.slice_id == 0
+
+    def __str__(self) -> str:
+        return f"{self.slice_name or '?'} host {self.worker_id}"
+
+
+@dataclasses.dataclass(frozen=True)
+class HostJob:
+    """What every host of one slice attempt runs (picklable; holds no secret)."""
+
+    levanter: dict  # the train_lm config (same on every host)
+    run_dir: str  # shared run dir (gs:// on a real cluster)
+    attempt_tag: str  # e.g. "a1-s3": Snakemake attempt 1, slice attempt 3
+    coordinator_port: int  # emulated slices only (JAX picks its own on TPU)
+    channel: Any  # DriverChannel actor handle: secrets and check-ins
+    num_slices: int = 1
+    failure_grace_s: float = 90.0
+
+
+def emulated(env=None) -> bool:
+    env = os.environ if env is None else env
+    return env.get(ALLOW_CPU_ENV) == "1" and env.get("JAX_PLATFORMS", "") == "cpu"
+
+
+def distributed_args(host: HostInfo, job: HostJob, env=None) -> list[str]:
+    """Levanter's trainer.distributed for this host: explicit on an emulated slice, auto on TPU."""
+    if not emulated(env):
+        return []
+    if job.num_slices != 1:
+        raise TrainingFailed("an emulated (CPU) slice cannot run multislice training: set ray.num_slices to 1")
+    return [
+        f"--trainer.distributed.coordinator_address={host.hostnames[0]}:{job.coordinator_port}",
+        f"--trainer.distributed.num_processes={host.num_hosts}",
+        f"--trainer.distributed.process_id={host.worker_id}",
+    ]
+
+
+def local_dir(job: HostJob, host: HostInfo) -> str:
+    """This host's own directory for logs, W&B files and the launch config."""
+    if LR._is_remote(job.run_dir):
+        import tempfile
+
+        return os.path.join(tempfile.gettempdir(), "trajsft-runs", job.levanter["trainer"]["id"],
+                            f"host-{host.slice_id}-{host.worker_id}")
+    if host.primary:
+        return os.path.abspath(job.run_dir)
+    return os.path.join(os.path.abspath(job.run_dir), "hosts", f"{host.slice_id}-{host.worker_id}")
+
+
+def _tee(path: str, stop: threading.Event) -> None:
+    """Copy what the launch appends to ``path`` onto stdout (Ray forwards it into the job log)."""
+    pos = 0
+    while True:
+        done = stop.is_set()
+        try:
+            with open(path, "rb") as f:
+                f.seek(pos)
+                chunk = f.read()
+        except FileNotFoundError:
+            chunk = b""
+        if chunk:
+            pos += len(chunk)
+            sys.stdout.buffer.write(chunk)
+            sys.stdout.flush()
+        if done:
+            return
+        time.sleep(0.5)
+
+
+def _slice_hosts_alive(slice_name: str) -> int:
+    import ray
+
+    return sum(1 for n in ray.nodes() if n.get("Alive") and slice_name in (n.get("Resources") or {}))
+
+
+def _peer_lost(host: HostInfo, grace_s: float) -> Optional[str]:
+    """Wait up to ``grace_s`` for Ray to notice a lost peer host; its description, or None."""
+    if not host.slice_name or host.num_hosts < 2:
+        return None
+    deadline = time.monotonic() + grace_s
+    while True:
+        try:
+            alive = _slice_hosts_alive(host.slice_name)
+        except Exception:  # noqa: BLE001 - GCS unreachable: the cluster itself is going away
+            return "the Ray cluster became unreachable"
+        if alive < host.num_hosts:
+            return f"{host.num_hosts - alive} of {host.num_hosts} hosts of slice {host.slice_name} went away"
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(2.0)
+
+
+def _last_error(log_path: str) -> str:
+    lines = _tail(log_path, 60)
+    for ln in reversed(lines):
+        if any(k in ln for k in ("Error", "error:", "Exception", "Traceback", "FAILED")):
+            return " ".join(ln.split())[:300]
+    return (" ".join(lines[-1].split())[:300]) if lines else ""
+
+
+def _tail(path: str, n: int) -> list[str]:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 64 * 1024))
+            return f.read().decode(errors="replace").splitlines()[-n:]
+    except OSError:
+        return []
+
+
+def run_host(job: HostJob) -> dict:
+    """Run this host's train_lm process; see the module docstring for the outcomes."""
+    import ray
+
+    host = HostInfo.from_env()
+    started = time.time()
+    ray.get(job.channel.checkin.remote(job.attempt_tag, {
+        "slice": host.slice_name, "worker": host.worker_id, "slice_id": host.slice_id,
+        "node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid(),
+        "started": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}))
+    secrets = ray.get(job.channel.secrets.remote())  # straight from the driver's memory
+
+    work = local_dir(job, host)
+    run = LR.prepare_run(job.levanter, work, log_dir=os.path.join(work, "logs"))
+    cfg = run.cfg
+    if emulated():
+        cfg["trainer"]["require_accelerator"] = False
+    node_wandb_mode = os.environ.get("WANDB_MODE")
+    if node_wandb_mode in ("offline", "disabled"):  # a node without internet access can force it
+        for t in cfg["trainer"].get("tracker") or []:
+            if t.get("type") == "wandb":
+                t["mode"] = node_wandb_mode
+    config_path = LR.write_config(LR.resolve_hub_refs(cfg), os.path.join(work, f"levanter_config.{job.attempt_tag}.yaml"))
+    LR._ensure_reference_checkpoint(cfg)
+    env = dict(secrets)
+    if emulated():
+        chips = len(ray.get_runtime_context().get_accelerator_ids().get("TPU") or [])
+        env.update({"JAX_NUM_CPU_DEVICES": str(max(1, chips)), "JAX_CPU_COLLECTIVES_IMPLEMENTATION": "gloo"})
+    log_path = os.path.join(work, "train.log" if host.primary else f"train-{host.slice_id}-{host.worker_id}.log")
+    ckpt = run.complete() or LR.latest_checkpoint(run.checkpoint_dir)
+    header = (f"{LR._LAUNCH_MARK} train_lm id={cfg['trainer']['id']} at {dt.datetime.now().isoformat()} "
+              f"on {host} ({job.attempt_tag}; latest checkpoint: {ckpt['path'] if ckpt else None})")
+    stop = threading.Event()
+    tee = threading.Thread(target=_tee, args=(log_path, stop), daemon=True) if host.primary else None
+    if tee:
+        with open(log_path, "ab"):
+            pass
+        tee.start()
+    try:
+        rc = LR._run_subprocess(
+            [sys.executable, "-c", LR._TRAIN_LAUNCHER, "--config_path", config_path, *distributed_args(host, job)],
+            log_path, LR.levanter_env(work, env), work, header)
+    finally:
+        stop.set()
+        if tee:
+            tee.join(timeout=30)
+    if rc < 0:
+        name = signal.Signals(-rc).name if -rc in signal.Signals._value2member_map_ else str(-rc)
+        raise HostLost(f"train_lm on {host} was killed by {name} (preempted, or out of memory?)")
+    if rc > 0:
+        lost = _peer_lost(host, job.failure_grace_s)
+        if lost:
+            raise HostLost(f"train_lm on {host} exited with code {rc} after {lost}")
+        raise TrainingFailed(f"train_lm on {host} exited with code {rc}: {_last_error(log_path)}")
+    out = {"slice": host.slice_name, "worker": host.worker_id, "slice_id": host.slice_id, "returncode": rc,
+           "seconds": round(time.time() - started, 1)}
+    if host.primary:
+        ckpt = LR.latest_checkpoint(run.checkpoint_dir)
+        if ckpt is not None:
+            out["result"] = LR.collect_result(run, log_path, ckpt, launched=True, returncode=rc,
+                                              config_path=config_path)
+    return out
