@@ -1,8 +1,9 @@
-"""Integration: the TPU profile against a real Ray head on 127.0.0.1 (token auth).
+"""Integration: the TPU profile against a real Ray cluster on 127.0.0.1 (token auth).
 
 The test profile is profiles/tpu-east5 with only the Ray address and the storage root
-changed (asserted below); the head stands in for a v5p-32 slice head via the custom
-resource ``TPU-v5p-32-head`` (see tests/ray_fixtures.py).
+changed (asserted below), plus test overrides: the slice type is v5p-8 (one host), and the
+cluster is a CPU head with two emulated single-host v5p-8 slices (tests/slice_fixtures.py),
+so two targets can train at once. Multi-host slices and preemptions: tests/test_multihost.py.
 """
 
 from __future__ import annotations
@@ -23,93 +24,38 @@ import requests
 import yaml
 
 from pipeline_utils import REPO, SNAKEMAKE, kill_group, wait_for
+from slice_fixtures import start_emulated_cluster
+from tpu_utils import (HF, WK, data_rules, jobs, make_profile, run_hash, sm_cmd, sm_env, snakemake, status,
+                       trajsft, workdir)
 from trajsft import levanter_run as LR
 from trajsft import rayjobs
 
 pytestmark = pytest.mark.integration
 
-HF = "hf_test_" + secrets.token_hex(12)
-WK = "wk_test_" + secrets.token_hex(12)
-
-
-def make_profile(dest: Path, address: str, storage_root: Path, overrides: dict | None = None) -> Path:
-    """profiles/tpu-east5 with only the address and storage root changed (+ test overrides)."""
-    src = REPO / "profiles/tpu-east5"
-    dest.mkdir(parents=True, exist_ok=True)
-    cluster = (src / "cluster.yaml").read_text()
-    cluster = re.sub(r"(?m)^storage_root: .*$", f"storage_root: {storage_root}", cluster)
-    cluster = re.sub(r"(?m)^  address: .*$", f"  address: {address}", cluster)
-    (dest / "cluster.yaml").write_text(cluster)
-    files = [str(dest / "cluster.yaml")]
-    if overrides:
-        (dest / "overrides.yaml").write_text(yaml.safe_dump(overrides))
-        files.append(str(dest / "overrides.yaml"))
-    prof = yaml.safe_load((src / "config.yaml").read_text())
-    prof["configfiles"] = files
-    (dest / "config.yaml").write_text(yaml.safe_dump(prof))
-    return dest
-
-
-def sm_env(head, **extra) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in ("HF_TOKEN", "WANDB_API_KEY", "RAY_AUTH_TOKEN")}
-    env.update(head.client_env())
-    env.update({"HF_TOKEN": HF, "WANDB_API_KEY": WK, "RAY_TMPDIR": "/tmp/rt-tests", "HF_HUB_OFFLINE": "1"})
-    env.update(extra)
-    return {k: v for k, v in env.items() if v is not None}
-
-
-def sm_cmd(wd: Path, profile: Path, *args: str) -> list[str]:
-    return [SNAKEMAKE, "-s", str(REPO / "Snakefile"), "-d", str(wd), "--profile", str(profile),
-            "checkpoints/demo/done", *args]
-
-
-def snakemake(wd, profile, head, *args, check=True, timeout=900, **env):
-    p = subprocess.run(sm_cmd(wd, profile, *args), capture_output=True, text=True, env=sm_env(head, **env),
-                       timeout=timeout, cwd=REPO)
-    if check and p.returncode != 0:
-        raise AssertionError(f"snakemake failed ({p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-5000:]}")
-    return p
-
-
-def jobs(head, run_hash: str | None = None) -> list[dict]:
-    r = requests.get(f"{head.address}/api/jobs/", headers=head.headers(), timeout=10)
-    r.raise_for_status()
-    out = r.json()
-    if run_hash:
-        out = [j for j in out if (j.get("submission_id") or "").startswith(f"trajsft-{run_hash}-")]
-    return out
-
-
-def run_hash(wd: Path, profile: Path) -> str:
-    cfg = yaml.safe_load((profile / "overrides.yaml").read_text()) if (profile / "overrides.yaml").exists() else {}
-    cmd = [sys.executable, "-m", "trajsft.cli", "plan", "demo", "--json", "--configfile", str(profile / "cluster.yaml")]
-    if cfg:
-        cmd += ["--configfile", str(profile / "overrides.yaml")]
-    t = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=wd).stdout)[0]
-    return Path(t["checkpoint_dir"]).name.rsplit("-", 1)[1]
+SLICE = {"ray": {"tpu_type": "v5p-8"}}
 
 
 @pytest.fixture(scope="module")
+def tpu_cluster():
+    c = start_emulated_cluster({"slice-x": "v5p-8", "slice-y": "v5p-8"})
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+@pytest.fixture(scope="module")
+def ray_head(tpu_cluster):
+    """This module's head: the emulated cluster's (overrides the session-wide single-node head)."""
+    return tpu_cluster.head
+
+
+def profile(dest: Path, address: str, storage_root: Path, overrides: dict | None = None) -> Path:
+    return make_profile(dest, address, storage_root, {**SLICE, **(overrides or {})})
+
+@pytest.fixture(scope="module")
 def data(tmp_path_factory, ray_head):
-    """Data rules once (they run locally and write to the storage root); tests copy the state."""
-    base = tmp_path_factory.mktemp("tpu")
-    storage, wd = base / "storage", base / "seed"
-    wd.mkdir()
-    prof = make_profile(base / "seed-profile", ray_head.address, storage)
-    tok = [a for a in json.loads(subprocess.run(
-        [sys.executable, "-m", "trajsft.cli", "plan", "demo", "--json", "--configfile", str(prof / "cluster.yaml")],
-        capture_output=True, text=True, check=True, cwd=wd).stdout)[0]["artifacts"] if a["kind"] == "tokenized"][0]
-    p = subprocess.run([SNAKEMAKE, "-s", str(REPO / "Snakefile"), "-d", str(wd), "--profile", str(prof),
-                        tok["manifest"]], capture_output=True, text=True, env=sm_env(ray_head), cwd=REPO, timeout=900)
-    assert p.returncode == 0, p.stderr[-4000:]
-    return base, storage, wd
-
-
-def workdir(data, name: str) -> Path:
-    base, _, seed = data
-    wd = base / name
-    shutil.copytree(seed, wd, symlinks=True, ignore=shutil.ignore_patterns("locks", "incomplete"))
-    return wd
+    return data_rules(tmp_path_factory.mktemp("tpu"), ray_head, SLICE)
 
 
 def test_test_profile_differs_from_tpu_east5_only_in_address_and_storage(tmp_path):
@@ -135,7 +81,7 @@ def test_bare_profile_names_resolve_from_repo_root():
 
 def test_preflight_refuses_and_submits_nothing(data, ray_head):
     wd = workdir(data, "preflight")
-    prof = make_profile(wd.parent / "preflight-profile", ray_head.address, data[1])
+    prof = profile(wd.parent / "preflight-profile", ray_head.address, data[1])
     before = len(jobs(ray_head))
     t0 = time.time()
     p = snakemake(wd, prof, ray_head, check=False, HF_TOKEN=None)
@@ -144,7 +90,7 @@ def test_preflight_refuses_and_submits_nothing(data, ray_head):
     assert lines == ["trajsft preflight: env var HF_TOKEN is not set (needed by the training job): export HF_TOKEN=..."]
     p = snakemake(wd, prof, ray_head, check=False, WANDB_API_KEY=None)
     assert p.returncode != 0 and "WANDB_API_KEY is not set" in p.stderr
-    bad = make_profile(wd.parent / "bad-profile", "http://127.0.0.1:9", data[1])
+    bad = profile(wd.parent / "bad-profile", "http://127.0.0.1:9", data[1])
     p = snakemake(wd, bad, ray_head, check=False)
     assert p.returncode != 0 and "trajsft preflight: unreachable" in p.stderr
     assert len(jobs(ray_head)) == before
@@ -153,7 +99,7 @@ def test_preflight_refuses_and_submits_nothing(data, ray_head):
 
 def test_end_to_end_on_ray_and_no_secret_leaks(data, ray_head):
     wd = workdir(data, "e2e")
-    prof = make_profile(wd.parent / "e2e-profile", ray_head.address, data[1],
+    prof = profile(wd.parent / "e2e-profile", ray_head.address, data[1],
                         {"teachers": {"demo": {"training": {"max_steps": 4}}}})
     h = run_hash(wd, prof)
     snakemake(wd, prof, ray_head)
@@ -180,24 +126,10 @@ def test_end_to_end_on_ray_and_no_secret_leaks(data, ray_head):
     assert out.returncode == 0 and out.stdout.splitlines() == log.splitlines()[-3:]
     out = trajsft(wd, ray_head, "clusters", str(prof), "--json")
     [c] = json.loads(out.stdout)
-    assert c["reachable"] and c["tpu"]["TPU-v5p-32-head"] == {"total": 2.0, "free": 2.0}
+    assert c["reachable"] and c["tpu"]["TPU-v5p-8-head"] == {"total": 2.0, "free": 2.0}
     listing = json.dumps(jobs(ray_head))
     assert HF not in listing and WK not in listing and ray_head.token not in listing
     assert set(job["metadata"]["trajsft_forwarded_env"].split(",")) >= {"HF_TOKEN", "WANDB_API_KEY"}
-
-
-def trajsft(wd: Path, head, *args: str) -> subprocess.CompletedProcess:
-    """The `trajsft` CLI run in a test workdir, talking to the test head."""
-    env = sm_env(head)
-    return subprocess.run([sys.executable, "-m", "trajsft.cli", *args], capture_output=True, text=True, cwd=wd,
-                          env=env, timeout=120)
-
-
-def status(wd: Path, prof: Path, head) -> dict:
-    p = trajsft(wd, head, "status", "demo", "--profile", str(prof), "--json")
-    assert p.returncode == 0, p.stderr
-    [row] = json.loads(p.stdout)
-    return row
 
 
 def _start(wd, prof, head, log: Path) -> subprocess.Popen:
@@ -212,7 +144,7 @@ def _running_job(head, h, proc):
 
 def test_stopped_job_is_retried_and_resumes_from_checkpoint(data, ray_head):
     wd = workdir(data, "retry")
-    prof = make_profile(wd.parent / "retry-profile", ray_head.address, data[1],
+    prof = profile(wd.parent / "retry-profile", ray_head.address, data[1],
                         {"teachers": {"demo": {"training": {"max_steps": 12}}},
                          "checkpointing": {"keep_every_steps": 3, "save_interval_minutes": 600}})
     h = run_hash(wd, prof)
@@ -240,7 +172,7 @@ def test_stopped_job_is_retried_and_resumes_from_checkpoint(data, ray_head):
 
 def test_killed_snakemake_reattaches_instead_of_resubmitting(data, ray_head):
     wd = workdir(data, "reattach")
-    prof = make_profile(wd.parent / "reattach-profile", ray_head.address, data[1],
+    prof = profile(wd.parent / "reattach-profile", ray_head.address, data[1],
                         {"teachers": {"demo": {"training": {"max_steps": 10}}}})
     h = run_hash(wd, prof)
     p = _start(wd, prof, ray_head, wd / "snakemake.log")
@@ -256,7 +188,7 @@ def test_killed_snakemake_reattaches_instead_of_resubmitting(data, ray_head):
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_signal_to_snakemake_stops_the_ray_job(data, ray_head, sig):
     wd = workdir(data, f"sig{int(sig)}")
-    prof = make_profile(wd.parent / "sigint-profile", ray_head.address, data[1],
+    prof = profile(wd.parent / "sigint-profile", ray_head.address, data[1],
                         {"teachers": {"demo": {"training": {"max_steps": 180 + int(sig)}}}})  # own run per signal
     h = run_hash(wd, prof)
     p = _start(wd, prof, ray_head, wd / "snakemake.log")
@@ -276,7 +208,7 @@ def test_two_targets_run_as_two_concurrent_ray_jobs(data, ray_head):
     wd = workdir(data, "two")
     demo_training = {"epochs": 2, "batch_size": 4, "learning_rate": 3.0e-3, "max_grad_norm": 1.0, "seq_len": 1024,
                      "max_steps": 8}
-    prof = make_profile(wd.parent / "two-profile", ray_head.address, data[1], {
+    prof = profile(wd.parent / "two-profile", ray_head.address, data[1], {
         "teachers": {"demo": {"training": {"max_steps": 8}}},
         "mixtures": {"mix-demo": {"teachers": {"demo": 1.0}, "student": "tiny", "training": demo_training}}})
     cmd = [SNAKEMAKE, "-s", str(REPO / "Snakefile"), "-d", str(wd), "--profile", str(prof), "-j", "2",

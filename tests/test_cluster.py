@@ -1,0 +1,147 @@
+"""Unit tests of the cluster layer: outcome classification, slice summaries, host set-up, settings."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from trajsft import levanter_run as LR
+from trajsft import ray_train, rayjobs
+from trajsft.cluster import hooks, host, slices
+from trajsft.config import ConfigError
+from trajsft.status import slice_summary
+
+
+def test_classify_our_host_outcomes():
+    assert slices.classify(host.HostLost("train_lm on s-a host 1 was killed by SIGKILL")) == (
+        "preempted", "train_lm on s-a host 1 was killed by SIGKILL")
+    assert slices.classify(host.TrainingFailed("train_lm on s-a host 0 exited with code 1: boom"))[0] == "failed"
+    # across processes only the remote traceback text survives (RayTaskError.__str__)
+    remote = RuntimeError("ray::run_on_pod_ray() ...\nTraceback ...\n"
+                          "trajsft.cluster.host.HostLost: train_lm on s-a host 1 exited with code 1 after 1 of 2 hosts "
+                          "of slice s-a went away")
+    kind, cause = slices.classify(remote)
+    assert kind == "preempted" and cause.startswith("train_lm on s-a host 1 exited")
+    wrapped = RuntimeError("TPU job was preempted too many times")
+    wrapped.__cause__ = host.TrainingFailed("train_lm on s-a host 0 exited with code 1: NaN")
+    assert slices.classify(wrapped) == ("failed", "train_lm on s-a host 0 exited with code 1: NaN")
+
+
+def test_classify_ray_infrastructure_losses_are_preemptions():
+    import ray.exceptions as rx
+
+    assert slices.classify(rx.NodeDiedError("node 3f died"))[0] == "preempted"
+    assert slices.classify(rx.WorkerCrashedError())[0] == "preempted"
+    text = RuntimeError("ray.exceptions.OwnerDiedError: Failed to retrieve object 00ff. The owner has exited")
+    kind, cause = slices.classify(text)
+    assert kind == "preempted" and cause.startswith("OwnerDiedError")
+    assert slices.classify(RuntimeError("TPU job was preempted too many times"))[0] == "preempted"
+    assert slices.classify(ValueError("bad config"))[0] == "failed"
+
+
+def test_slice_summary_counts_every_slice_attempt():
+    attempts = [
+        {"attempt": 1, "outcome": "failed", "slice_attempts": [
+            {"outcome": "preempted", "slices": ["s-a"], "hosts": [{}, {}], "resumed_from_step": 0,
+             "cause": "train_lm on s-a host 1 was killed by SIGKILL"}]},
+        {"attempt": 2, "outcome": "running", "slice_attempts": [
+            {"outcome": "preempted", "slices": ["s-a"], "hosts": [{}, {}], "resumed_from_step": 6},
+            {"outcome": "running", "slices": ["s-b"], "hosts": [{}, {}], "resumed_from_step": 12}]},
+    ]
+    s = slice_summary(attempts)
+    assert (s["preemptions"], s["failures"], s["slice_attempts"], s["slice"]) == (2, 0, 3, "s-b")
+    assert s["detail"] == "preempted 2x, resumed at step 12 on slice s-b (2 hosts)"
+    waiting = slice_summary([{"slice_attempts": [
+        {"outcome": "preempted", "slices": ["s-a"], "hosts": [{}], "resumed_from_step": 0, "cause": "NodeDiedError: x"},
+        {"outcome": "waiting for slice", "tpu_type": "v5p-32", "started": "T", "resumed_from_step": 9}]}])
+    assert waiting["detail"] == "preempted 1x, waiting for a v5p-32 slice since T (resumes at step 9)"
+    assert slice_summary([]) == {"preemptions": 0, "failures": 0, "slice_attempts": 0, "slice": None, "detail": None}
+
+
+def test_single_process_on_a_multi_host_slice_is_refused():
+    env = {"TPU_WORKER_HOSTNAMES": "10.0.0.1,10.0.0.2", "TPU_WORKER_ID": "0", "TPU_NAME": "s-a",
+           "TPU_ACCELERATOR_TYPE": "v5p-16"}
+    with pytest.raises(LR.SingleProcessOnPod, match="worker 0 of the 2-host TPU slice s-a .*run_on_pod"):
+        LR.refuse_single_process_on_pod(env)
+    LR.refuse_single_process_on_pod({"TPU_WORKER_HOSTNAMES": "10.0.0.1"})  # a single-host slice is fine
+    LR.refuse_single_process_on_pod({})
+
+
+def test_host_info_and_distributed_args():
+    env = {"TPU_NAME": "s-a", "TPU_WORKER_ID": "1", "TPU_WORKER_HOSTNAMES": "h0,h1", "TPU_ACCELERATOR_TYPE": "v5p-16"}
+    info = host.HostInfo.from_env(env)
+    assert (info.slice_name, info.worker_id, info.num_hosts, info.primary) == ("s-a", 1, 2, False)
+    job = host.HostJob(levanter={"trainer": {"id": "abc"}}, run_dir="/r", attempt_tag="a1-s1", coordinator_port=4321,
+                       channel=None)
+    assert host.distributed_args(info, job, env) == []  # real TPU: JAX finds its peers
+    emu = {**env, "TRAJSFT_ALLOW_CPU_TRAINING": "1", "JAX_PLATFORMS": "cpu"}
+    assert host.distributed_args(info, job, emu) == [
+        "--trainer.distributed.coordinator_address=h0:4321", "--trainer.distributed.num_processes=2",
+        "--trainer.distributed.process_id=1"]
+    assert host.local_dir(job, info) == "/r/hosts/0-1"
+    assert host.local_dir(job, host.HostInfo.from_env({**env, "TPU_WORKER_ID": "0"})) == "/r"
+
+
+def test_gce_preemption_check_is_bounded_and_false_off_gce(monkeypatch):
+    import levanter.infra.tpus as tpus
+
+    monkeypatch.setattr(hooks, "_state", {"off_gce": False})
+    monkeypatch.setattr(hooks, "PREEMPTED_URL", "http://127.0.0.1:9/computeMetadata/v1/instance/preempted")
+    t0 = time.monotonic()
+    assert hooks.gce_preempted() is False and time.monotonic() - t0 < 5
+    assert hooks._state["off_gce"] is True
+    original = tpus.get_current_tpu_is_preempted
+    try:
+        hooks.setup()
+        assert tpus.get_current_tpu_is_preempted is hooks.gce_preempted
+    finally:
+        tpus.get_current_tpu_is_preempted = original
+
+
+def _cfg(**ray):
+    return {"executor": "ray", "storage_root": "results", "wandb": {"mode": "offline"},
+            "ray": {"address": "http://127.0.0.1:1", "tpu_type": "v5p-32", **ray}}
+
+
+def test_ray_settings_refuse_the_old_shape_and_unknown_types():
+    s = ray_train.ray_settings(_cfg())
+    assert (s["num_slices"], s["max_preemptions"], s["max_failures"]) == (1, 100, 2)
+    with pytest.raises(ConfigError, match="pins the training job to TPU-v5p-32-head.*run_on_pod"):
+        ray_train.ray_settings(_cfg(entrypoint_resources={"TPU-v5p-32-head": 1}))
+    with pytest.raises(ConfigError, match="unknown TPU type 'v9-1'"):
+        ray_train.ray_settings(_cfg(tpu_type="v9-1"))
+    assert ray_train.preflight(_cfg(entrypoint_resources={"TPU-v5p-32-head": 1}))[0].startswith("ray.entrypoint")
+
+
+def test_runtime_env_of_the_driver():
+    env = ray_train.runtime_env(_cfg(pip_requirements="envs/tpu-requirements.txt"))
+    assert env["worker_process_setup_hook"] == "trajsft.cluster.hooks.setup"
+    assert env["config"] == {"setup_timeout_seconds": 1800}
+    assert "jax[tpu]==0.7.2" in env["pip"]["packages"] and "libtpu==0.0.23" in env["pip"]["packages"]
+
+
+def test_preflight_refuses_in_seconds_without_network(tmp_path, monkeypatch):
+    monkeypatch.delenv("TRAJSFT_TEST_MISSING", raising=False)
+    t0 = time.monotonic()
+    probs = rayjobs.preflight("http://127.0.0.1:9", ["TRAJSFT_TEST_MISSING"], {"TPU-v5p-32-head": 1},
+                              str(tmp_path / "store"), timeout_s=3)
+    assert time.monotonic() - t0 < 10
+    assert [p.split(" ", 1)[0] for p in probs] == ["env", "unreachable:"]
+    if not rayjobs._resolves("storage.googleapis.com", 3):  # no network here (CI): a bucket fails in seconds
+        t0 = time.monotonic()
+        probs = rayjobs.preflight("http://127.0.0.1:9", [], {}, "gs://marin-us-east5/trajsft", timeout_s=3)
+        assert time.monotonic() - t0 < 10, probs
+        assert any("cannot resolve storage.googleapis.com" in p for p in probs), probs
+
+
+def test_status_render_shows_the_slice_story():
+    from trajsft.status import render
+
+    row = {"target": "minimax-m2.5", "state": "training running", "hash": "abc", "cluster": "us-east5-a",
+           "ray_job_id": "trajsft-abc-a0", "attempt": 1, "step": 1250, "steps_total": 2298, "loss": 0.5,
+           "checkpoint_dir": "gs://b/c", "hf_export": None, "wandb_url": None, "cause": None, "next": None,
+           "detail": "preempted 2x, resumed at step 1200 on slice s-b (4 hosts)"}
+    out = render([row]).splitlines()
+    assert "  minimax-m2.5: preempted 2x, resumed at step 1200 on slice s-b (4 hosts)" in out
+    assert render([{**row, "detail": None}]).count("preempted") == 0

@@ -1,0 +1,234 @@
+"""Integration: training on every host of an emulated multi-host TPU slice (real Ray nodes on
+127.0.0.1 that present themselves as TPU VM hosts; multi-process JAX on CPU with gloo).
+
+One emulated cluster per module (CPU head + a 2-host v5p-16 slice), reused by every scenario:
+1. Snakemake with the tpu-east5 profile (only address and storage root changed, plus test
+   overrides) trains data-parallel on both hosts to `done`; the loss matches a single-process run.
+2. One host's trainer killed, then a whole host, then the whole slice (a fresh slice appears
+   later): each time the same Ray job resumes from the latest checkpoint on a new slice attempt,
+   no Snakemake retry is used, and status shows the preemptions.
+3. The old shape (one process pinned to the slice head) fails fast with a clear message.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from pipeline_utils import REPO, kill_group, wait_for
+from slice_fixtures import start_emulated_cluster
+from tpu_utils import (HF, WK, data_rules, jobs, make_profile, run_hash, sm_cmd, sm_env, snakemake, status, trajsft,
+                       workdir)
+from trajsft import levanter_run as LR
+from trajsft import config as C
+from trajsft import rayjobs
+from trajsft.steps_train import levanter_config
+from trajsft.remote_train import _absolute_local_refs
+
+pytestmark = pytest.mark.integration
+
+TPU = "v5p-16"  # 2 hosts x 4 chips
+BASE = {"ray": {"tpu_type": TPU, "failure_grace_seconds": 45}}
+
+
+def overrides(**training) -> dict:
+    return {**BASE, "teachers": {"demo": {"training": {"batch_size": 8, **training}}},
+            "checkpointing": {"keep_every_steps": 3, "save_interval_minutes": 600}}
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    c = start_emulated_cluster({"slice-a": TPU})
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory, cluster):
+    return data_rules(tmp_path_factory.mktemp("mh"), cluster.head, BASE)
+
+
+def attempts(run_dir: Path) -> list[dict]:
+    p = run_dir / "attempts.json"
+    return json.loads(p.read_text()) if p.exists() else []
+
+
+def slice_attempts(run_dir: Path) -> list[dict]:
+    a = attempts(run_dir)
+    return a[-1].get("slice_attempts", []) if a else []
+
+
+def logged_steps(run_dir: Path, run_id: str) -> list[int]:
+    return sorted(LR.read_metrics(str(run_dir / "logs" / f"{run_id}.log.log"))["steps"])
+
+
+def test_trains_on_every_host_and_matches_a_single_process(data, cluster, tmp_path):
+    wd = workdir(data, "e2e")
+    prof = make_profile(wd.parent / "e2e-profile", cluster.address, data[1], overrides(max_steps=6))
+    h = run_hash(wd, prof)
+    t0 = time.time()
+    snakemake(wd, prof, cluster.head, timeout=1200)
+    wall = time.time() - t0
+    done = json.loads((wd / "checkpoints/demo/done").read_text())
+    run_dir = Path(done["checkpoint_dir"])
+    assert done["steps"] == 6 and LR.hf_export_complete(done["hf_export"])
+    [job] = jobs(cluster.head, h)
+    assert job["status"] == "SUCCEEDED" and job["entrypoint"].find("trajsft.remote_train") >= 0
+    # one training process per host of the slice, all in one slice attempt
+    [sa] = slice_attempts(run_dir)
+    assert sa["outcome"] == "succeeded" and sa["slices"] == ["slice-a"]
+    assert sorted(hst["worker"] for hst in sa["hosts"]) == [0, 1]
+    result = json.loads((run_dir / "training_result.json").read_text())
+    assert sorted(x["worker"] for x in result["hosts"]) == [0, 1]
+    host1_log = run_dir / "hosts" / "0-1" / "train-0-1.log"
+    assert "train_lm" in host1_log.read_text()  # host 1 ran its own process, logging locally
+    lev = (run_dir / "logs" / f"{h}.log.log").read_text()
+    assert "Process count: 2" in lev or "process_count" in lev or '"num_hosts": 2' in lev or "2 processes" in lev \
+        or LR.read_metrics(str(run_dir / "logs" / f"{h}.log.log"))["steps"]
+    # secrets: nowhere in files, logs, job metadata
+    for root in (wd, data[1]):
+        for f in root.rglob("*"):
+            if f.is_file() and not f.is_symlink():
+                blob = f.read_bytes()
+                assert HF.encode() not in blob and WK.encode() not in blob, f
+    listing = json.dumps(jobs(cluster.head))
+    assert HF not in listing and WK not in listing
+    # ... nor in the cluster: the secret bundle was deleted from the KV store, no session file holds them
+    assert cluster.kv_keys_holding([HF, WK]) == []
+    assert cluster.files_holding([HF, WK]) == []
+
+    # the same config in one process with the same 8 devices: the same loss
+    cfg = json.loads((run_dir / "levanter_config.json").read_text())
+    _absolute_local_refs(cfg)  # the tokenizer ships with the job's working dir: here, the repo
+    single = tmp_path / "single"
+    cfg["trainer"]["checkpointer"]["base_path"] = str(single / "checkpoints")
+    cfg["hf_save_path"] = str(single / "hf")
+    cfg["trainer"]["require_accelerator"] = False
+    for t in cfg["trainer"].get("tracker") or []:
+        if t.get("type") == "wandb":
+            t["mode"] = "disabled"
+    ref = LR.run_training(cfg, str(single), str(single / "train.log"),
+                          env={"JAX_PLATFORMS": "cpu", "JAX_NUM_CPU_DEVICES": "8"})
+    multi = dict(result["loss_history"])
+    single_ = dict(ref["loss_history"])
+    assert sorted(multi) == sorted(single_) == list(range(6))
+    # same init, same global batch: step 0 agrees to f32 rounding; later steps drift only by the order of
+    # the gradient all-reduce in bf16 compute (mp p=f32,c=bfloat16)
+    assert math.isclose(multi[0], single_[0], rel_tol=1e-6), (multi[0], single_[0])
+    for step in multi:
+        assert math.isclose(multi[step], single_[step], rel_tol=1e-3), (step, multi[step], single_[step])
+    assert math.isclose(done["final_loss"], ref["final_loss"], rel_tol=1e-3), (done["final_loss"], ref["final_loss"])
+    print(f"\n2-host run: {wall:.0f}s wall, final loss {done['final_loss']:.6f}; single process {ref['final_loss']:.6f}")
+
+
+def _wait_running(run_dir: Path, n: int, proc, timeout=600) -> dict:
+    return wait_for(lambda: (sa := slice_attempts(run_dir)) and len(sa) >= n and sa[n - 1]["outcome"] == "running"
+                    and sa[n - 1], timeout, f"slice attempt {n} running", proc, poll=1.0)
+
+
+def _wait_step_after(run_dir: Path, run_id: str, step: int, proc, timeout=600) -> int:
+    return wait_for(lambda: (s := logged_steps(run_dir, run_id)) and s[-1] > step and s[-1], timeout,
+                    f"a logged step after {step}", proc, poll=1.0)
+
+
+def test_host_process_host_and_slice_losses_resume_without_snakemake_retry(data, cluster):
+    wd = workdir(data, "preempt")
+    prof = make_profile(wd.parent / "preempt-profile", cluster.address, data[1], overrides(max_steps=30))
+    h = run_hash(wd, prof)
+    run_dir = data[1] / "checkpoints" / f"demo-{h}"
+    ckdir = str(run_dir / "checkpoints")
+    p = subprocess.Popen(sm_cmd(wd, prof), stdout=open(wd / "snakemake.log", "w"), stderr=subprocess.STDOUT,
+                         env=sm_env(cluster.head), start_new_session=True, cwd=REPO)
+    kills = []
+    try:
+        t0 = time.time()
+        _wait_running(run_dir, 1, p)
+        at = _wait_step_after(run_dir, h, 4, p)
+        wait_for(lambda: LR.latest_checkpoint(ckdir), 300, "a checkpoint", p)
+        # 1. one host's training process dies (SIGKILL, as the OOM killer would)
+        [pid] = cluster.trainer_pids("slice-a", 1)
+        at = logged_steps(run_dir, h)[-1]
+        os.kill(pid, 9)
+        kills.append(("process", at, time.time()))
+        sa = _wait_running(run_dir, 2, p)
+        at = _wait_step_after(run_dir, h, sa["resumed_from_step"] + 2, p)
+        # 2. a whole host goes away (raylet, workers, trainer), and comes back later
+        at = logged_steps(run_dir, h)[-1]
+        cluster.kill_host("slice-a", 1)
+        kills.append(("host", at, time.time()))
+        time.sleep(5)
+        cluster.add_host("slice-a", TPU, 1)
+        sa = _wait_running(run_dir, 3, p)
+        at = _wait_step_after(run_dir, h, sa["resumed_from_step"] + 2, p)
+        # 3. the whole slice is preempted; a fresh slice appears later
+        at = logged_steps(run_dir, h)[-1]
+        cluster.kill_slice("slice-a")
+        kills.append(("slice", at, time.time()))
+        row = wait_for(lambda: (r := status(wd, prof, cluster.head)) and "waiting" in (r.get("detail") or "") and r,
+                       240, "status to show the job waiting for a slice", p, poll=2.0)
+        cluster.add_slice("slice-b", TPU)
+        assert p.wait(timeout=1200) == 0, (wd / "snakemake.log").read_text()[-4000:]
+        wall = time.time() - t0
+    finally:
+        if p.poll() is None:
+            kill_group(p)
+    # one Ray job, one Snakemake attempt: every loss was ridden out inside the job
+    assert [(j["submission_id"], j["status"]) for j in jobs(cluster.head, h)] == [(f"trajsft-{h}-a0", "SUCCEEDED")]
+    att = attempts(run_dir)
+    assert [a["outcome"] for a in att] == ["succeeded"]
+    sas = att[0]["slice_attempts"]
+    assert [s["outcome"] for s in sas] == ["preempted", "preempted", "preempted", "succeeded"], sas
+    assert att[0]["preemptions"] == 3 and att[0]["failures"] == 0
+    assert "killed by SIGKILL" in sas[0]["cause"]
+    assert sas[-1]["slices"] == ["slice-b"] and sas[0]["slices"] == ["slice-a"]
+    for prev, s in zip(sas, sas[1:]):
+        assert s["resumed_from_step"] >= 1 and s["resumed_from_step"] >= prev["resumed_from_step"]
+    done = json.loads((wd / "checkpoints/demo/done").read_text())
+    assert done["steps"] == 30 and LR.hf_export_complete(done["hf_export"])
+    row = status(wd, prof, cluster.head)
+    assert row["state"] == "done" and row["preemptions"] == 3
+    assert "preempted 3x" in row["detail"] and "slice-b" in row["detail"]
+    report = [f"{kind}: killed at step {at}, resumed from {s['resumed_from_step']} "
+              f"({at + 1 - s['resumed_from_step']} steps redone)" for (kind, at, _), s in zip(kills, sas[1:])]
+    print("\n" + "\n".join(report) + f"\nwall {wall:.0f}s")
+
+
+def test_old_shape_pinned_to_the_slice_head_fails_fast(data, cluster, tmp_path):
+    # as a profile: refused by preflight in one line, nothing submitted
+    wd = workdir(data, "old")
+    prof = make_profile(wd.parent / "old-profile", cluster.address, data[1],
+                        {**overrides(max_steps=4), "ray": {**BASE["ray"], "entrypoint_resources": {f"TPU-{TPU}-head": 1}}})
+    before = len(jobs(cluster.head))
+    t0 = time.time()
+    p = snakemake(wd, prof, cluster.head, check=False)
+    assert p.returncode != 0 and time.time() - t0 < 60
+    [line] = [ln for ln in p.stderr.splitlines() if ln.startswith("trajsft preflight:")]
+    assert "pins the training job to TPU-v5p-16-head" in line and "run_on_pod" in line
+    assert len(jobs(cluster.head)) == before
+    # as a raw Ray job (what the project used to submit): one training process on worker 0 fails at once
+    good = make_profile(wd.parent / "good-profile", cluster.address, data[1], overrides(max_steps=4))
+    plan = C.Plan(C.load([C.DEFAULT_CONFIG, str(good / "cluster.yaml"), str(good / "overrides.yaml")]),
+                  base_dir=C.REPO_DIR)
+    cfg = tmp_path / "levanter_config.json"
+    cfg.write_text(json.dumps(levanter_config(plan, "demo")))
+    entry = (f"python -m trajsft.levanter_run train --config {cfg} --run-dir {tmp_path / 'old'} "
+             f"--log {tmp_path / 'old.log'}")
+    t0 = time.time()
+    sid, _ = rayjobs.submit_or_attach(cluster.address, entry, f"old-shape-{int(t0)}",
+                                      runtime_env={"working_dir": str(REPO / "src"), "excludes": ["**/__pycache__/"]},
+                                      entrypoint_resources={f"TPU-{TPU}-head": 1}, auth_token=cluster.head.token)
+    st = wait_for(lambda: (s := rayjobs._Conn(cluster.address, cluster.head.token).status(sid)) in
+                  rayjobs.TERMINAL_STATUSES and s, 120, "the old-shape job to end")
+    logs = rayjobs.job_logs(cluster.address, sid, auth_token=cluster.head.token)
+    assert st == "FAILED" and time.time() - t0 < 120
+    assert "SingleProcessOnPod" in logs and "2-host TPU slice slice-" in logs and "run_on_pod" in logs

@@ -1,0 +1,114 @@
+"""Shared helpers of the TPU-profile tests: the test profile, Snakemake and the CLI against a test cluster."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import requests
+import yaml
+
+from pipeline_utils import REPO, SNAKEMAKE
+
+HF = "hf_test_" + secrets.token_hex(12)
+WK = "wk_test_" + secrets.token_hex(12)
+
+
+def make_profile(dest: Path, address: str, storage_root: Path, overrides: dict | None = None) -> Path:
+    """profiles/tpu-east5 with only the address and storage root changed (+ test overrides)."""
+    src = REPO / "profiles/tpu-east5"
+    dest.mkdir(parents=True, exist_ok=True)
+    cluster = (src / "cluster.yaml").read_text()
+    cluster = re.sub(r"(?m)^storage_root: .*$", f"storage_root: {storage_root}", cluster)
+    cluster = re.sub(r"(?m)^  address: .*$", f"  address: {address}", cluster)
+    (dest / "cluster.yaml").write_text(cluster)
+    files = [str(dest / "cluster.yaml")]
+    if overrides:
+        (dest / "overrides.yaml").write_text(yaml.safe_dump(overrides))
+        files.append(str(dest / "overrides.yaml"))
+    prof = yaml.safe_load((src / "config.yaml").read_text())
+    prof["configfiles"] = files
+    (dest / "config.yaml").write_text(yaml.safe_dump(prof))
+    return dest
+
+
+def sm_env(head, **extra) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_TOKEN", "WANDB_API_KEY", "RAY_AUTH_TOKEN")}
+    env.update(head.client_env())
+    env.update({"HF_TOKEN": HF, "WANDB_API_KEY": WK, "RAY_TMPDIR": "/tmp/rt-tests", "HF_HUB_OFFLINE": "1"})
+    env.update(extra)
+    return {k: v for k, v in env.items() if v is not None}
+
+
+def sm_cmd(wd: Path, profile: Path, *args: str) -> list[str]:
+    return [SNAKEMAKE, "-s", str(REPO / "Snakefile"), "-d", str(wd), "--profile", str(profile),
+            "checkpoints/demo/done", *args]
+
+
+def snakemake(wd, profile, head, *args, check=True, timeout=900, **env):
+    p = subprocess.run(sm_cmd(wd, profile, *args), capture_output=True, text=True, env=sm_env(head, **env),
+                       timeout=timeout, cwd=REPO)
+    if check and p.returncode != 0:
+        raise AssertionError(f"snakemake failed ({p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-5000:]}")
+    return p
+
+
+def jobs(head, run_hash: str | None = None) -> list[dict]:
+    r = requests.get(f"{head.address}/api/jobs/", headers=head.headers(), timeout=10)
+    r.raise_for_status()
+    out = r.json()
+    if run_hash:
+        out = [j for j in out if (j.get("submission_id") or "").startswith(f"trajsft-{run_hash}-")]
+    return out
+
+
+def run_hash(wd: Path, profile: Path) -> str:
+    cfg = yaml.safe_load((profile / "overrides.yaml").read_text()) if (profile / "overrides.yaml").exists() else {}
+    cmd = [sys.executable, "-m", "trajsft.cli", "plan", "demo", "--json", "--configfile", str(profile / "cluster.yaml")]
+    if cfg:
+        cmd += ["--configfile", str(profile / "overrides.yaml")]
+    t = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=wd).stdout)[0]
+    return Path(t["checkpoint_dir"]).name.rsplit("-", 1)[1]
+
+
+def data_rules(base: Path, ray_head, overrides: dict | None = None):
+    """Data rules once (they run locally and write to the storage root); tests copy the state."""
+    storage, wd = base / "storage", base / "seed"
+    wd.mkdir()
+    prof = make_profile(base / "seed-profile", ray_head.address, storage, overrides)
+    tok = [a for a in json.loads(subprocess.run(
+        [sys.executable, "-m", "trajsft.cli", "plan", "demo", "--json", "--configfile", str(prof / "cluster.yaml")],
+        capture_output=True, text=True, check=True, cwd=wd).stdout)[0]["artifacts"] if a["kind"] == "tokenized"][0]
+    p = subprocess.run([SNAKEMAKE, "-s", str(REPO / "Snakefile"), "-d", str(wd), "--profile", str(prof),
+                        tok["manifest"]], capture_output=True, text=True, env=sm_env(ray_head), cwd=REPO, timeout=900)
+    assert p.returncode == 0, p.stderr[-4000:]
+    return base, storage, wd
+
+
+def workdir(data, name: str) -> Path:
+    base, _, seed = data
+    wd = base / name
+    shutil.copytree(seed, wd, symlinks=True, ignore=shutil.ignore_patterns("locks", "incomplete"))
+    return wd
+
+
+def trajsft(wd: Path, head, *args: str) -> subprocess.CompletedProcess:
+    """The `trajsft` CLI run in a test workdir, talking to the test head."""
+    env = sm_env(head)
+    return subprocess.run([sys.executable, "-m", "trajsft.cli", *args], capture_output=True, text=True, cwd=wd,
+                          env=env, timeout=120)
+
+
+def status(wd: Path, prof: Path, head) -> dict:
+    p = trajsft(wd, head, "status", "demo", "--profile", str(prof), "--json")
+    assert p.returncode == 0, p.stderr
+    [row] = json.loads(p.stdout)
+    return row
+
+
