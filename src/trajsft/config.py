@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,9 +24,12 @@ DEFAULT_CONFIG = REPO_DIR / "config" / "config.yaml"
 TEMPLATE_PATH = PACKAGE_DIR / "templates" / "qwen3_chat_template.jinja"
 
 # Bump when the code that writes an artifact changes its bytes for the same inputs.
-FORMAT_VERSIONS = {"raw": 1, "shards": 1, "tokenized": 1, "checkpoints": 1}
+FORMAT_VERSIONS = {"raw": 2, "shards": 2, "tokenized": 2, "checkpoints": 1}
 STATE_DIR = "results"  # local manifests that Snakemake tracks (small files only)
 KINDS = ("raw", "shards", "tokenized", "checkpoints")
+
+
+REVISION_RE = re.compile(r"^(?:[0-9a-f]{7,40}|local)$")
 
 
 class ConfigError(ValueError):
@@ -69,6 +73,10 @@ def check_references(cfg: dict) -> None:
         for t in mix["teachers"]:
             if t not in teachers:
                 raise ConfigError(f"config: mixtures.{name} uses unknown teacher '{t}'")
+    for name, t in teachers.items():
+        if not REVISION_RE.match(str(t["revision"])):
+            raise ConfigError(f"config: teachers.{name}.revision {t['revision']!r} is not a commit sha "
+                              "(7-40 hex digits) or 'local'")
     for name, st in students.items():
         if st["init"] == "hf" and not st.get("hf_checkpoint"):
             raise ConfigError(f"config: students.{name} has init: hf but no hf_checkpoint")
