@@ -168,7 +168,7 @@ class Plan:
         training = deep_merge(cfg["training"], entry.get("training"))
         tokenized = []
         for teacher, w in sorted(weights.items()):
-            tok = self._tokenized(teacher, student_name, student)
+            tok = self._tokenized(teacher, student_name, student, int(training["seq_len"]))
             tokenized.append((teacher, w, tok))
         total = sum(weights.values())
         run_inputs = {
@@ -217,8 +217,9 @@ class Plan:
     def _shards(self, teacher: str) -> Artifact:
         raw = self._raw(teacher)
         transform = self.teacher_transform(teacher)
-        # `strict` decides whether a bad row fails the rule; the bytes of a success are the same
-        hashed = {k: v for k, v in transform.items() if k != "strict"}
+        # `strict` decides whether a bad row fails the rule; the bytes of a success are the same.
+        # `long_chats` acts at tokenize time (it needs token counts): hashed there.
+        hashed = {k: v for k, v in transform.items() if k not in ("strict", "long_chats")}
         inputs = {"format": FORMAT_VERSIONS["shards"], "raw": raw.hash, "transform": hashed}
         h = hashing.short(inputs)
         return self._add(
@@ -226,20 +227,26 @@ class Plan:
             spec={"teacher": teacher, "transform": transform, "raw": raw.name, "expected_rows": self.cfg["teachers"][teacher]["rows"]},
         )
 
-    def _tokenized(self, teacher: str, student_name: str, student: dict) -> Artifact:
+    def _tokenized(self, teacher: str, student_name: str, student: dict, seq_len: int) -> Artifact:
         shards = self._shards(teacher)
         if not TEMPLATE_PATH.exists():
             raise ConfigError(f"chat template missing: {TEMPLATE_PATH}")
+        long_chats = self.teacher_transform(teacher).get("long_chats", "truncate")
         inputs = {
             "format": FORMAT_VERSIONS["tokenized"],
             "shards": shards.hash,
             "tokenizer": self._identity(student["tokenizer"], student.get("tokenizer_revision")),
             "template": hashing.file_digest(TEMPLATE_PATH),
+            # chats without a loss token in their first seq_len tokens are dropped; long_chats decides
+            # whether longer chats are truncated or dropped
+            "seq_len": seq_len,
+            "long_chats": long_chats,
         }
         h = hashing.short(inputs)
         return self._add(
             "tokenized", f"{teacher}-{h}", h, inputs, deps=[(shards.kind, shards.name)],
-            spec={"teacher": teacher, "shards": shards.name, "tokenizer": self.resolve_ref(student["tokenizer"])},
+            spec={"teacher": teacher, "shards": shards.name, "tokenizer": self.resolve_ref(student["tokenizer"]),
+                  "seq_len": seq_len, "long_chats": long_chats},
         )
 
     def resolve_ref(self, ref: str) -> str:
