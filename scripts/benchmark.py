@@ -13,8 +13,7 @@ What it does
 1. Generates ``--chats`` synthetic agent trajectories in OpenAI chat format (system, user task,
    then ``n`` assistant turns each with one ``bash`` tool call -- ``tool_calls`` with JSON-string
    ``arguments`` -- followed by its ``tool`` message, and a closing assistant message without a tool
-   call; shards never end on a tool message because ``transform`` trims trailing non-assistant
-   turns). Same shape as ``demo/dataset``. Length profile (see ``LengthProfile``), in tokens of
+   call). Same shape as ``demo/dataset``. Length profile (see ``LengthProfile``), in tokens of
    the tokenizer used:
 
    * total length ``L ~ LogNormal(ln 12000, 0.68)`` clipped to ``[1500, 131072]``: median 12k,
