@@ -62,6 +62,7 @@ ROW_KINDS: dict[str, tuple[dict, tuple]] = {
     "null_content_with_calls": (_r(chat(asst(None, [call(2)]), tool(2))), ("keep", {"null_content": 1})),
     "text_parts_joined": (_r([SYS, {"role": "user", "content": [{"type": "text", "text": "Fix "}, {"type": "text", "text": "it."}]}, asst("ok")]),
                           ("keep", {"joined_text_parts": 1})),
+    "empty_part_list": (_r([SYS, {"role": "user", "content": []}, asst("ok")]), ("keep", {"joined_text_parts": 1})),
     "reasoning_content_field": (_r(chat(asst("x", [call(2)], reasoning_content="I should list."), tool(2))), ("keep", {})),
     "reasoning_field": (_r(chat(asst("x", [call(2)], reasoning="I should list."), tool(2))), ("keep", {"reasoning_from:reasoning": 1})),
     "thinking_field": (_r(chat(asst("x", [call(2)], thinking="I should list."), tool(2))), ("keep", {"reasoning_from:thinking": 1})),

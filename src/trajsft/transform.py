@@ -130,7 +130,7 @@ def _content(value: Any, where: str, events: Counter, assistant: bool) -> tuple[
             else:
                 raise BadRow("non_string_content", f"{where}.content[{j}] is a {kind!r} part, expected text"
                              + (" or thinking" if assistant else ""))
-        if texts:
+        if texts or not value:
             events["joined_text_parts"] += 1
         return "".join(texts), ("".join(thoughts) if thoughts else None)
     raise BadRow("non_string_content", f"{where}.content is {type(value).__name__}, expected a string")
