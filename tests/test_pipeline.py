@@ -68,11 +68,14 @@ def test_shard_manifest_counts_every_row(demo):
     expected = json.loads((REPO / "demo/dataset/EXPECTED.json").read_text())
     assert m["rows_in"] == expected["total_rows"] == 60
     assert m["kept_total"] + m["skipped_total"] == m["rows_in"]
-    # the demo's malformed rows; text-part content lists are joined and a trailing user
-    # turn is trimmed (both lossless), every other defect is a counted skip
+    # the demo's malformed rows; text-part content lists are joined and think blocks in content
+    # become reasoning_content (both lossless, counted), a trailing user turn is kept (it carries
+    # no loss), every other defect is a counted skip, and every skipped row is listed
     assert m["skipped"] == {"duplicate_traj_id": 1, "invalid_json": 1, "invalid_tool_arguments": 1,
                             "no_assistant_turn": 1, "unknown_role": 1}
-    assert m["events"]["trimmed_trailing_turns"] >= 1 and m["events"]["dropped_role:exit"] == 8
+    assert m["events"] == {"dropped_role:exit": 8, "joined_text_parts": 1, "reasoning_from:think_tags": 4}
+    listed = (wd / "results/shards" / m["name"] / "skipped.jsonl").read_text().splitlines()
+    assert sorted(json.loads(x)["reason"] for x in listed) == sorted(m["skipped"])
     assert m["kept"]["validation"] >= 1  # the demo holds out 10% by traj_id hash
 
 

@@ -131,3 +131,23 @@ def test_hub_errors_are_one_line(tmp_path, monkeypatch):
         steps.download(plan, name(plan, "raw", "minimax-m2.5"))
     assert str(e.value) == ("AlienKevin/SWE-smith-rs-minimax-m2.5-trajectories@dfd98db: Hugging Face Hub answered "
                             "HTTP 401 (set HF_TOKEN for gated/private datasets)")
+
+
+@pytest.mark.parametrize("revision", ["main", "v1.0", "DE3BB10", "abc12", "local "])
+def test_revision_format_checked_with_the_config(revision):
+    with pytest.raises(C.ConfigError) as e:
+        C.load(None, {"teachers": {"gpt-5-mini": {"revision": revision}}})
+    assert str(e.value) == (f"config: teachers.gpt-5-mini.revision {revision!r} is not a commit sha "
+                            "(7-40 hex digits) or 'local'")
+
+
+@pytest.mark.parametrize("dataset", ["no/such/dir", "./nope", "/definitely/not/here"])
+def test_missing_local_dataset_names_the_path_and_never_asks_the_hub(tmp_path, monkeypatch, dataset):
+    import huggingface_hub
+
+    monkeypatch.setattr(huggingface_hub, "HfApi", None)  # any Hub call would fail loudly
+    plan = make_plan(tmp_path, teachers={"demo": {"dataset": dataset}})
+    with pytest.raises(steps.DataError) as e:
+        steps.download(plan, name(plan, "raw"))
+    assert str(e.value).startswith("demo: local dataset ")
+    assert str(e.value).endswith(f"{dataset.lstrip('./') if not dataset.startswith('/') else dataset} does not exist (teachers.demo.dataset)")

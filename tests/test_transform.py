@@ -43,10 +43,13 @@ def test_tool_calls_tool_call_id_and_name_preserved():
     assert msgs[2]["content"] == ""  # empty content alongside tool calls is valid
 
 
-def test_trailing_user_turn_trimmed_and_counted():
-    msgs, ev = T.normalize_messages(GOOD + [{"role": "user", "content": "thanks"}, tool(9)])
-    assert msgs[-1]["role"] == "assistant"
-    assert ev["trimmed_trailing_turns"] == 2
+def test_turns_after_the_last_assistant_turn_are_kept():
+    """Removing them would make Qwen3's template render the last assistant turn with an
+    empty think block (it is then the last message), which the teacher never produced."""
+    trailing = [asst("", [call(2)]), tool(2, "submitted"), {"role": "user", "content": "thanks"}]
+    msgs, ev = T.normalize_messages(GOOD + trailing)
+    assert msgs == GOOD + trailing
+    assert not ev
 
 
 def test_drop_roles():
@@ -90,6 +93,7 @@ def test_transform_counts_every_row_and_dedups():
     assert len(res.records["train"]) == 2
     assert res.skipped == {"duplicate_traj_id": 1, "invalid_json": 1, "missing_traj_id": 1}
     assert sum(res.skipped.values()) + len(res.records["train"]) == res.rows_in
+    assert len(res.skipped_rows) == 3
     ex = res.skipped_examples[0]
     assert ex["file"].endswith(".parquet") and ex["row"] == 1 and ex["reason"] == "duplicate_traj_id"
 
@@ -100,12 +104,48 @@ def test_resolved_only_filter():
     assert res.skipped == {"unresolved": 1}
 
 
-def test_strict_raises_one_line_naming_file_row_field():
-    with pytest.raises(T.BadRow) as e:
-        T.transform_rows(rows(row(GOOD, "a"), row("{oops", "b")), "d", {"strict": True})
-    msg = str(e.value)
+def test_strict_error_is_one_line_naming_file_row_field_and_counting_all_bad_rows():
+    res = T.transform_rows(rows(row(GOOD, "a"), row("{oops", "b"), row([SYS, USER], "c")), "d", {"strict": True})
+    msg = res.strict_error()
     assert "\n" not in msg
-    assert msg.startswith("data/train-00000-of-00001.parquet row 1 (traj_id=b): field messages: ")
+    assert msg.startswith("data/train-00000-of-00001.parquet row 1 (traj_id='b'): field messages: ")
+    assert msg.endswith("(and 1 more bad row(s))")
+    assert [r["row"] for r in res.skipped_rows] == [1, 2]
+    assert T.transform_rows(rows(row(GOOD, "a")), "d", {"strict": True}).strict_error() is None
+
+
+def test_repairs_are_counted():
+    src = [SYS, {"role": "user", "content": [{"type": "text", "text": "a"}]}, asst(None, [dict(call(1), id=5)]),
+           {"role": "tool", "content": "x", "tool_call_id": 5}, asst("ok", [])]
+    msgs, ev = T.normalize_messages(src)
+    assert ev == {"joined_text_parts": 1, "null_content": 1, "id_to_string": 2, "empty_tool_calls_dropped": 1}
+    assert msgs[2]["tool_calls"][0]["id"] == "5" and msgs[3]["tool_call_id"] == "5"
+    assert "tool_calls" not in msgs[4]
+
+
+def test_think_block_becomes_reasoning_as_the_template_reads_it():
+    msgs, ev = T.normalize_messages([USER, asst("\n<think>\n\nplan\n\n</think>\n\n\nanswer")])
+    assert msgs[1] == {"role": "assistant", "content": "answer", "reasoning_content": "plan"}
+    assert ev == {"reasoning_from:think_tags": 1}
+
+
+def test_legacy_function_call_becomes_tool_calls():
+    msgs, ev = T.normalize_messages([USER, {"role": "assistant", "content": "", "function_call": {"name": "f", "arguments": "{}"}}])
+    assert msgs[1]["tool_calls"] == [{"type": "function", "function": {"name": "f", "arguments": "{}"}}]
+    assert ev == {"function_call_to_tool_calls": 1, "unanswered_tool_calls": 1}
+
+
+@pytest.mark.parametrize("value,expected", [(True, True), ("true", True), (" FALSE ", False), (1, True), (0, False), (None, None)])
+def test_resolved_parsed(value, expected):
+    assert T.parse_resolved(value)[0] is expected
+
+
+def test_resolved_only_uses_parsed_booleans():
+    res = T.transform_rows(rows(row(GOOD, "a", resolved="true"), row(GOOD, "b", resolved="false"), row(GOOD, "c", resolved="n/a")),
+                           "d", {"resolved_only": True})
+    assert [r["traj_id"] for r in res.records["train"]] == ["a"]
+    assert res.skipped == {"unresolved": 1, "invalid_resolved": 1}
+    assert res.events["resolved_from_string"] == 1
 
 
 def test_heldout_split_deterministic_by_traj_id():

@@ -35,7 +35,7 @@ from .atomic import atomic_path, write_json
 log = logging.getLogger("trajsft")
 
 SPLITS = ("train", "validation")
-CARD_VERSION = 1
+CARD_VERSION = 2
 
 
 # ---- numbers -------------------------------------------------------------------------------
@@ -185,16 +185,47 @@ def dataset_card(shards_manifest: Mapping, tokenized_manifest: Mapping | None = 
         "skipped_sum": sum(card["skipped"].values()) == card["skipped_total"],
         "trajectories_listed": len(trajs) == card["kept_total"],
     }
+    card["window"] = None
     if tokenized_manifest is not None:
         card["tokens"] = _token_section(tokenized_manifest, seq_len)
         checks["tokenized_teacher"] = tokenized_manifest.get("teacher", m["teacher"]) == m["teacher"]
         per_split = card["tokens"]["per_split"]
+        win = tokenized_manifest.get("window") or {}
+        card["window"] = window_summary(win)
         checks["tokenized_chats"] = all(
-            per_split.get(s, {}).get("chats", 0) == card["kept"][s] for s in SPLITS
+            per_split.get(s, {}).get("chats", 0) + _dropped_chats(win.get(s)) == card["kept"][s] for s in SPLITS
         )
     card["checks"] = checks
     card["ok"] = all(checks.values())
     return card
+
+
+WINDOW_KEYS = ("dropped_empty_window", "dropped_longer_than_seq_len", "truncated")
+
+
+def _dropped_chats(split_window: Mapping | None) -> int:
+    w = split_window or {}
+    return sum(int((w.get(k) or {}).get("chats", 0)) for k in WINDOW_KEYS if k.startswith("dropped_"))
+
+
+def window_summary(window: Mapping) -> dict | None:
+    """What the tokenize step did with seq_len windows, summed over splits (chats and tokens):
+    ``dropped_empty_window`` (no loss token in the window), ``dropped_longer_than_seq_len``
+    (``long_chats: drop``), ``truncated`` (``long_chats: truncate``; ``tokens`` = tokens cut)."""
+    if not window:
+        return None
+    out: dict[str, Any] = {"seq_len": window.get("seq_len"), "long_chats": window.get("long_chats")}
+    for k in WINDOW_KEYS:
+        parts = [window[s].get(k) or {} for s in SPLITS if isinstance(window.get(s), Mapping)]
+        out[k] = {"chats": sum(int(p.get("chats", 0)) for p in parts),
+                  "tokens": sum(int(p.get("tokens", p.get("tokens_cut", 0))) for p in parts)}
+    return out
+
+
+def _fmt_window(win: Mapping | None, key: str) -> str:
+    if not win:
+        return "–"
+    return f"{win[key]['chats']:,} ({win[key]['tokens']:,} tok)"
 
 
 def _normalize(weights: Mapping[str, float]) -> dict[str, float]:
@@ -300,9 +331,16 @@ def mixture_card(cards: Mapping[str, Mapping], weights: Mapping[str, float], nam
                 "chats_share": wmean(c, lambda cc: cc["tokens"]["beyond_seq_len"]["chats_share"]),
                 "tokens_share": wmean(w, lambda cc: cc["tokens"]["beyond_seq_len"]["tokens_share"]),
             }
+    windows = [cards[t].get("window") for t in teachers]
+    window = None
+    if windows and all(windows):
+        window = {"seq_len": seq_len, "long_chats": "/".join(sorted({str(x["long_chats"]) for x in windows}))}
+        for k in WINDOW_KEYS:
+            window[k] = {f: sum(x[k][f] for x in windows) for f in ("chats", "tokens")}
     card = {
         "card_version": CARD_VERSION,
         "kind": "mixture",
+        "window": window,
         "name": name or "+".join(teachers),
         "weights": w,
         "seq_len": seq_len,
@@ -512,6 +550,9 @@ def plot_card(card: Mapping, shards_manifest: Mapping, tokenized_manifest: Mappi
         ("chats beyond seq_len", _fmt_pct(bsl.get("chats_share"))),
         ("tokens beyond seq_len", _fmt_pct(bsl.get("tokens_share"))),
         ("assistant-token share", _fmt_pct(tok.get("assistant_share"))),
+        (f"long chats ({(card.get('window') or {}).get('long_chats', '–')}): truncated", _fmt_window(card.get("window"), "truncated")),
+        ("dropped: longer than seq_len", _fmt_window(card.get("window"), "dropped_longer_than_seq_len")),
+        ("dropped: no loss token in window", _fmt_window(card.get("window"), "dropped_empty_window")),
     ]
     lines += [(f"event: {k}", _fmt_int(v)) for k, v in card.get("events", {}).items()]
     bad = [k for k, v in (card.get("checks") or {}).items() if not v]
@@ -657,6 +698,10 @@ def table_rows(cards: Mapping[str, Mapping]) -> tuple[list[str], list[tuple[str,
         ("chats beyond seq_len", col(lambda c: _fmt_pct(tok(c)["beyond_seq_len"]["chats_share"]))),
         ("tokens beyond seq_len", col(lambda c: _fmt_pct(tok(c)["beyond_seq_len"]["tokens_share"]))),
         ("assistant-token share", col(lambda c: _fmt_pct(tok(c).get("assistant_share")))),
+        ("long chats", col(lambda c: c["window"]["long_chats"])),
+        ("truncated to seq_len (chats, tokens cut)", col(lambda c: _fmt_window(c["window"], "truncated"))),
+        ("dropped: longer than seq_len", col(lambda c: _fmt_window(c["window"], "dropped_longer_than_seq_len"))),
+        ("dropped: no loss token in window", col(lambda c: _fmt_window(c["window"], "dropped_empty_window"))),
         ("consistency checks", col(lambda c: "ok" if c.get("ok", True) else
                                    "FAILED: " + ", ".join(k for k, v in c["checks"].items() if not v))),
     ]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,9 +24,12 @@ DEFAULT_CONFIG = REPO_DIR / "config" / "config.yaml"
 TEMPLATE_PATH = PACKAGE_DIR / "templates" / "qwen3_chat_template.jinja"
 
 # Bump when the code that writes an artifact changes its bytes for the same inputs.
-FORMAT_VERSIONS = {"raw": 1, "shards": 1, "tokenized": 1, "checkpoints": 1}
+FORMAT_VERSIONS = {"raw": 2, "shards": 2, "tokenized": 2, "checkpoints": 1}
 STATE_DIR = "results"  # local manifests that Snakemake tracks (small files only)
 KINDS = ("raw", "shards", "tokenized", "checkpoints")
+
+
+REVISION_RE = re.compile(r"^(?:[0-9a-f]{7,40}|local)$")
 
 
 class ConfigError(ValueError):
@@ -69,6 +73,10 @@ def check_references(cfg: dict) -> None:
         for t in mix["teachers"]:
             if t not in teachers:
                 raise ConfigError(f"config: mixtures.{name} uses unknown teacher '{t}'")
+    for name, t in teachers.items():
+        if not REVISION_RE.match(str(t["revision"])):
+            raise ConfigError(f"config: teachers.{name}.revision {t['revision']!r} is not a commit sha "
+                              "(7-40 hex digits) or 'local'")
     for name, st in students.items():
         if st["init"] == "hf" and not st.get("hf_checkpoint"):
             raise ConfigError(f"config: students.{name} has init: hf but no hf_checkpoint")
@@ -160,7 +168,7 @@ class Plan:
         training = deep_merge(cfg["training"], entry.get("training"))
         tokenized = []
         for teacher, w in sorted(weights.items()):
-            tok = self._tokenized(teacher, student_name, student)
+            tok = self._tokenized(teacher, student_name, student, int(training["seq_len"]))
             tokenized.append((teacher, w, tok))
         total = sum(weights.values())
         run_inputs = {
@@ -209,8 +217,9 @@ class Plan:
     def _shards(self, teacher: str) -> Artifact:
         raw = self._raw(teacher)
         transform = self.teacher_transform(teacher)
-        # `strict` decides whether a bad row fails the rule; the bytes of a success are the same
-        hashed = {k: v for k, v in transform.items() if k != "strict"}
+        # `strict` decides whether a bad row fails the rule; the bytes of a success are the same.
+        # `long_chats` acts at tokenize time (it needs token counts): hashed there.
+        hashed = {k: v for k, v in transform.items() if k not in ("strict", "long_chats")}
         inputs = {"format": FORMAT_VERSIONS["shards"], "raw": raw.hash, "transform": hashed}
         h = hashing.short(inputs)
         return self._add(
@@ -218,21 +227,27 @@ class Plan:
             spec={"teacher": teacher, "transform": transform, "raw": raw.name, "expected_rows": self.cfg["teachers"][teacher]["rows"]},
         )
 
-    def _tokenized(self, teacher: str, student_name: str, student: dict) -> Artifact:
+    def _tokenized(self, teacher: str, student_name: str, student: dict, seq_len: int) -> Artifact:
         shards = self._shards(teacher)
         if not TEMPLATE_PATH.exists():
             raise ConfigError(f"chat template missing: {TEMPLATE_PATH}")
+        long_chats = self.teacher_transform(teacher).get("long_chats", "truncate")
         inputs = {
             "format": FORMAT_VERSIONS["tokenized"],
             "shards": shards.hash,
             "tokenizer": self._identity(student["tokenizer"], student.get("tokenizer_revision")),
             "template": hashing.file_digest(TEMPLATE_PATH),
+            # chats without a loss token in their first seq_len tokens are dropped; long_chats decides
+            # whether longer chats are truncated or dropped
+            "seq_len": seq_len,
+            "long_chats": long_chats,
         }
         h = hashing.short(inputs)
         return self._add(
             "tokenized", f"{teacher}-{h}", h, inputs, deps=[(shards.kind, shards.name)],
             spec={"teacher": teacher, "shards": shards.name,
-                  "tokenizer": self.resolve_ref(student["tokenizer"], student.get("tokenizer_revision"))},
+                  "tokenizer": self.resolve_ref(student["tokenizer"], student.get("tokenizer_revision")),
+                  "seq_len": seq_len, "long_chats": long_chats},
         )
 
     def resolve_ref(self, ref: str, revision: str | None = None) -> str:

@@ -485,9 +485,45 @@ def _split_stats(split_dir: str, seq_len: Optional[int], chunk_tokens: int = 1 <
                 "chats_truncated": int(over.sum()),
                 "tokens_truncated": int(np.maximum(lengths - int(seq_len), 0).sum()),
                 "assistant_tokens_in_window": int(asst_in_window.sum()),
+                # chats whose first seq_len tokens hold no assistant token: zero loss tokens
+                "empty_windows": [int(i) for i in np.flatnonzero(asst_in_window == 0)],
             }
         )
     return out
+
+
+LONG_CHATS = ("truncate", "drop")
+
+
+def window_plan(split_stats: Mapping, seq_len: int, long_chats: str = "truncate") -> dict:
+    """Which chats of one cache split train with ``seq_len``-token windows, and why others don't.
+
+    Levanter keeps the first ``seq_len`` tokens of a longer chat (``slice_strategy="left"``).
+    A chat with no assistant token inside that window would be trained with zero loss tokens
+    (a batch of such chats makes the loss NaN): it is always dropped (``empty_window``).
+    ``long_chats``: ``truncate`` keeps longer chats (truncated, counted); ``drop`` drops them.
+    Returns ``{"keep": [index...], "dropped": [(index, reason)...], "counts": {...}}``.
+    """
+    if long_chats not in LONG_CHATS:
+        raise ValueError(f"long_chats must be one of {', '.join(LONG_CHATS)}, not {long_chats!r}")
+    n, s = int(split_stats["chats"]), int(seq_len)
+    lengths = split_stats["lengths"]
+    empty = set(split_stats["empty_windows"])
+    dropped = []
+    for i in range(n):
+        if i in empty:
+            dropped.append((i, "empty_window"))
+        elif long_chats == "drop" and lengths[i] > s:
+            dropped.append((i, "longer_than_seq_len"))
+    gone = {i for i, _ in dropped}
+    keep = [i for i in range(n) if i not in gone]
+    counts = {"chats_in": n, "chats_out": len(keep)}
+    for reason in ("empty_window", "longer_than_seq_len"):
+        idx = [i for i, r in dropped if r == reason]
+        counts[f"dropped_{reason}"] = {"chats": len(idx), "tokens": int(sum(lengths[i] for i in idx))}
+    long_kept = [i for i in keep if lengths[i] > s]
+    counts["truncated"] = {"chats": len(long_kept), "tokens_cut": int(sum(lengths[i] - s for i in long_kept))}
+    return {"keep": keep, "dropped": dropped, "counts": counts}
 
 
 def chat_cache_stats(cache_dir: str, seq_len: Optional[int] = None) -> dict:
@@ -497,8 +533,9 @@ def chat_cache_stats(cache_dir: str, seq_len: Optional[int] = None) -> dict:
     generation spans = the loss tokens before truncation; Levanter shifts the mask by one so
     each is predicted from the previous position), ``assistant_fraction``, per-chat ``lengths`` and
     ``assistant_lengths``, ``max_length``, ``mean_length``; with ``seq_len`` also
-    ``packed_sequences`` (see ``count_packed_sequences``), ``chats_truncated``, ``tokens_truncated``
-    and ``assistant_tokens_in_window`` (loss tokens that survive truncation).
+    ``packed_sequences`` (see ``count_packed_sequences``), ``chats_truncated``, ``tokens_truncated``,
+    ``assistant_tokens_in_window`` (loss tokens that survive truncation) and ``empty_windows``
+    (indices of chats with none; see ``window_plan``).
     Result: ``{"cache_dir", "train": {...}, "validation": {...} | None}``.
     """
     out: dict[str, Any] = {"cache_dir": cache_dir}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -14,7 +15,7 @@ from pathlib import Path
 from typing import Callable
 
 from . import storage, transform
-from .atomic import write_json
+from .atomic import write_json, write_text
 from .config import ConfigError, Plan, is_remote
 
 log = logging.getLogger("trajsft")
@@ -28,11 +29,41 @@ USER_ERRORS = (ConfigError, DataError, transform.BadRow)
 
 
 # ---- download ---------------------------------------------------------------------------
-def _parquet_files(root: Path) -> list[Path]:
-    files = sorted(root.glob("data/train-*.parquet")) or sorted(root.glob("**/*.parquet"))
-    if not files:
-        raise DataError(f"{root}: no parquet files in the HF dataset layout (expected data/train-*.parquet)")
-    return files
+def _split_of(rel: Path) -> str:
+    """HF split of a parquet file: ``data/train-00000-of-00002.parquet`` -> train."""
+    stem = rel.name.split(".", 1)[0]
+    head = re.split(r"[-_]", stem, maxsplit=1)[0]
+    if head in HF_SPLITS:
+        return head
+    return next((part for part in rel.parts[:-1] if part in HF_SPLITS), "train")
+
+
+HF_SPLITS = ("train", "test", "validation", "valid", "dev", "eval")
+
+
+def _parquet_files(root: Path) -> tuple[list[Path], list[str]]:
+    """(train split files, other splits' files). Only the train split is used: other splits
+    (``test-*``, ``validation-*``) are listed in the download manifest and not downloaded."""
+    files = sorted(p for p in root.glob("**/*.parquet") if not any(x.startswith(".") for x in p.relative_to(root).parts))
+    train = [f for f in files if _split_of(f.relative_to(root)) == "train"]
+    other = [str(f.relative_to(root)) for f in files if f not in train]
+    if not train:
+        found = f" (found only other splits: {', '.join(other)})" if other else ""
+        raise DataError(f"{root}: no train-split parquet files in the HF dataset layout (expected data/train-*.parquet){found}")
+    return train, other
+
+
+def _num_rows(f: Path, rel: str) -> int:
+    import pyarrow.parquet as pq
+
+    try:
+        return pq.ParquetFile(f).metadata.num_rows
+    except Exception as e:  # noqa: BLE001 - ArrowInvalid, OSError: truncated / garbage / empty file
+        raise DataError(f"{rel}: not a readable parquet file ({_one_line(e)})") from None
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split())[:200] or type(e).__name__
 
 
 def _hf_snapshot(dataset: str, revision: str, dest: Path) -> str:
@@ -60,11 +91,19 @@ def download(plan: Plan, name: str) -> dict:
     art = plan.get("raw", name)
     spec = art.spec
     local = plan.local_path(spec["dataset"])
+    ds = spec["dataset"]
+    if local is None and (spec["revision"] == "local" or ds.startswith(("/", ".", "~")) or ds.count("/") != 1):
+        # a path, not a Hub id "owner/name": never fall through to the Hub
+        path = ds if os.path.isabs(ds) else plan.base_dir / ds
+        raise DataError(f"{spec['teacher']}: local dataset {path} does not exist (teachers.{spec['teacher']}.dataset)")
     with tempfile.TemporaryDirectory(prefix="trajsft-dl-") as tmp:
         tmp = Path(tmp)
         if local is not None:
             log.info("copying local dataset %s", local)
-            for f in _parquet_files(local) + [p for p in [local / "README.md"] if p.exists()]:
+            if not local.is_dir():
+                raise DataError(f"{local}: not a directory in the HF dataset layout")
+            train, _ = _parquet_files(local)
+            for f in train + [p for p in [local / "README.md"] if p.exists()]:
                 dst = tmp / f.relative_to(local)
                 dst.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(f, dst)
@@ -72,10 +111,14 @@ def download(plan: Plan, name: str) -> dict:
         else:
             log.info("downloading %s at revision %s", spec["dataset"], spec["revision"])
             resolved = _hf_snapshot(spec["dataset"], spec["revision"], tmp)
-        import pyarrow.parquet as pq
-
-        files = _parquet_files(tmp)
-        counts = {str(f.relative_to(tmp)): pq.ParquetFile(f).metadata.num_rows for f in files}
+        files, other = _parquet_files(local if local is not None else tmp)
+        if local is None:
+            for rel in other:  # only the train split is used
+                (tmp / rel).unlink()
+        files = [tmp / f.relative_to(local) for f in files] if local is not None else files
+        for rel in other:
+            log.warning("%s: split file %s is not used (trajsft trains on the train split only)", spec["teacher"], rel)
+        counts = {str(f.relative_to(tmp)): _num_rows(f, str(f.relative_to(tmp))) for f in files}
         rows = sum(counts.values())
         if rows != spec["rows"]:
             raise DataError(
@@ -83,7 +126,8 @@ def download(plan: Plan, name: str) -> dict:
                 f"(teachers.{spec['teacher']}.rows): wrong revision or changed dataset"
             )
         storage.put_tree(tmp, art.location) if is_remote(art.location) else _replace_dir(tmp, art.location)
-    return {"rows": rows, "files": counts, "resolved_revision": resolved, "dataset": spec["dataset"], "revision": spec["revision"]}
+    return {"rows": rows, "files": counts, "ignored_split_files": other, "resolved_revision": resolved,
+            "dataset": spec["dataset"], "revision": spec["revision"]}
 
 
 def _replace_dir(src: Path, dest: str) -> None:
@@ -103,20 +147,34 @@ def _replace_dir(src: Path, dest: str) -> None:
 def _iter_rows(raw_location: str):
     import pyarrow.parquet as pq
 
-    files = [f for f in storage.glob(raw_location.rstrip("/") + "/data/*.parquet")] or storage.glob(
-        raw_location.rstrip("/") + "/**/*.parquet"
-    )
+    root = raw_location.rstrip("/")
+    # the raw snapshot holds only the train split (download); the filter guards older snapshots
+    files = [f for f in storage.glob(root + "/**/*.parquet") if _split_of(Path(f[len(root) + 1:])) == "train"]
     if not files:
         raise DataError(f"{raw_location}: no parquet files")
     for f in files:
         fs, p = storage.fs_and_path(f)
-        with fs.open(p, "rb") as fh:
-            table = pq.read_table(fh)
         rel = os.path.relpath(f, raw_location) if not is_remote(f) else f
+        try:
+            with fs.open(p, "rb") as fh:
+                table = pq.read_table(fh)
+        except Exception as e:  # noqa: BLE001 - ArrowInvalid, OSError: truncated / garbage / empty file
+            raise DataError(f"{rel}: not a readable parquet file ({_one_line(e)})") from None
         if "messages" not in table.column_names:
             raise DataError(f"{rel}: missing column 'messages' (columns: {', '.join(table.column_names)})")
+        for name in table.column_names:
+            for chunk in table.column(name).chunks:
+                try:
+                    chunk.validate(full=True)
+                except Exception as e:  # noqa: BLE001 - pyarrow.ArrowInvalid: invalid UTF-8 in a string column
+                    raise DataError(f"{rel}: column '{name}': {_one_line(e)} (not valid UTF-8?)") from None
         for i, row in enumerate(table.to_pylist()):
             yield transform.Source(rel, i), row
+
+
+def skipped_path(plan: Plan, name: str) -> Path:
+    """Every skipped row of a shard set, one JSON object per line, next to its manifest."""
+    return Path(plan.get("shards", name).manifest).parent / "skipped.jsonl"
 
 
 def shards(plan: Plan, name: str) -> dict:
@@ -124,6 +182,12 @@ def shards(plan: Plan, name: str) -> dict:
     spec = art.spec
     raw = plan.get("raw", spec["raw"])
     res = transform.transform_rows(_iter_rows(raw.location), spec["teacher"], spec["transform"])
+    listing = "".join(json.dumps(r, ensure_ascii=True, sort_keys=True) + "\n" for r in res.skipped_rows)
+    write_text(skipped_path(plan, name), listing)
+    if is_remote(art.location):
+        storage.write_bytes(f"{art.location}/skipped.jsonl", listing.encode())
+    if spec["transform"].get("strict") and res.strict_error():
+        raise transform.BadRow("strict", f"{res.strict_error()}; every bad row is listed in {skipped_path(plan, name)}")
     files = {}
     for split, records in res.records.items():
         if not records:
@@ -147,6 +211,7 @@ def shards(plan: Plan, name: str) -> dict:
         "skipped": dict(sorted(res.skipped.items())),
         "skipped_total": sum(res.skipped.values()),
         "skipped_examples": res.skipped_examples,
+        "skipped_list": "skipped.jsonl",
         "events": dict(sorted(res.events.items())),
         "resolved_rate": (sum(resolved) / len(resolved)) if resolved else None,
         "files": files,

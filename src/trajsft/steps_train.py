@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 from . import levanter_run as LR
-from . import provenance, storage, template
+from . import provenance, storage, template, transform
 from .atomic import write_json
 from .config import STATE_DIR, ConfigError, Plan, is_remote, join
 from .steps import DataError
@@ -41,22 +41,93 @@ def length_shares(lengths: list[int]) -> dict:
     return out
 
 
+def _read_records(urls: list[str]) -> list[dict]:
+    import gzip
+
+    out = []
+    for u in urls:
+        out += [json.loads(line) for line in gzip.decompress(storage.read_bytes(u)).splitlines()]
+    return out
+
+
 def tokenize(plan: Plan, name: str) -> dict:
+    """Levanter chat cache of a shard set, keeping only chats that train on ``seq_len`` windows.
+
+    The cache is built from the shards (``cache/``); chats with no assistant token in their first
+    ``seq_len`` tokens, and with ``long_chats: drop`` chats longer than ``seq_len``, are then
+    dropped: the kept records are written to ``windowed/`` shards and cached again
+    (``cache-windowed/``). The manifest's ``cache_dir`` is the cache training reads; ``window``
+    counts every choice (chats and tokens) and ``dropped`` lists every dropped chat.
+    """
     art = plan.get("tokenized", name)
-    shards_art = plan.get("shards", art.spec["shards"])
+    spec = art.spec
+    seq_len, policy = int(spec["seq_len"]), spec["long_chats"]
+    shards_art = plan.get("shards", spec["shards"])
     shards = _read_manifest(plan, "shards", shards_art.name)
     urls = {s: [join(shards_art.location, f) for f in files] for s, files in shards["files"].items()}
-    stats = LR.build_chat_cache(
-        urls["train"], urls.get("validation", []), cache_dir(plan, name),
-        tokenizer=art.spec["tokenizer"], chat_template=template.load_template(),
-    )
+    loc = art.location if is_remote(art.location) else os.path.abspath(art.location)
+
+    def build(split_urls: dict, cdir: str) -> dict:
+        return LR.build_chat_cache(split_urls["train"], split_urls.get("validation", []), cdir, tokenizer=spec["tokenizer"],
+                                   chat_template=template.load_template(), seq_len=seq_len)
+
+    stats = build(urls, join(loc, "cache"))
+    final_dir = join(loc, "cache")
+    window, dropped, kept_urls, expect = {"seq_len": seq_len, "long_chats": policy}, [], {}, {}
+    for split in ("train", "validation"):
+        if not stats.get(split):
+            continue
+        wp = LR.window_plan(stats[split], seq_len, policy)
+        window[split] = wp["counts"]
+        if not wp["dropped"]:
+            kept_urls[split] = urls[split]
+            continue
+        records = _read_records(urls[split])
+        if len(records) != stats[split]["chats"]:
+            raise RuntimeError(f"{split}: {len(records)} shard records but {stats[split]['chats']} cached chats")
+        dropped += [{"split": split, "traj_id": records[i].get("traj_id"), "reason": r,
+                     "tokens": stats[split]["lengths"][i]} for i, r in wp["dropped"]]
+        keep = [records[i] for i in wp["keep"]]
+        expect[split] = [stats[split]["lengths"][i] for i in wp["keep"]]
+        kept_urls[split] = []
+        for fname, a, b in transform.shard_names(split, len(keep)):
+            storage.write_bytes(join(loc, "windowed", fname), transform.gzip_jsonl(keep[a:b]))
+            kept_urls[split].append(join(loc, "windowed", fname))
+        if not keep:
+            del kept_urls[split]
+    for d in dropped:
+        log.warning("%s: dropped %s chat %s (%s, %d tokens; seq_len %d)", spec["teacher"], d["split"], d["traj_id"],
+                    d["reason"], d["tokens"], seq_len)
+    if "train" not in kept_urls:
+        c = window["train"]
+        raise DataError(f"{spec['teacher']}: no training chat is left at seq_len {seq_len}: "
+                        f"{c['dropped_empty_window']['chats']} have no assistant token within the first {seq_len} tokens, "
+                        f"{c['dropped_longer_than_seq_len']['chats']} are longer (long_chats: {policy})")
+    if dropped:
+        final_dir = join(loc, "cache-windowed")
+        stats = build(kept_urls, final_dir)
+        for split, lengths in expect.items():
+            got = (stats.get(split) or {}).get("lengths", [])
+            if got != lengths:
+                raise RuntimeError(f"{split}: the windowed cache does not hold the kept chats in order")
+        if stats.get("validation") is None and "validation" in window:
+            log.warning("%s: every validation chat was dropped: no eval loss", spec["teacher"])
     for split in ("train", "validation"):
         if stats.get(split):
             stats[split]["longer_than"] = length_shares(stats[split]["lengths"])
     tr = stats["train"]
-    log.info("%s: %d chats, %d tokens, assistant fraction %.3f", art.spec["teacher"], tr["chats"], tr["tokens"], tr["assistant_fraction"])
-    return {"teacher": art.spec["teacher"], "cache_dir": cache_dir(plan, name), "tokenizer": art.spec["tokenizer"],
-            "template_sha256": template.template_sha256(), "stats": stats}
+    log.info("%s: %d chats, %d tokens, assistant fraction %.3f", spec["teacher"], tr["chats"], tr["tokens"], tr["assistant_fraction"])
+    return {"teacher": spec["teacher"], "cache_dir": final_dir, "tokenizer": spec["tokenizer"],
+            "template_sha256": template.template_sha256(), "window": window, "dropped": dropped, "stats": stats}
+
+
+def tokenized_cache_dir(plan: Plan, tokenized_name: str) -> str:
+    """The cache training reads: the tokenized manifest's ``cache_dir`` (``cache`` or
+    ``cache-windowed``), else ``<location>/cache``."""
+    try:
+        return _read_manifest(plan, "tokenized", tokenized_name)["cache_dir"]
+    except (DataError, KeyError):
+        return cache_dir(plan, tokenized_name)
 
 
 def _model_args(student_name: str, student: dict) -> dict:
@@ -86,7 +157,7 @@ def levanter_config(plan: Plan, target: str) -> dict:
     tr, cfg = spec["training"], plan.cfg
     sources = {}
     for teacher, tok_name in spec["tokenized"].items():
-        cdir = cache_dir(plan, tok_name)
+        cdir = tokenized_cache_dir(plan, tok_name)
         packed = LR.count_packed_sequences(join(cdir, "train"), int(tr["seq_len"]))
         sources[teacher] = {"cache_dir": cdir, "weight": spec["weights"][teacher], "packed_sequences": packed}
     ck = cfg["checkpointing"]

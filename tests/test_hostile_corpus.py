@@ -1,0 +1,147 @@
+"""The hostile corpus (tests/hostile_corpus.py): every row kind and file kind gets its expected
+outcome, nothing crashes, and ``rows_in = kept + skipped`` holds for every manifest."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+import hostile_corpus as H
+from trajsft import config as C
+from trajsft import steps
+from trajsft import transform as T
+
+TRANSFORM = {"drop_roles": ["exit"], "dedup_traj_id": True}
+
+
+def test_corpus_size():
+    assert len(H.ROW_KINDS) >= 40 and len(H.FILE_KINDS) >= 10
+    reasons = {x for _, (what, x) in H.ROW_KINDS.values() if what == "skip"}
+    assert reasons <= set(T.REASONS)
+    assert len(reasons) >= 20
+
+
+@pytest.mark.parametrize("kind", sorted(H.ROW_KINDS))
+def test_row_kind_outcome(kind):
+    row, (what, expected) = H.ROW_KINDS[kind]
+    rows = dict(H.corpus_rows())
+    src = [(T.Source("f.parquet", 0), H.FIRST_DUP)] if kind == "duplicate_traj_id" else []
+    src.append((T.Source("f.parquet", len(src)), rows[kind]))
+    res = T.transform_rows(src, "hostile", TRANSFORM)
+    kept = len(res.records["train"]) + len(res.records["validation"])
+    assert res.rows_in == kept + sum(res.skipped.values()) == len(src)
+    assert len(res.skipped_rows) == sum(res.skipped.values())
+    if what == "skip":
+        assert res.skipped_rows[-1]["reason"] == expected, res.skipped_rows
+        assert res.skipped_rows[-1]["row"] == len(src) - 1
+        assert "\n" not in res.skipped_rows[-1]["detail"]
+    else:
+        assert not res.skipped_rows, res.skipped_rows
+        for event, n in expected.items():
+            assert res.events[event] == n, (event, res.events)
+        rec = res.records["train"][0]
+        T.gzip_jsonl([rec])  # writable
+
+
+def test_kept_rows_carry_parsed_resolved_and_reasoning():
+    rows = dict(H.corpus_rows())
+    res = T.transform_rows([(T.Source("f", i), rows[k]) for i, k in enumerate(
+        ["resolved_string_true", "resolved_string_false", "resolved_missing", "thinking_field", "think_block_in_content"])], "h", TRANSFORM)
+    by = {r["traj_id"]: r for r in res.records["train"]}
+    assert by["resolved_string_true"]["resolved"] is True and by["resolved_string_false"]["resolved"] is False
+    assert by["resolved_missing"]["resolved"] is None
+    asst = [m for m in by["thinking_field"]["messages"] if m["role"] == "assistant"]
+    assert asst[1]["reasoning_content"] == "I should list."
+    asst = [m for m in by["think_block_in_content"]["messages"] if m["role"] == "assistant"]
+    assert asst[1]["reasoning_content"] == "plan" and asst[1]["content"] == "Let me run it."
+
+
+def make_plan(tmp_path, dataset, rows, **transform) -> C.Plan:
+    over = {"storage_root": str(tmp_path / "store"),
+            "teachers": {"demo": {"dataset": str(dataset), "rows": rows}},
+            "transform": transform}
+    return C.Plan(C.load(None, over), base_dir=C.REPO_DIR, state_dir=str(tmp_path / "state"))
+
+
+def run_data_steps(plan) -> tuple[dict, dict]:
+    names = {a.kind: a.name for a in plan.chain("demo")}
+    raw = steps.download(plan, names["raw"])
+    return raw, steps.shards(plan, names["shards"])
+
+
+def read_shards(plan) -> list[dict]:
+    art = next(a for a in plan.chain("demo") if a.kind == "shards")
+    return [json.loads(line) for f in sorted(Path(art.location).glob("*.jsonl.gz"))
+            for line in gzip.decompress(f.read_bytes()).splitlines()]
+
+
+def test_corpus_through_the_real_data_steps(tmp_path):
+    where = H.write_rows_dataset(tmp_path / "ds")
+    plan = make_plan(tmp_path, tmp_path / "ds", len(where))
+    _, m = run_data_steps(plan)
+    assert m["rows_in"] == len(where) == m["kept_total"] + m["skipped_total"]
+    assert sum(m["skipped"].values()) == m["skipped_total"]
+    listed = [json.loads(x) for x in steps.skipped_path(plan, plan.chain("demo")[1].name).read_text().splitlines()]
+    assert len(listed) == m["skipped_total"] > 20  # every skipped row, not only the first 20
+    assert len(m["skipped_examples"]) == 20
+    expected = {kind: out for kind, (_, out) in H.ROW_KINDS.items()}
+    for item in listed:
+        kind = where[(item["file"], item["row"])]
+        assert expected[kind] == ("skip", item["reason"]), (kind, item)
+    kept = {r["traj_id"] for r in read_shards(plan)}
+    assert kept == {k for k, (what, _) in expected.items() if what == "keep"} | {"dup"}
+    assert m["kept_total"] == len(kept)
+    rates = [r["resolved"] for r in read_shards(plan) if r.get("resolved") is not None]
+    assert all(isinstance(r, bool) for r in rates)
+    assert m["resolved_rate"] == sum(rates) / len(rates)
+
+
+def test_strict_reports_every_bad_row_in_one_line(tmp_path):
+    where = H.write_rows_dataset(tmp_path / "ds")
+    plan = make_plan(tmp_path, tmp_path / "ds", len(where), strict=True)
+    with pytest.raises(T.BadRow) as e:
+        run_data_steps(plan)
+    msg = str(e.value)
+    n_bad = sum(1 for _row, (what, _x) in H.ROW_KINDS.values() if what == "skip")
+    assert "\n" not in msg
+    assert msg.startswith("data/train-00000-of-00002.parquet row ")
+    assert f"(and {n_bad - 1} more bad row(s)); every bad row is listed in " in msg
+    listed = Path(msg.rsplit(" listed in ", 1)[1]).read_text().splitlines()
+    assert len(listed) == n_bad
+
+
+def test_strict_fails_on_an_already_built_shard_set(tmp_path):
+    """`strict` is not hashed (the shards are the same), so switching it on must still fail:
+    the shard rule passes it as a Snakemake param (a changed param reruns the rule)."""
+    smk = (C.REPO_DIR / "rules" / "data.smk").read_text()
+    rule = smk[smk.index("rule shard:"):smk.index("rule tokenize:")]
+    assert "params:" in rule and "strict=" in rule
+    where = H.write_rows_dataset(tmp_path / "ds")
+    run_data_steps(make_plan(tmp_path, tmp_path / "ds", len(where)))  # built without strict
+    plan = make_plan(tmp_path, tmp_path / "ds", len(where), strict=True)
+    with pytest.raises(T.BadRow, match="more bad row"):
+        steps.shards(plan, plan.chain("demo")[1].name)
+
+
+@pytest.mark.parametrize("kind", sorted(H.FILE_KINDS))
+def test_file_kind_outcome(kind, tmp_path):
+    build, (what, expected) = H.FILE_KINDS[kind]
+    ds = tmp_path / "ds"
+    ds.mkdir()
+    rows = build(ds)
+    plan = make_plan(tmp_path, tmp_path / "missing" if kind == "local_path_missing" else ds, rows)
+    if what == "error":
+        with pytest.raises(steps.USER_ERRORS) as e:
+            run_data_steps(plan)
+        msg = str(e.value)
+        assert "\n" not in msg and expected in msg, msg
+        assert "Traceback" not in msg
+        return
+    raw, m = run_data_steps(plan)
+    assert m["rows_in"] == expected["rows_in"] == m["kept_total"] + m["skipped_total"]
+    assert m["kept_total"] == expected["kept"] and m["skipped"] == expected["skipped"]
+    assert raw["ignored_split_files"] == expected["ignored"]
