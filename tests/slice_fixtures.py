@@ -105,14 +105,18 @@ class EmulatedCluster:
         return Host(slice_name, worker, proc, log_path)
 
     def add_host(self, slice_name: str, tpu_type: str, worker: int, timeout: float = 120.0) -> Host:
-        """Start one emulated host and wait until Ray lists it (retried if it misses registration)."""
-        before = self.slice_hosts_alive(slice_name)
+        """Start one emulated host and wait until Ray lists it (retried if it misses registration).
+
+        Registration is recognised by a node id Ray did not list before (a host just killed may still
+        be listed as alive for a while, so counting nodes is not enough)."""
+        known = {n["node_id"] for n in self.alive_nodes()}
         for _ in range(4):
             host = self._start_host(slice_name, tpu_type, worker)
             deadline = time.monotonic() + timeout
             while time.monotonic() < deadline and host.proc.poll() is None:
                 with contextlib.suppress(requests.RequestException):
-                    if self.slice_hosts_alive(slice_name) > before:
+                    if any(n["node_id"] not in known and slice_name in (n.get("resources_total") or {})
+                           for n in self.alive_nodes()):
                         self.hosts[(slice_name, worker)] = host
                         return host
                 time.sleep(1.0)
