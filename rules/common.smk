@@ -62,6 +62,14 @@ def preflight_or_exit():
         )
 
 
+def register_run():
+    """Export this run id (pid + start time) to the jobs: they die with this Snakemake."""
+    from trajsft.signals import register_run
+
+    register_run()
+
+
 onstart:
+    register_run()
     preflight_or_exit()
     forward_signals_to_jobs()
