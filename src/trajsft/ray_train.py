@@ -23,9 +23,14 @@ from .steps import DataError
 
 log = logging.getLogger("trajsft")
 
-# never uploaded with the workflow code
+# never uploaded with the workflow code (gitwildmatch patterns, as Ray matches them). ".?*" drops
+# every dotfile/dotdir at any depth (.env, .envrc, .netrc, .git*, .venv, .snakemake, .ci ...):
+# the job needs none of them ("." itself would match ".*", which would exclude everything).
+# Plus secrets-looking files anywhere.
+SECRET_EXCLUDES = [".?*", "*.pem", "*.key", "*.p12", "*.pfx", "*.keytab", "*credentials*", "id_rsa*", "id_ed25519*",
+                   "*service-account*.json"]
 WORKING_DIR_EXCLUDES = [".venv/", ".git/", ".snakemake/", "results/", "checkpoints/", "logs/", "benchmarks/",
-                        "wandb/", "tests/", "**/__pycache__/", "*.png", "report.html"]
+                        "wandb/", "tests/", "**/__pycache__/", "*.png", "report.html", *SECRET_EXCLUDES]
 
 
 class PreflightError(ConfigError):
