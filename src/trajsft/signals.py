@@ -94,7 +94,8 @@ def remove_stale_markers(workdir: str | os.PathLike = ".") -> list[Path]:
 
 def mark_stopping(workdir: str | os.PathLike = ".") -> Path:
     """Remember (in the workdir) that this Snakemake run was told to stop; forgotten at exit."""
-    path = stop_marker(run_id(psutil.Process()), workdir)
+    # absolute: Snakemake runs in its --directory but is back in its start dir when it exits
+    path = stop_marker(run_id(psutil.Process()), workdir).absolute()
     path.parent.mkdir(parents=True, exist_ok=True)
     if not path.exists():
         path.touch()
@@ -150,18 +151,23 @@ _gone_reason: str | None = None
 
 
 def install_stop_handler() -> None:
-    """SIGTERM raises :class:`SnakemakeGone` (a KeyboardInterrupt) like SIGINT does, so the
-    job's cleanup runs (stop the trainer, drop the half-built cache, record the attempt)."""
+    """SIGINT and SIGTERM raise :class:`SnakemakeGone` (a KeyboardInterrupt), so the job's
+    cleanup runs (stop the trainer, drop the half-built cache, record the attempt). (A local
+    Ray started later replaces the SIGTERM handler with ``sys.exit(15)``; cleanup still runs.)"""
     if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, _raise_stop)
         signal.signal(signal.SIGTERM, _raise_stop)
 
 
-def watch_snakemake(poll_s: float = 1.0, on_gone=None, grace_s: float = STOP_GRACE_S) -> threading.Thread | None:
+def watch_snakemake(poll_s: float = 1.0, on_gone=None, grace_s: float = STOP_GRACE_S,
+                    log_path: str | None = None) -> threading.Thread | None:
     """Make this rule job die with its Snakemake run (see module doc).
 
-    When the run's process is gone, ``on_gone(reason)`` is called if given (it may end the
-    process itself), else the main thread gets SIGTERM, i.e. :class:`SnakemakeGone`; if the
-    process is still alive ``grace_s`` later it kills its children and exits (code 1).
+    When the run's process is gone, stdout/stderr (Snakemake's terminal or log, which nobody
+    reads any more) are redirected to ``log_path``; ``on_gone(reason)`` is called if given (it
+    may end the process itself), else the main thread gets SIGINT, i.e. :class:`SnakemakeGone`
+    (SIGINT: a local Ray replaces the SIGTERM handler); if the process is still alive
+    ``grace_s`` later it kills its children and exits (code 1).
     """
     rid = current_run()
     if rid is None:
@@ -171,10 +177,18 @@ def watch_snakemake(poll_s: float = 1.0, on_gone=None, grace_s: float = STOP_GRA
     def gone(reason: str) -> None:
         global _gone_reason
         _gone_reason = reason
+        if log_path:
+            try:
+                fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+                os.dup2(fd, 1)
+                os.dup2(fd, 2)
+                os.close(fd)
+            except OSError:
+                pass
         log.error("%s", reason)
         if on_gone is not None:
             on_gone(reason)
-        signal.pthread_kill(threading.main_thread().ident, signal.SIGTERM)
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
         time.sleep(grace_s)
         for child in psutil.Process().children(recursive=True):
             try:

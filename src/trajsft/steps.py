@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import shutil
+import signal
 import sys
 import time
 import traceback
@@ -203,7 +204,7 @@ def run_rule(step: str, snakemake) -> None:
     # die with our Snakemake run (even after `kill -9` of Snakemake), cleaning up like on SIGTERM
     signals.install_stop_handler()
     detach = step == "train" and cfg.get("executor") == "ray"  # the Ray job lives on: a rerun re-attaches
-    signals.watch_snakemake(on_gone=steps_train.detach_from_ray_job if detach else None)
+    signals.watch_snakemake(on_gone=steps_train.detach_from_ray_job if detach else None, log_path=log_path)
     started = time.time()
     try:
         if step == "train":
@@ -223,6 +224,14 @@ def run_rule(step: str, snakemake) -> None:
         with contextlib.suppress(OSError):
             print(msg, file=sys.stderr)
         sys.exit(130)
+    except SystemExit as e:  # a local Ray's SIGTERM handler is sys.exit(15)
+        if e.code != signal.SIGTERM:
+            raise
+        msg = f"trajsft {step} {name}: stopped (got SIGTERM); nothing was marked complete"
+        log.error(msg)
+        with contextlib.suppress(OSError):
+            print(msg, file=sys.stderr)
+        sys.exit(143)
     except Exception:
         log.error("trajsft %s %s failed:\n%s", step, name, traceback.format_exc())
         raise
