@@ -18,6 +18,25 @@ def validate_or_exit(cfg):
         sys.exit(1)
 
 
+def targets_given_as_configfiles():
+    """`snakemake --configfile mine.yaml checkpoints/x/done` reads the target as a config file
+    (--configfile takes every following argument); an existing done marker would even load.
+    """
+    bad = [
+        str(f)
+        for f in workflow.configfiles
+        if re.search(r"(^|/)checkpoints/[^/]+/done$|(^|/)results/.+/manifest\.json$", str(f))
+    ]
+    if bad:
+        print(
+            f"trajsft: {', '.join(bad)} was read as a --configfile (it takes every following "
+            "argument): put targets before --configfile, e.g. snakemake checkpoints/demo/done --configfile mine.yaml",
+            file=sys.stderr,
+        )
+        sys.exit(1)
+
+
+targets_given_as_configfiles()
 validate_or_exit(config)
 PLAN = Plan(config, base_dir=workflow.basedir)
 

@@ -246,7 +246,7 @@ def test_yaml_1_1_exponent_is_a_float(tmp_path):
 
 def sm(*args, cwd) -> subprocess.CompletedProcess:
     return subprocess.run([SNAKEMAKE, "-s", str(REPO / "Snakefile"), "-d", str(cwd), "--cores", "1", *args],
-                          capture_output=True, text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"}, cwd=cwd)
 
 
 def test_snakemake_config_errors_are_one_line_per_problem(tmp_path):
@@ -267,6 +267,19 @@ def test_snakemake_typo_target_lists_valid_targets(tmp_path):
     assert "minimax-m2.5" in last and "mix-all" in last
     assert "MissingRuleException" not in p.stderr and "Traceback" not in p.stderr
     assert sm("-n", "checkpoints/demo/done", cwd=tmp_path).returncode == 0  # real targets unaffected
+
+
+def test_target_after_configfile_is_named_in_one_line(tmp_path):
+    """--configfile takes every following argument: an existing done marker would load as YAML."""
+    mine = write(tmp_path / "mine.yaml", "training: {learning_rate: 1e-3}\n")
+    (tmp_path / "checkpoints/demo").mkdir(parents=True)
+    (tmp_path / "checkpoints/demo/done").write_text(json.dumps({"hash": "0123456789", "run": "demo-0123456789"}))
+    p = sm("-n", "--configfile", mine, "checkpoints/demo/done", cwd=tmp_path)
+    assert p.returncode == 1 and "Traceback" not in p.stderr
+    assert (
+        f"trajsft: {tmp_path}/checkpoints/demo/done was read as a --configfile (it takes every following argument): "
+        "put targets before --configfile, e.g. snakemake checkpoints/demo/done --configfile mine.yaml\n") in p.stderr
+    assert sm("-n", "checkpoints/demo/done", "--configfile", mine, cwd=tmp_path).returncode == 0
 
 
 def test_changed_rows_reruns_the_download_check(tmp_path):
