@@ -1130,7 +1130,8 @@ def export_hf(
             f"{_LAUNCH_MARK} export {checkpoint_path} -> {output_dir} at {_dt.datetime.now().isoformat()}",
         )
         if rc != 0:
-            raise RuntimeError(f"HF export of {checkpoint_path} failed with exit code {rc}; see {log_path}")
+            why = _exit_reason(rc).replace("train_lm", "the HF export", 1)
+            raise TrainingFailed(f"HF export of {checkpoint_path} failed: {why}; see {log_path}")
         if not remote:
             if os.path.lexists(output_dir):
                 shutil.rmtree(output_dir)
