@@ -320,6 +320,11 @@ def test_plan_and_status_after_config_change(tmp_path):
         assert row["previous_done"]["run"] == old.name and row["previous_done"]["hash"] == old.hash
         human = cli(tmp_path, "status", "demo", "--configfile", lr).stdout
         assert f"config changed since the finished run {old.name}" in human and new_hash in human
+    # back to the old config: that run is finished even though its marker is gone
+    [row] = json.loads(cli(tmp_path, "status", "demo", "--json").stdout)
+    assert (row["state"], row["hash"], row["previous_done"]) == ("done", old.hash, None)
+    assert row["next"] == "rewrite the missing done marker (no training)"
+    assert cli(tmp_path, "plan", "demo").stdout.splitlines()[0].endswith("[not done]")
 
 
 # ---- CLI misuse -----------------------------------------------------------------------------

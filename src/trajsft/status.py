@@ -134,6 +134,11 @@ def target_status(plan: C.Plan, target: str, query_ray: bool = True) -> dict:
     done = _read_json(str(done_path)) if done_path.exists() else None
     current_done = bool(done and done.get("hash") == run.hash)
     row["previous_done"] = None if current_done else previous_finished_run(target, run.hash, done)
+    kept = None if current_done else _read_json(str(Path(p["state_dir"], "manifest.json")))
+    if isinstance(kept, dict) and kept.get("hash") == run.hash and kept.get("finished"):
+        # finished, but Snakemake deleted the marker (a failed run of another config): no retraining
+        done, current_done = kept, True
+        row["next"] = "rewrite the missing done marker (no training)"
     if current_done:
         row.update(state="done", step=done.get("steps"), steps_total=done.get("steps"), loss=done.get("final_loss"),
                    hf_export=done.get("hf_export"), ray_job_id=done.get("ray_job_id"), attempt=done.get("attempts"),
