@@ -43,7 +43,7 @@ def dead_run_id() -> str:
 
 
 def is_stopping(rid: str | None, workdir: Path) -> bool:
-    env = {signals.RUN_ENV: rid} if rid else {}
+    env = {signals.RUN_ENV: signals.run_env(rid)} if rid else {}
     env_clean = {k: v for k, v in os.environ.items() if k != signals.RUN_ENV}
     out = subprocess.run([sys.executable, "-c", "from trajsft import signals; print(signals.snakemake_is_stopping())"],
                          env={**env_clean, **env}, cwd=workdir, capture_output=True, text=True, check=True)
@@ -134,7 +134,7 @@ def test_rule_job_stops_and_cleans_up_when_its_snakemake_is_killed(tmp_path):
         except KeyboardInterrupt as e:
             Path("cleaned-up").write_text(str(e))
             raise SystemExit(130)
-    """, env={signals.RUN_ENV: rid}, cwd=tmp_path)
+    """, env={signals.RUN_ENV: signals.run_env(rid)}, cwd=tmp_path)
     deadline = time.time() + 30
     while not (tmp_path / "started").exists() and time.time() < deadline:
         time.sleep(0.1)
@@ -151,9 +151,21 @@ def test_rule_job_of_a_run_that_is_already_gone_stops_at_once(tmp_path):
         signals.install_stop_handler()
         signals.watch_snakemake(poll_s=0.2)
         time.sleep(120)
-    """, env={signals.RUN_ENV: dead_run_id()}, cwd=tmp_path, stderr=subprocess.PIPE, text=True)
+    """, env={signals.RUN_ENV: signals.run_env(dead_run_id())}, cwd=tmp_path, stderr=subprocess.PIPE, text=True)
     _, err = job.communicate(timeout=20)
     assert job.returncode != 0 and "SnakemakeGone" in err
+
+
+def test_run_of_another_host_is_not_watched(tmp_path):
+    """A cluster executor may forward the env var to another node: that pid means nothing there."""
+    job = py("""
+        import time
+        from trajsft import signals
+        assert signals.current_run() is None and not signals.snakemake_is_stopping()
+        assert signals.watch_snakemake(poll_s=0.1) is None
+        time.sleep(1)
+    """, env={signals.RUN_ENV: f"some-other-host/{dead_run_id()}"}, cwd=tmp_path)
+    assert job.wait(timeout=30) == 0
 
 
 # ---- attempts.json stays true ---------------------------------------------------------------

@@ -7,7 +7,7 @@
   the signal to our rule scripts first: the train step then stops its Ray job (or its
   local Levanter process) and fails, and Snakemake exits with no orphaned TPU job.
 * A run is identified by Snakemake's pid *and* process start time (``<pid>-<start>``),
-  exported by ``onstart`` as ``$TRAJSFT_SNAKEMAKE_RUN`` to every rule job. So a reused pid or
+  exported by ``onstart`` as ``$TRAJSFT_SNAKEMAKE_RUN`` (with the host name) to every rule job. So a reused pid or
   PID 1 (every process's ancestor) never matches another run.
 * Stop marker ``.snakemake/trajsft-stopping-<pid>-<start>``: written when that run got
   SIGINT/SIGTERM (Snakemake retries failed jobs even while it shuts down, and a retry must not
@@ -24,6 +24,7 @@ import atexit
 import logging
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -64,8 +65,15 @@ def process_of(rid: str) -> psutil.Process | None:
 
 
 def current_run() -> str | None:
-    """The Snakemake run this rule job belongs to ($TRAJSFT_SNAKEMAKE_RUN, set by onstart)."""
-    return os.environ.get(RUN_ENV) or None
+    """The Snakemake run this rule job belongs to ($TRAJSFT_SNAKEMAKE_RUN = ``<host>/<run id>``,
+    set by onstart); None if unset or from another host (a cluster executor forwarding env vars:
+    that pid means nothing here)."""
+    host, _, rid = (os.environ.get(RUN_ENV) or "").rpartition("/")
+    return rid if rid and host == socket.gethostname() else None
+
+
+def run_env(rid: str) -> str:
+    return f"{socket.gethostname()}/{rid}"
 
 
 def stop_marker(rid: str, workdir: str | os.PathLike = ".") -> Path:
@@ -76,7 +84,7 @@ def stop_marker(rid: str, workdir: str | os.PathLike = ".") -> Path:
 def register_run(workdir: str | os.PathLike = ".") -> str:
     """``onstart``: export this run's id to the rule jobs; drop markers of runs that are gone."""
     rid = run_id(psutil.Process())
-    os.environ[RUN_ENV] = rid
+    os.environ[RUN_ENV] = run_env(rid)
     remove_stale_markers(workdir)
     return rid
 
