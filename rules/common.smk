@@ -25,7 +25,9 @@ def targets_given_as_configfiles():
     bad = [
         str(f)
         for f in workflow.configfiles
-        if re.search(r"(^|/)checkpoints/[^/]+/done$|(^|/)results/.+/manifest\.json$", str(f))
+        if re.search(
+            r"(^|/)checkpoints/[^/]+/done$|(^|/)results/.+/manifest\.json$", str(f)
+        )
     ]
     if bad:
         print(
