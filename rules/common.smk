@@ -2,15 +2,44 @@ import re
 import sys
 
 from snakemake.exceptions import WorkflowError
-from snakemake.utils import min_version, validate
+from snakemake.utils import min_version
 
-from trajsft.config import STATE_DIR, Plan, check_references
+from trajsft.config import STATE_DIR, ConfigError, Plan, validate
 
 min_version("9.0")
 
 
-validate(config, "../config/schema.yaml")
-check_references(config)
+def validate_or_exit(cfg):
+    """Schema + references; one line per problem (key and allowed values), no schema dump."""
+    try:
+        validate(cfg)
+    except ConfigError as e:
+        print(e, file=sys.stderr)
+        sys.exit(1)
+
+
+def targets_given_as_configfiles():
+    """`snakemake --configfile mine.yaml checkpoints/x/done` reads the target as a config file
+    (--configfile takes every following argument); an existing done marker would even load.
+    """
+    bad = [
+        str(f)
+        for f in workflow.configfiles
+        if re.search(
+            r"(^|/)checkpoints/[^/]+/done$|(^|/)results/.+/manifest\.json$", str(f)
+        )
+    ]
+    if bad:
+        print(
+            f"trajsft: {', '.join(bad)} was read as a --configfile (it takes every following "
+            "argument): put targets before --configfile, e.g. snakemake checkpoints/demo/done --configfile mine.yaml",
+            file=sys.stderr,
+        )
+        sys.exit(1)
+
+
+targets_given_as_configfiles()
+validate_or_exit(config)
 PLAN = Plan(config, base_dir=workflow.basedir)
 
 
@@ -31,6 +60,21 @@ def upstream_manifest(kind, upstream):
         return PLAN.get(upstream, art.spec[upstream]).manifest
 
     return inner
+
+
+def typo_target(wildcards):
+    """Input function for a typo in checkpoints/<target>/done (see unknown_target in train.smk)."""
+    try:
+        PLAN.target(wildcards.other)
+    except ConfigError as e:  # unknown target 'x' (teachers and mixtures: ...)
+        print(f"trajsft: checkpoints/{wildcards.other}/done: {e}", file=sys.stderr)
+        sys.exit(1)
+    return []
+
+
+def not_a_target():
+    """Wildcard constraint: a checkpoints/<x>/done name that is not a configured target."""
+    return "(?!(" + "|".join(re.escape(t) for t in PLAN.targets) + r")$)[^/]+"
 
 
 def tokenized_manifests(wildcards):
@@ -65,6 +109,14 @@ def preflight_or_exit():
         )
 
 
+def register_run():
+    """Export this run id (pid + start time) to the jobs: they die with this Snakemake."""
+    from trajsft.signals import register_run
+
+    register_run()
+
+
 onstart:
+    register_run()
     preflight_or_exit()
     forward_signals_to_jobs()

@@ -5,6 +5,9 @@ rule download:
         "logs/download/{name}.log",
     conda:
         "../envs/trajsft.yaml"
+    params:
+        # not hashed, but checked: a changed `rows:` re-runs the download (params rerun trigger)
+        rows=lambda w: PLAN.get("raw", w.name).spec["rows"],
     script:
         "../scripts/rule_download.py"
 

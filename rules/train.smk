@@ -21,3 +21,24 @@ rule train:
         run=run_name,
     script:
         "../scripts/rule_train.py"
+
+
+# A typo in the target (checkpoints/minimax/done): fail with the list of valid targets
+# instead of Snakemake's MissingRuleException.
+rule unknown_target:
+    input:
+        typo_target,
+    output:
+        "checkpoints/{other}/done",
+    log:
+        "logs/unknown_target/{other}.log",
+    wildcard_constraints:
+        other=not_a_target(),
+    localrule: True
+    conda:
+        "../envs/trajsft.yaml"
+    shell:
+        "false"
+
+
+ruleorder: train > unknown_target

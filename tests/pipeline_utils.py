@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import yaml
 
 REPO = Path(__file__).resolve().parent.parent
@@ -77,3 +78,42 @@ def plan(workdir: Path, target: str, config: dict | None = None) -> dict:
     out = subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=workdir, env=env())
     [t] = json.loads(out.stdout)
     return t
+
+
+def procs(p: subprocess.Popen, mark: str) -> list[psutil.Process]:
+    """Descendants of Snakemake whose command line contains ``mark``."""
+    out = []
+    try:
+        for c in psutil.Process(p.pid).children(recursive=True):
+            try:
+                if any(mark in part for part in c.cmdline()):
+                    out.append(c)
+            except psutil.Error:
+                pass
+    except psutil.NoSuchProcess:
+        pass
+    return out
+
+
+def alive(ps: list[psutil.Process]) -> list[psutil.Process]:
+    out = []
+    for q in ps:
+        try:
+            if q.is_running() and q.status() != psutil.STATUS_ZOMBIE:
+                out.append(q)
+        except psutil.Error:
+            pass
+    return out
+
+
+def kill9_snakemake_only(p: subprocess.Popen) -> list[psutil.Process]:
+    """SIGKILL Snakemake itself (as `kill -9 <pid>` does); returns what it was running."""
+    tree = psutil.Process(p.pid).children(recursive=True)
+    assert tree, "Snakemake runs no job"
+    os.kill(p.pid, signal.SIGKILL)
+    p.wait(timeout=60)
+    return tree
+
+
+def attempts(run_dir: Path) -> list[dict]:
+    return json.loads((run_dir / "attempts.json").read_text())

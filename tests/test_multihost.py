@@ -15,9 +15,7 @@ from __future__ import annotations
 import json
 import math
 import os
-import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -25,8 +23,7 @@ import pytest
 
 from pipeline_utils import REPO, kill_group, wait_for
 from slice_fixtures import start_emulated_cluster
-from tpu_utils import (HF, WK, data_rules, jobs, make_profile, run_hash, sm_cmd, sm_env, snakemake, status, trajsft,
-                       workdir)
+from tpu_utils import (HF, WK, data_rules, jobs, make_profile, run_hash, sm_cmd, sm_env, snakemake, status, workdir)
 from trajsft import levanter_run as LR
 from trajsft import config as C
 from trajsft import rayjobs

@@ -10,20 +10,15 @@ from __future__ import annotations
 
 import json
 import os
-import re
-import secrets
-import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
-import requests
 import yaml
 
-from pipeline_utils import REPO, SNAKEMAKE, kill_group, wait_for
+from pipeline_utils import REPO, SNAKEMAKE, alive, attempts, kill9_snakemake_only, kill_group, procs, wait_for
 from slice_fixtures import start_emulated_cluster
 from tpu_utils import (HF, WK, data_rules, jobs, make_profile, run_hash, sm_cmd, sm_env, snakemake, status,
                        trajsft, workdir)
@@ -223,3 +218,26 @@ def test_two_targets_run_as_two_concurrent_ray_jobs(data, ray_head):
     assert {d["ray_job_id"] for d in done} == {j["submission_id"] for j in both}
     assert done[0]["checkpoint_dir"] != done[1]["checkpoint_dir"] and done[0]["hash"] != done[1]["hash"]
     assert all(d["steps"] == 8 for d in done)
+
+
+def test_kill9_of_snakemake_detaches_the_ray_launcher_and_the_rerun_reattaches(data, ray_head):
+    """On a Ray profile the launcher dies with its Snakemake too, but leaves the Ray job running
+    (recorded as "detached"); the same command re-attaches to it instead of resubmitting."""
+    wd = workdir(data, "detach")
+    prof = profile(wd.parent / "detach-profile", ray_head.address, data[1],
+                   {"teachers": {"demo": {"training": {"max_steps": 10}}}})
+    h = run_hash(wd, prof)
+    p = _start(wd, prof, ray_head, wd / "snakemake.log")
+    _running_job(ray_head, h, p)
+    assert procs(p, "rule_train"), "no train launcher"
+    tree = kill9_snakemake_only(p)
+    wait_for(lambda: not alive(tree), 60, "the launcher to die with Snakemake")
+    assert [j["status"] for j in jobs(ray_head, h)] == ["RUNNING"]
+    run_dir = data[1] / "checkpoints" / f"demo-{h}"
+    last = attempts(run_dir)[-1]
+    assert last["outcome"] == "detached" and "a rerun re-attaches" in last["error"], last
+    snakemake(wd, prof, ray_head, "--unlock")
+    snakemake(wd, prof, ray_head)
+    assert [(j["submission_id"], j["status"]) for j in jobs(ray_head, h)] == [(f"trajsft-{h}-a0", "SUCCEEDED")]
+    assert json.loads((wd / "checkpoints/demo/done").read_text())["ray_job_id"] == f"trajsft-{h}-a0"
+    assert [a["outcome"] for a in attempts(run_dir)] == ["detached", "succeeded"]

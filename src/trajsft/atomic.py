@@ -40,6 +40,7 @@ def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700; give the directory normal permissions
     try:
         yield tmp
         if path.exists():

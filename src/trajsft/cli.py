@@ -18,8 +18,17 @@ def _load(args) -> C.Plan:
     overrides = {}
     if getattr(args, "storage_root", None):
         overrides["storage_root"] = args.storage_root
-    files = [C.DEFAULT_CONFIG, *profile_configfiles(getattr(args, "profile", None)), *(args.configfile or [])]
-    return C.Plan(C.load(files, overrides), base_dir=C.REPO_DIR)
+    extra = args.configfile or []
+    for f in extra:
+        if not os.path.exists(f):
+            name = f.removeprefix("checkpoints/").removesuffix("/done")
+            hint = (f" ({f!r} looks like a target: --configfile takes every following argument, as in snakemake; "
+                    f"put targets first: trajsft {args.cmd} {name} --configfile ...)") if not f.endswith((".yaml", ".yml", ".json")) else ""
+            raise C.ConfigError(f"config file not found: {f}{hint}")
+    files = [C.DEFAULT_CONFIG, *profile_configfiles(getattr(args, "profile", None)), *extra]
+    cfg = C.load(files, overrides)
+    args._cfg = cfg
+    return C.Plan(cfg, base_dir=C.REPO_DIR)
 
 
 def _targets(plan: C.Plan, names: list[str] | None) -> list[str]:
@@ -133,6 +142,14 @@ def _exists(path: str) -> bool:
         return False
 
 
+def _done_hash(path: str) -> str | None:
+    """The run hash a done marker was written for (None: no marker, or unreadable)."""
+    try:
+        return json.loads(Path(path).read_text()).get("hash") or None
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
 def cmd_plan(args) -> int:
     plan = _load(args)
     targets = args.targets or plan.cfg["default_targets"]
@@ -151,8 +168,9 @@ def cmd_plan(args) -> int:
             rows.append(row)
         run = tgt["run"]
         done = C.Plan.done_path(t)
+        done_hash = _done_hash(done)
         out.append({
-            "target": t, "done": done, "done_exists": os.path.exists(done),
+            "target": t, "done": done, "done_exists": done_hash == run.hash, "done_hash": done_hash,
             "checkpoint_dir": run.location, "hf_export": C.join(run.location, "hf"),
             "artifacts": rows,
         })
@@ -160,7 +178,8 @@ def cmd_plan(args) -> int:
         print(json.dumps(out, indent=2))
         return 0
     for t in out:
-        print(f"{t['target']}:  {t['done']}  [{'done' if t['done_exists'] else 'not done'}]")
+        stale = f", {t['done']} is of an earlier config (hash {t['done_hash']})" if t["done_hash"] and not t["done_exists"] else ""
+        print(f"{t['target']}:  {t['done']}  [{'done' if t['done_exists'] else 'not done' + stale}]")
         print(f"  weights (checkpoints): {t['checkpoint_dir']}")
         print(f"  HF exports:            {t['hf_export']}/step-<N>")
         for a in t["artifacts"]:
@@ -177,7 +196,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     def common(sp):
         sp.add_argument("--profile", help="a profile under profiles/ (e.g. tpu-east5), as given to snakemake")
-        sp.add_argument("--configfile", action="append", help="extra config file(s) merged over config/config.yaml, as with snakemake --configfile")
+        sp.add_argument("--configfile", action="extend", nargs="+", metavar="FILE",
+                        help="extra config file(s) merged over config/config.yaml; like snakemake --configfile "
+                             "it takes every following argument (put targets before it)")
         sp.add_argument("--storage-root", help="override storage_root (e.g. gs://marin-us-east5/trajsft)")
 
     sp = sub.add_parser("plan", help="where every artifact of a target lives (runs and downloads nothing)")
@@ -222,8 +243,20 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except C.ConfigError as e:
-        print(f"trajsft: {e}", file=sys.stderr)
+        for line in str(e).splitlines():
+            print(f"trajsft: {line}", file=sys.stderr)
         return 2
+    except Exception as e:  # a cluster that is not up / rejects us: one line, not a traceback
+        from . import rayjobs
+
+        if not isinstance(e, rayjobs.RayJobsError):
+            raise
+        address = ((getattr(args, "_cfg", None) or {}).get("ray") or {}).get("address", "the cluster")
+        hint = {"ClusterUnreachable": f"is the Ray cluster up? check with: trajsft clusters {args.profile or ''}".rstrip(),
+                "ClusterUnauthorized": "export RAY_AUTH_TOKEN (or RAY_AUTH_TOKEN_PATH) for this cluster"}
+        print(f"trajsft {args.cmd}: cannot use Ray at {address}: {' '.join(str(e).split())[:300]}"
+              f"{'; ' + hint[type(e).__name__] if type(e).__name__ in hint else ''}", file=sys.stderr)
+        return 1
     except BrokenPipeError:  # `trajsft status | head`
         return 0
 

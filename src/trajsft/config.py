@@ -47,17 +47,108 @@ def deep_merge(base: dict, over: dict | None) -> dict:
 
 
 def validate(cfg: dict) -> dict:
-    """Validate against config/schema.yaml (filling defaults) plus cross-references."""
+    """Validate against config/schema.yaml (filling defaults) plus cross-references.
+
+    Numbers written the way YAML 1.1 reads as strings (``3e-3``, ``1e5``) are accepted where the
+    schema wants a number. Problems raise one :class:`ConfigError` with one line per problem,
+    each naming the key and what is allowed.
+    """
     from snakemake.exceptions import WorkflowError
     from snakemake.utils import validate as sm_validate
 
+    problems = schema_problems(cfg)
+    if problems:
+        raise ConfigError("\n".join(problems))
     try:
-        sm_validate(cfg, str(SCHEMA_PATH))
+        sm_validate(cfg, str(SCHEMA_PATH))  # fills the schema's defaults
     except WorkflowError as e:
         msg = " ".join(str(e).split())
         raise ConfigError(f"invalid config: {msg[:500]}") from None
     check_references(cfg)
     return cfg
+
+
+_FLOAT_RE = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$")
+
+
+def _schema() -> dict:
+    with open(SCHEMA_PATH) as f:
+        return yaml.safe_load(f)
+
+
+def _resolve(node: dict, root: dict) -> dict:
+    while isinstance(node, dict) and "$ref" in node:
+        ref = node["$ref"].removeprefix("#/").split("/")
+        node = root
+        for part in ref:
+            node = node[part]
+    return node if isinstance(node, dict) else {}
+
+
+def coerce_numbers(value: Any, schema: dict, root: dict) -> Any:
+    """Strings such as ``"3e-3"`` (YAML 1.1 has no float without a dot) become numbers where the
+    schema allows a number (integers only if integral and the schema allows an integer)."""
+    schema = _resolve(schema, root)
+    if isinstance(value, dict):
+        props = schema.get("properties") or {}
+        extra = schema.get("additionalProperties")
+        for k, v in list(value.items()):
+            sub = props.get(k, extra if isinstance(extra, dict) else None)
+            if sub is not None:
+                value[k] = coerce_numbers(v, sub, root)
+        return value
+    if isinstance(value, str) and _FLOAT_RE.match(value.strip()):
+        types = schema.get("type")
+        types = [types] if isinstance(types, str) else (types or [])
+        f = float(value)
+        if "number" in types:
+            return f
+        if "integer" in types and f.is_integer():
+            return int(f)
+    return value
+
+
+def _allowed(err) -> str:
+    v, val = err.validator, err.validator_value
+    if v == "minimum":
+        return f"allowed: >= {val}"
+    if v == "exclusiveMinimum":
+        return f"allowed: > {val}"
+    if v == "maximum":
+        return f"allowed: <= {val}"
+    if v == "exclusiveMaximum":
+        return f"allowed: < {val}"
+    if v == "enum":
+        return "allowed: " + ", ".join(str(x) for x in val)
+    if v == "type":
+        return "allowed: " + (" or ".join(val) if isinstance(val, list) else str(val))
+    if v == "additionalProperties":
+        props = sorted(err.schema.get("properties") or {})
+        return "allowed keys: " + ", ".join(props) if props else "no other keys"
+    if v == "pattern":
+        return f"allowed: names matching {val}"
+    if v == "minProperties":
+        return f"allowed: at least {val} entr{'y' if val == 1 else 'ies'}"
+    return f"{v}: {val}"
+
+
+def schema_problems(cfg: dict) -> list[str]:
+    """One line per schema violation: ``config: <key>: <value> is not allowed (allowed: ...)``."""
+    from jsonschema import Draft202012Validator
+
+    root = _schema()
+    coerce_numbers(cfg, root, root)
+    out = []
+    for err in sorted(Draft202012Validator(root).iter_errors(cfg), key=lambda e: [str(p) for p in e.absolute_path]):
+        key = ".".join(str(p) for p in err.absolute_path) or "(top level)"
+        if err.validator == "required":
+            out.append(f"config: {key}: {err.message}")
+        elif err.validator == "additionalProperties":
+            extra = sorted(set(err.instance) - set(err.schema.get("properties") or {}))
+            out.append(f"config: {key}: unknown key(s) {', '.join(extra)} ({_allowed(err)})")
+        else:
+            out.append(f"config: {key}: {err.instance!r} is not allowed ({_allowed(err)})")
+    return out
 
 
 def check_references(cfg: dict) -> None:

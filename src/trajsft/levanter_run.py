@@ -45,6 +45,7 @@ import math
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import uuid
@@ -1077,6 +1078,18 @@ def _run_subprocess(cmd: list[str], log_path: str, env: dict, cwd: str, header: 
             raise
 
 
+class TrainingFailed(RuntimeError):
+    """A one-line training failure (killed by a signal, non-zero exit, run locked)."""
+
+
+def _exit_reason(rc: Optional[int]) -> str:
+    if rc is not None and rc < 0:
+        name = signal.Signals(-rc).name if -rc in {int(x) for x in signal.Signals} else "?"
+        hint = "; out of memory?" if -rc == signal.SIGKILL else ""
+        return f"train_lm was killed by signal {-rc} ({name}{hint})"
+    return f"train_lm exited with code {rc}"
+
+
 @contextlib.contextmanager
 def _run_lock(run_dir: str):
     import fcntl
@@ -1086,7 +1099,7 @@ def _run_lock(run_dir: str):
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise RuntimeError(f"another run_training holds {path}") from None
+            raise TrainingFailed(f"another run_training holds {path}: a training of this run is still running") from None
         try:
             yield
         finally:
@@ -1184,7 +1197,8 @@ def export_hf(
             f"{_LAUNCH_MARK} export {checkpoint_path} -> {output_dir} at {_dt.datetime.now().isoformat()}",
         )
         if rc != 0:
-            raise RuntimeError(f"HF export of {checkpoint_path} failed with exit code {rc}; see {log_path}")
+            why = _exit_reason(rc).replace("train_lm", "the HF export", 1)
+            raise TrainingFailed(f"HF export of {checkpoint_path} failed: {why}; see {log_path}")
         if not remote:
             if os.path.lexists(output_dir):
                 shutil.rmtree(output_dir)
@@ -1423,11 +1437,11 @@ def run_training(
             if ckpt is None or ckpt["completed_steps"] < N:
                 got = ckpt["completed_steps"] if ckpt else 0
                 why = (
-                    f"train_lm exited with code {rc}"
+                    _exit_reason(rc)
                     if rc != 0
                     else "train_lm exited 0 before num_train_steps (data exhausted? check epochs / num_train_steps)"
                 )
-                raise RuntimeError(f"{why}; latest checkpoint covers {got}/{N} steps. See {log_path}")
+                raise TrainingFailed(f"{why}; latest checkpoint covers {got}/{N} steps. See {log_path}")
             # rc != 0 with a final checkpoint: crashed after the last step (e.g. in the HF export or
             # tracker shutdown); we repair the export below.
 

@@ -72,12 +72,34 @@ def read_attempts(run_dir: str) -> list[dict]:
         return []
 
 
+def attempt_alive(attempt: dict) -> bool:
+    """True if the attempt's process still runs on this host (same pid *and* started before it)."""
+    import psutil
+
+    if attempt.get("hostname") != socket.gethostname():
+        return False
+    try:
+        proc = psutil.Process(int(attempt.get("pid", -1)))
+        started = dt.datetime.fromisoformat(attempt["started"]).timestamp()
+        return proc.status() != psutil.STATUS_ZOMBIE and proc.create_time() <= started + 1
+    except (KeyError, TypeError, ValueError, psutil.Error):
+        return False
+
+
+def running_attempt(run_dir: str) -> dict | None:
+    """The last attempt if it is recorded as running and its process is still alive here."""
+    attempts = read_attempts(run_dir)
+    if attempts and attempts[-1].get("outcome") == "running" and attempt_alive(attempts[-1]):
+        return attempts[-1]
+    return None
+
+
 def record_attempt(run_dir: str, **fields) -> dict:
     """Append a new attempt (start time, host, ...) and return it."""
     attempts = read_attempts(run_dir)
     for a in attempts:
-        if a.get("outcome") == "running":  # its process died without saying so (SIGKILL, node loss)
-            a.update(outcome="interrupted")
+        if a.get("outcome") == "running" and not attempt_alive(a):  # died silently (SIGKILL, node loss)
+            a.update(outcome="interrupted", error=a.get("error") or "killed (no end recorded)")
     attempt = {"attempt": len(attempts) + 1, "started": now(), "outcome": "running", **host(), **fields}
     attempts.append(attempt)
     storage.write_bytes(f"{run_dir.rstrip('/')}/attempts.json", json.dumps(attempts, indent=2).encode())

@@ -17,7 +17,6 @@ import json
 import logging
 import os
 import shlex
-from pathlib import Path
 
 from . import levanter_run as LR
 from . import rayjobs, storage
@@ -26,9 +25,14 @@ from .steps import DataError
 
 log = logging.getLogger("trajsft")
 
-# never uploaded with the workflow code
+# never uploaded with the workflow code (gitwildmatch patterns, as Ray matches them). ".?*" drops
+# every dotfile/dotdir at any depth (.env, .envrc, .netrc, .git*, .venv, .snakemake, .ci ...):
+# the job needs none of them ("." itself would match ".*", which would exclude everything).
+# Plus secrets-looking files anywhere.
+SECRET_EXCLUDES = [".?*", "*.pem", "*.key", "*.p12", "*.pfx", "*.keytab", "*credentials*", "id_rsa*", "id_ed25519*",
+                   "*service-account*.json"]
 WORKING_DIR_EXCLUDES = [".venv/", ".git/", ".snakemake/", "results/", "checkpoints/", "logs/", "benchmarks/",
-                        "wandb/", "tests/", "**/__pycache__/", "*.png", "report.html"]
+                        "wandb/", "tests/", "**/__pycache__/", "*.png", "report.html", *SECRET_EXCLUDES]
 
 
 class PreflightError(ConfigError):
@@ -111,7 +115,7 @@ def runtime_env(cfg: dict) -> dict:
                  # every worker of the job (orchestrator, slice and host actors): bound Levanter's GCE check
                  "worker_process_setup_hook": "trajsft.cluster.hooks.setup",
                  # pip on a fresh TPU host takes minutes (marin uses the same 30 min)
-                 "config": {"setup_timeout_seconds": int(ray_settings(cfg)["runtime_env_setup_timeout_seconds"])}}
+                 "config": {"setup_timeout_seconds": int({**RAY_DEFAULTS, **ray}["runtime_env_setup_timeout_seconds"])}}
     req = ray.get("pip_requirements")
     if req:
         path = REPO_DIR / req

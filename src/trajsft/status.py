@@ -133,6 +133,21 @@ def slice_summary(attempts: list[dict]) -> dict:
     return out
 
 
+def previous_finished_run(target: str, current_hash: str, done: dict | None) -> dict | None:
+    """The latest finished run of ``target`` under another config hash (its done marker, or the
+    run manifest kept in results/checkpoints/<target>-<hash>/ after Snakemake deleted the marker)."""
+    found = [done] if isinstance(done, dict) else []
+    for m in Path(C.STATE_DIR, "checkpoints").glob(f"{target}-*/manifest.json"):
+        d = _read_json(str(m))
+        if isinstance(d, dict) and d.get("target") == target:
+            found.append(d)
+    found = [d for d in found if d.get("hash") and d["hash"] != current_hash and d.get("finished")]
+    if not found:
+        return None
+    d = max(found, key=lambda d: d["finished"])
+    return {k: d.get(k) for k in ("run", "hash", "finished", "hf_export", "steps", "final_loss")}
+
+
 def target_status(plan: C.Plan, target: str, query_ray: bool = True) -> dict:
     from . import levanter_run as LR
     from .steps_train import run_paths, wandb_url
@@ -153,7 +168,14 @@ def target_status(plan: C.Plan, target: str, query_ray: bool = True) -> dict:
     row.update(preemptions=sl["preemptions"], failures=sl["failures"], detail=sl["detail"])
     done_path = Path(C.Plan.done_path(target))
     done = _read_json(str(done_path)) if done_path.exists() else None
-    if done and done.get("hash") == run.hash:
+    current_done = bool(done and done.get("hash") == run.hash)
+    row["previous_done"] = None if current_done else previous_finished_run(target, run.hash, done)
+    kept = None if current_done else _read_json(str(Path(p["state_dir"], "manifest.json")))
+    if isinstance(kept, dict) and kept.get("hash") == run.hash and kept.get("finished"):
+        # finished, but Snakemake deleted the marker (a failed run of another config): no retraining
+        done, current_done = kept, True
+        row["next"] = "rewrite the missing done marker (no training)"
+    if current_done:
         row.update(state="done", step=done.get("steps"), steps_total=done.get("steps"), loss=done.get("final_loss"),
                    hf_export=done.get("hf_export"), ray_job_id=done.get("ray_job_id"), attempt=done.get("attempts"),
                    wandb_url=done.get("wandb_url") or row["wandb_url"])
@@ -192,7 +214,10 @@ def target_status(plan: C.Plan, target: str, query_ray: bool = True) -> dict:
                 row["cause"] = classify(jobs[-2]["message"] + "\n" + text) or "failed"
         elif last["status"] in ("FAILED", "STOPPED"):
             row["state"] = "failed"
-            row["cause"] = classify(f"{last['status']} {last['message']}\n{text}") or last["message"][:200] or "failed"
+            if last["status"] == "STOPPED":  # stopped by a user or our signal handling, whatever its log shows
+                row["cause"] = "stopped"
+            else:
+                row["cause"] = classify(f"{last['status']} {last['message']}\n{text}") or last["message"][:200] or "failed"
     elif attempts:
         last = attempts[-1]
         row["attempt"] = last["attempt"]
@@ -234,6 +259,10 @@ def render(rows: list[dict]) -> str:
         lines.append("; ".join(extra))
         if r.get("detail"):
             lines.append(f"  {r['target']}: {r['detail']}")
+        prev = r.get("previous_done")
+        if prev:
+            lines.append(f"  {r['target']}: config changed since the finished run {prev['run']} ({prev['finished']}, "
+                         f"HF export {prev['hf_export']}); the row above is the current config (hash {r['hash']})")
         if r.get("cause") or r.get("next"):
             lines.append(f"  {r['target']}: " + "; ".join(x for x in (
                 f"cause: {r['cause']}" if r.get("cause") else None,

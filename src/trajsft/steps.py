@@ -2,21 +2,22 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import re
 import shutil
+import signal
 import sys
-import tempfile
 import time
 import traceback
 from pathlib import Path
 from typing import Callable
 
-from . import storage, transform
+from . import signals, storage, transform
 from .atomic import write_json, write_text
-from .config import ConfigError, Plan, is_remote
+from .config import STATE_DIR, ConfigError, Plan, is_remote
 
 log = logging.getLogger("trajsft")
 
@@ -87,7 +88,34 @@ def _hf_snapshot(dataset: str, revision: str, dest: Path) -> str:
     return sha
 
 
+STAGING = ".staging"  # <storage_root>/raw/.staging/<raw name>.<pid>-<start>: a download in progress
+
+
+def staging_root(plan: Plan) -> Path:
+    """Downloads are staged under the storage root (a local dir in the workdir for gs:// roots),
+    never in the system temp dir, and renamed into place when complete."""
+    root = plan.root if not is_remote(plan.root) else STATE_DIR
+    return Path(root, "raw", STAGING)
+
+
+def remove_stale_staging(root: Path) -> list[Path]:
+    """Remove staging dirs whose download process is gone (killed downloads)."""
+    from .signals import process_of
+
+    removed = []
+    for d in sorted(root.glob("*")) if root.is_dir() else []:
+        rid = d.name.rsplit(".", 1)[-1]
+        if process_of(rid) is None:
+            shutil.rmtree(d, ignore_errors=True)
+            removed.append(d)
+    return removed
+
+
 def download(plan: Plan, name: str) -> dict:
+    import psutil
+
+    from .signals import run_id
+
     art = plan.get("raw", name)
     spec = art.spec
     local = plan.local_path(spec["dataset"])
@@ -96,8 +124,13 @@ def download(plan: Plan, name: str) -> dict:
         # a path, not a Hub id "owner/name": never fall through to the Hub
         path = ds if os.path.isabs(ds) else plan.base_dir / ds
         raise DataError(f"{spec['teacher']}: local dataset {path} does not exist (teachers.{spec['teacher']}.dataset)")
-    with tempfile.TemporaryDirectory(prefix="trajsft-dl-") as tmp:
-        tmp = Path(tmp)
+    sroot = staging_root(plan)
+    for d in remove_stale_staging(sroot):
+        log.info("removed the staging dir of a killed download: %s", d)
+    tmp = sroot / f"{art.name}.{run_id(psutil.Process())}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)  # normal permissions (umask), unlike a mkdtemp dir
+    try:
         if local is not None:
             log.info("copying local dataset %s", local)
             if not local.is_dir():
@@ -125,22 +158,17 @@ def download(plan: Plan, name: str) -> dict:
                 f"{spec['teacher']}: {spec['dataset']}@{spec['revision']} has {rows} rows, config says {spec['rows']} "
                 f"(teachers.{spec['teacher']}.rows): wrong revision or changed dataset"
             )
-        storage.put_tree(tmp, art.location) if is_remote(art.location) else _replace_dir(tmp, art.location)
+        if is_remote(art.location):
+            storage.put_tree(tmp, art.location)
+        else:
+            dest = Path(art.location)
+            if dest.exists():
+                shutil.rmtree(dest)
+            os.replace(tmp, dest)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return {"rows": rows, "files": counts, "ignored_split_files": other, "resolved_revision": resolved,
             "dataset": spec["dataset"], "revision": spec["revision"]}
-
-
-def _replace_dir(src: Path, dest: str) -> None:
-    dest_p = Path(dest)
-    dest_p.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{dest_p.name}.", dir=dest_p.parent))
-    try:
-        shutil.copytree(src, staging, dirs_exist_ok=True)
-        if dest_p.exists():
-            shutil.rmtree(dest_p)
-        os.replace(staging, dest_p)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
 
 
 # ---- shards -----------------------------------------------------------------------------
@@ -238,6 +266,10 @@ def run_rule(step: str, snakemake) -> None:
     if step == "train" and log_path:
         log_path = steps_train.link_rule_log(plan, name, log_path)
     logs.setup(log_path, cfg.get("log_level", "INFO"))
+    # die with our Snakemake run (even after `kill -9` of Snakemake), cleaning up like on SIGTERM
+    signals.install_stop_handler()
+    detach = step == "train" and cfg.get("executor") == "ray"  # the Ray job lives on: a rerun re-attaches
+    signals.watch_snakemake(on_gone=steps_train.detach_from_ray_job if detach else None, log_path=log_path)
     started = time.time()
     try:
         if step == "train":
@@ -251,6 +283,20 @@ def run_rule(step: str, snakemake) -> None:
         log.error(msg)
         print(msg, file=sys.stderr)
         sys.exit(1)
+    except KeyboardInterrupt as e:  # SIGINT, SIGTERM (signals.SnakemakeGone), or our Snakemake died
+        msg = f"trajsft {step} {name}: stopped ({e or 'SIGINT'}); nothing was marked complete"
+        log.error(msg)
+        with contextlib.suppress(OSError):
+            print(msg, file=sys.stderr)
+        sys.exit(130)
+    except SystemExit as e:  # a local Ray's SIGTERM handler is sys.exit(15)
+        if e.code != signal.SIGTERM:
+            raise
+        msg = f"trajsft {step} {name}: stopped (got SIGTERM); nothing was marked complete"
+        log.error(msg)
+        with contextlib.suppress(OSError):
+            print(msg, file=sys.stderr)
+        sys.exit(143)
     except Exception:
         log.error("trajsft %s %s failed:\n%s", step, name, traceback.format_exc())
         raise

@@ -246,7 +246,12 @@ def train(plan: Plan, target: str, done_path: str | None = None) -> dict:
 
     if snakemake_is_stopping():
         raise DataError("Snakemake is shutting down (got SIGINT/SIGTERM): not starting another training attempt")
+    running = provenance.running_attempt(p["run_dir"])
+    if running and executor != "ray":
+        raise DataError(f"attempt {running['attempt']} of {run.name} is still running (pid {running['pid']}, started "
+                        f"{running['started']}): wait for it to end, or stop it with kill {running['pid']}")
     attempt = provenance.record_attempt(p["run_dir"], executor=executor)
+    _CURRENT.update(run_dir=p["run_dir"], attempt=attempt["attempt"])
     log.info("training %s -> %s (attempt %d, %s)", target, p["run_dir"], attempt["attempt"], executor)
     try:
         if executor == "ray":
@@ -255,6 +260,12 @@ def train(plan: Plan, target: str, done_path: str | None = None) -> dict:
             result = ray_train.train_on_ray(plan, target, lev, p, attempt["attempt"])
         else:
             result = LR.run_training(lev, p["run_dir"], p["log"])
+    except KeyboardInterrupt as e:  # SIGINT / SIGTERM / our Snakemake died: the trainer was stopped
+        provenance.finish_attempt(p["run_dir"], attempt["attempt"], "interrupted", error=str(e or "SIGINT")[:500])
+        raise
+    except LR.TrainingFailed as e:  # one line (killed by a signal, exit code, lock held)
+        provenance.finish_attempt(p["run_dir"], attempt["attempt"], "failed", error=str(e)[:500])
+        raise DataError(str(e)) from None
     except BaseException as e:
         provenance.finish_attempt(p["run_dir"], attempt["attempt"], "failed", error=f"{type(e).__name__}: {e}"[:500])
         raise
@@ -289,6 +300,20 @@ def train(plan: Plan, target: str, done_path: str | None = None) -> dict:
     if done_path:
         write_json(done_path, done)
     return done
+
+
+_CURRENT: dict = {}  # the attempt this process is running (for detach_from_ray_job)
+
+
+def detach_from_ray_job(reason: str) -> None:
+    """Our Snakemake died while a Ray job trains: leave the job running (a rerun of the same
+    command re-attaches to it by its deterministic submission id), record that, and exit."""
+    if _CURRENT:
+        provenance.finish_attempt(_CURRENT["run_dir"], _CURRENT["attempt"], "detached",
+                                  error=f"{reason}; the Ray job keeps running and a rerun re-attaches to it")
+    log.error("%s; the Ray job keeps running, rerun the same command to re-attach", reason)
+    logging.shutdown()
+    os._exit(1)
 
 
 def _link(link: str, target: str) -> None:

@@ -1,0 +1,107 @@
+"""Integration (issue 9): real `kill -9` of Snakemake (its pid only, not its process group)
+during tokenize and during training, a SIGKILLed trainer (what the OOM killer does), and
+SIGTERM to Snakemake: no orphaned rule job, no stale stop marker, a true attempts.json, one-line
+causes, and the same command afterwards finishes the run. (The Ray launcher's kill -9 case lives in
+test_tpu_profile.py, next to the emulated TPU slices it needs.)"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from pipeline_utils import alive, attempts, kill9_snakemake_only, plan, procs, run, start, wait_for
+from trajsft import levanter_run as LR
+
+pytestmark = pytest.mark.integration
+
+OVER = {"teachers": {"demo": {"training": {"max_steps": 12}}},
+        "checkpointing": {"keep_every_steps": 3, "save_interval_minutes": 600}}
+TRACEBACK = "Traceback (most recent call last)"
+
+
+def cli(wd: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "trajsft.cli", *args, "--configfile", str(wd / "test-overrides.yaml")],
+                          capture_output=True, text=True, cwd=wd, timeout=120)
+
+
+def test_rule_jobs_die_with_a_kill9ed_snakemake_and_the_rerun_finishes(tmp_path):
+    wd = tmp_path
+    t = plan(wd, "demo", OVER)
+    [tok] = [a for a in t["artifacts"] if a["kind"] == "tokenized"]
+    tok_dir, tok_manifest = wd / tok["location"], wd / tok["manifest"]
+    run_dir = wd / t["checkpoint_dir"]
+    done = wd / "checkpoints/demo/done"
+    ckpts = str(run_dir / "checkpoints")
+
+    # 1. kill -9 Snakemake while the tokenize job builds the cache (with its own local Ray)
+    p = start(wd, "checkpoints/demo/done", config=OVER, log=wd / "run1.log")
+    wait_for(lambda: list(tok_dir.glob(".cache.building-*/train")), 300, "cache build to start", p)
+    assert procs(p, "rule_tokenize")
+    tree = kill9_snakemake_only(p)
+    wait_for(lambda: not alive(tree), 120, "the tokenize job, its Ray and workers to die with Snakemake")
+    time.sleep(3)
+    assert not tok_manifest.exists(), "an orphan wrote the manifest after Snakemake was gone"
+    assert not (tok_dir / "cache").exists() and not list(tok_dir.glob(".cache.building-*"))
+    tok_log = (wd / "logs/tokenize" / f"{tok['name']}.log").read_text()
+    assert "is gone: stopping this job with it" in tok_log and "nothing was marked complete" in tok_log
+
+    # 2. the same command (after Snakemake's own --unlock): tokenize reruns (one local Ray);
+    #    then the trainer is SIGKILLed as the OOM killer would: one line, no traceback
+    run(wd, "--unlock", config=OVER)
+    p = start(wd, "checkpoints/demo/done", config=OVER, log=wd / "run2.log")
+    [trainer] = wait_for(lambda: procs(p, "levanter.main.train_lm"), 600, "train_lm to start", p)
+    assert tok_manifest.exists()
+    trainer.send_signal(signal.SIGKILL)
+    assert p.wait(timeout=300) != 0
+    out = (wd / "run2.log").read_text()
+    assert "trajsft train demo: train_lm was killed by signal 9 (SIGKILL; out of memory?)" in out
+    assert TRACEBACK not in out and "30 seconds" not in out
+    last = attempts(run_dir)[-1]
+    assert last["outcome"] == "failed" and "killed by signal 9" in last["error"]
+    [row] = json.loads(cli(wd, "status", "demo", "--json").stdout)
+    assert row["state"] == "failed" and row["cause"] == "out of memory"
+
+    # 3. SIGTERM to Snakemake mid-training: the trainer stops, the attempt says so, and the
+    #    stop marker of that run is gone once it has ended (a later run is not refused)
+    p = start(wd, "checkpoints/demo/done", config=OVER, log=wd / "run3.log")
+    wait_for(lambda: procs(p, "levanter.main.train_lm"), 300, "train_lm to start", p)
+    tree = psutil.Process(p.pid).children(recursive=True)
+    os.kill(p.pid, signal.SIGTERM)
+    assert p.wait(timeout=180) != 0
+    wait_for(lambda: not alive(tree), 60, "the train job to end with Snakemake")
+    assert not list((wd / ".snakemake").glob("trajsft-stopping-*")), "stale stop marker"
+    last = attempts(run_dir)[-1]
+    assert last["outcome"] == "interrupted" and "SIGTERM" in last["error"], last
+
+    # 4. kill -9 Snakemake after the trainer wrote a checkpoint: the train job and the trainer
+    #    die with it; nothing writes `done` behind the user's back; the attempt is recorded
+    p = start(wd, "checkpoints/demo/done", config=OVER, log=wd / "run4.log")
+    wait_for(lambda: procs(p, "levanter.main.train_lm") and LR.latest_checkpoint(ckpts), 600,
+             "a trainer checkpoint", p)
+    tree = kill9_snakemake_only(p)
+    wait_for(lambda: not alive(tree), 120, "the train job and train_lm to die with Snakemake")
+    time.sleep(3)
+    assert not done.exists()
+    ck = LR.latest_checkpoint(ckpts)
+    assert 1 <= ck["completed_steps"] < 12
+    last = attempts(run_dir)[-1]
+    assert last["outcome"] == "interrupted" and "Snakemake (run" in last["error"] and last.get("ended"), last
+
+    # 5. README recovery: --unlock, then the same command resumes and finishes
+    run(wd, "--unlock", config=OVER)
+    res = run(wd, "checkpoints/demo/done", config=OVER)
+    assert "another run_training holds" not in res.stdout + res.stderr
+    d = json.loads(done.read_text())
+    assert d["steps"] == 12
+    result = json.loads((run_dir / "training_result.json").read_text())
+    assert result["resumed_from_step"] == ck["completed_steps"]
+    assert [a["outcome"] for a in attempts(run_dir)] == ["failed", "interrupted", "interrupted", "succeeded"]
+    assert all(a.get("ended") for a in attempts(run_dir))
