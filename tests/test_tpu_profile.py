@@ -225,7 +225,7 @@ def test_kill9_of_snakemake_detaches_the_ray_launcher_and_the_rerun_reattaches(d
     (recorded as "detached"); the same command re-attaches to it instead of resubmitting."""
     wd = workdir(data, "detach")
     prof = profile(wd.parent / "detach-profile", ray_head.address, data[1],
-                   {"teachers": {"demo": {"training": {"max_steps": 10}}}})
+                   {"teachers": {"demo": {"training": {"max_steps": 11}}}})  # its own run (storage is shared)
     h = run_hash(wd, prof)
     p = _start(wd, prof, ray_head, wd / "snakemake.log")
     _running_job(ray_head, h, p)
