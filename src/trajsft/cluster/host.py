@@ -29,6 +29,7 @@ import time
 from typing import Any, Optional
 
 from .. import levanter_run as LR
+from ..status import tail
 
 ALLOW_CPU_ENV = "TRAJSFT_ALLOW_CPU_TRAINING"  # set on emulated/test Ray nodes only, never by a profile
 
@@ -161,21 +162,11 @@ def _peer_lost(host: HostInfo, grace_s: float) -> Optional[str]:
 
 
 def _last_error(log_path: str) -> str:
-    lines = _tail(log_path, 60)
+    lines = tail(log_path, 60)
     for ln in reversed(lines):
         if any(k in ln for k in ("Error", "error:", "Exception", "Traceback", "FAILED")):
             return " ".join(ln.split())[:300]
     return (" ".join(lines[-1].split())[:300]) if lines else ""
-
-
-def _tail(path: str, n: int) -> list[str]:
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - 64 * 1024))
-            return f.read().decode(errors="replace").splitlines()[-n:]
-    except OSError:
-        return []
 
 
 def run_host(job: HostJob) -> dict:
@@ -207,7 +198,7 @@ def run_host(job: HostJob) -> dict:
         chips = len(ray.get_runtime_context().get_accelerator_ids().get("TPU") or [])
         env.update({"JAX_NUM_CPU_DEVICES": str(max(1, chips)), "JAX_CPU_COLLECTIVES_IMPLEMENTATION": "gloo"})
     log_path = os.path.join(work, "train.log" if host.primary else f"train-{host.slice_id}-{host.worker_id}.log")
-    ckpt = run.complete() or LR.latest_checkpoint(run.checkpoint_dir)
+    ckpt = LR.latest_checkpoint(run.checkpoint_dir)
     header = (f"{LR._LAUNCH_MARK} train_lm id={cfg['trainer']['id']} at {dt.datetime.now().isoformat()} "
               f"on {host} ({job.attempt_tag}; latest checkpoint: {ckpt['path'] if ckpt else None})")
     stop = threading.Event()

@@ -27,6 +27,7 @@ import re
 import time
 from typing import Any, Callable, Optional
 
+from ..rayjobs import _one_line
 from .host import HostJob, run_host
 
 log = logging.getLogger("trajsft")
@@ -50,11 +51,6 @@ class Limits:
 
 def now() -> str:
     return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
-
-
-def _one_line(text: str, limit: int = 300) -> str:
-    text = " ".join(str(text).split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _chain(exc: BaseException):
