@@ -128,9 +128,15 @@ def test_trains_on_every_host_and_matches_a_single_process(data, cluster, tmp_pa
     print(f"\n2-host run: {wall:.0f}s wall, final loss {done['final_loss']:.6f}; single process {ref['final_loss']:.6f}")
 
 
-def _wait_running(run_dir: Path, n: int, proc, timeout=600) -> dict:
-    return wait_for(lambda: (sa := slice_attempts(run_dir)) and len(sa) >= n and sa[n - 1]["outcome"] == "running"
-                    and sa[n - 1], timeout, f"slice attempt {n} running", proc, poll=1.0)
+def _wait_running(run_dir: Path, after: int, proc, timeout=600) -> dict:
+    """The newest slice attempt once it is later than attempt ``after`` and runs on every host.
+
+    Ray may need more than one new attempt after a loss (an attempt scheduled onto a node that is
+    dying but not yet declared dead is itself preempted): those extra preemptions are correct
+    behaviour, so the test waits for the newest attempt rather than for a fixed number."""
+    return wait_for(lambda: (sa := slice_attempts(run_dir)) and sa[-1]["slice_attempt"] > after
+                    and sa[-1]["outcome"] == "running" and sa[-1], timeout, f"a slice attempt after {after} running",
+                    proc, poll=1.0)
 
 
 def _wait_step_after(run_dir: Path, run_id: str, step: int, proc, timeout=600) -> int:
@@ -149,28 +155,28 @@ def test_host_process_host_and_slice_losses_resume_without_snakemake_retry(data,
     kills = []
     try:
         t0 = time.time()
-        _wait_running(run_dir, 1, p)
+        sa = _wait_running(run_dir, 0, p)
         at = _wait_step_after(run_dir, h, 4, p)
         wait_for(lambda: LR.latest_checkpoint(ckdir), 300, "a checkpoint", p)
         # 1. one host's training process dies (SIGKILL, as the OOM killer would)
         [pid] = cluster.trainer_pids("slice-a", 1)
         at = logged_steps(run_dir, h)[-1]
         os.kill(pid, 9)
-        kills.append(("process", at, time.time()))
-        sa = _wait_running(run_dir, 2, p)
+        kills.append(("process", at, sa["slice_attempt"]))
+        sa = _wait_running(run_dir, sa["slice_attempt"], p)
         at = _wait_step_after(run_dir, h, sa["resumed_from_step"] + 2, p)
         # 2. a whole host goes away (raylet, workers, trainer), and comes back later
         at = logged_steps(run_dir, h)[-1]
         cluster.kill_host("slice-a", 1)
-        kills.append(("host", at, time.time()))
+        kills.append(("host", at, sa["slice_attempt"]))
         time.sleep(5)
         cluster.add_host("slice-a", TPU, 1)
-        sa = _wait_running(run_dir, 3, p)
+        sa = _wait_running(run_dir, sa["slice_attempt"], p)
         at = _wait_step_after(run_dir, h, sa["resumed_from_step"] + 2, p)
         # 3. the whole slice is preempted; a fresh slice appears later
         at = logged_steps(run_dir, h)[-1]
         cluster.kill_slice("slice-a")
-        kills.append(("slice", at, time.time()))
+        kills.append(("slice", at, sa["slice_attempt"]))
         row = wait_for(lambda: (r := status(wd, prof, cluster.head)) and "waiting" in (r.get("detail") or "") and r,
                        240, "status to show the job waiting for a slice", p, poll=2.0)
         cluster.add_slice("slice-b", TPU)
@@ -184,20 +190,26 @@ def test_host_process_host_and_slice_losses_resume_without_snakemake_retry(data,
     att = attempts(run_dir)
     assert [a["outcome"] for a in att] == ["succeeded"]
     sas = att[0]["slice_attempts"]
-    assert [s["outcome"] for s in sas] == ["preempted", "preempted", "preempted", "succeeded"], sas
-    assert att[0]["preemptions"] == 3 and att[0]["failures"] == 0
-    assert "killed by SIGKILL" in sas[0]["cause"]
-    assert sas[-1]["slices"] == ["slice-b"] and sas[0]["slices"] == ["slice-a"]
+    shown = "\n".join(f"{s['slice_attempt']} {s['outcome']} from {s['resumed_from_step']} on {s['slices']}: "
+                      f"{s.get('cause')}" for s in sas)
+    # each kill ended the attempt it hit as a preemption; nothing was a failure; the last attempt succeeded
+    assert [s["outcome"] for s in sas] == ["preempted"] * (len(sas) - 1) + ["succeeded"], shown
+    hit = {n: kind for kind, _, n in kills}
+    assert len(hit) == 3 and all(sas[n - 1]["outcome"] == "preempted" for n in hit), (kills, shown)
+    assert att[0]["preemptions"] == len(sas) - 1 >= 3 and att[0]["failures"] == 0, shown
+    assert "killed by SIGKILL" in sas[0]["cause"], shown
+    assert sas[-1]["slices"] == ["slice-b"] and sas[0]["slices"] == ["slice-a"], shown
     for prev, s in zip(sas, sas[1:]):
-        assert s["resumed_from_step"] >= 1 and s["resumed_from_step"] >= prev["resumed_from_step"]
+        assert s["resumed_from_step"] >= 1 and s["resumed_from_step"] >= prev["resumed_from_step"], shown
     done = json.loads((wd / "checkpoints/demo/done").read_text())
     assert done["steps"] == 30 and LR.hf_export_complete(done["hf_export"])
     row = status(wd, prof, cluster.head)
-    assert row["state"] == "done" and row["preemptions"] == 3
-    assert "preempted 3x" in row["detail"] and "slice-b" in row["detail"]
-    report = [f"{kind}: killed at step {at}, resumed from {s['resumed_from_step']} "
-              f"({at + 1 - s['resumed_from_step']} steps redone)" for (kind, at, _), s in zip(kills, sas[1:])]
-    print("\n" + "\n".join(report) + f"\nwall {wall:.0f}s")
+    n = len(sas) - 1
+    assert row["state"] == "done" and row["preemptions"] == n
+    assert f"preempted {n}x" in row["detail"] and "slice-b" in row["detail"]
+    report = [f"{kind}: killed at step {at}, resumed from {sas[n]['resumed_from_step']} "
+              f"({at + 1 - sas[n]['resumed_from_step']} steps redone)" for kind, at, n in kills]
+    print("\n" + "\n".join(report) + f"\nwall {wall:.0f}s\n" + shown)
 
 
 def test_old_shape_pinned_to_the_slice_head_fails_fast(data, cluster, tmp_path, monkeypatch):
