@@ -8,6 +8,9 @@ from trajsft.config import STATE_DIR, ConfigError, Plan, validate
 
 min_version("9.0")
 
+# Levanter's cache builder (rule tokenize) starts a local Ray with at least this many logical CPUs
+RAY_LOGICAL_CPUS = 8
+
 
 def validate_or_exit(cfg):
     """Schema + references; one line per problem (key and allowed values), no schema dump."""

@@ -3,8 +3,11 @@ rule download:
         f"{STATE_DIR}/raw/{{name}}/manifest.json",
     log:
         "logs/download/{name}.log",
-    conda:
-        "../envs/trajsft.yaml"
+    benchmark:
+        "benchmarks/download/{name}.tsv"
+    threads: 1  # network-bound: parquet pages from the Hub
+    resources:
+        mem_mb=4000,
     params:
         # not hashed, but checked: a changed `rows:` re-runs the download (params rerun trigger)
         rows=lambda w: PLAN.get("raw", w.name).spec["rows"],
@@ -21,8 +24,9 @@ rule shard:
         "logs/shard/{name}.log",
     benchmark:
         "benchmarks/shard/{name}.tsv"
-    conda:
-        "../envs/trajsft.yaml"
+    threads: 1
+    resources:
+        mem_mb=4000,
     params:
         # not hashed (a successful shard set is the same), but switching strict on must rerun the
         # rule so that it fails on the bad rows of an already built shard set
@@ -42,7 +46,11 @@ rule tokenize:
         "logs/tokenize/{name}.log",
     benchmark:
         "benchmarks/tokenize/{name}.tsv"
-    conda:
-        "../envs/trajsft.yaml"
+    threads: 2  # the tokenizer workers share the job's cores
+    resources:
+        mem_mb=8000,
+        # Levanter's local Ray advertises >= 8 logical CPUs (a scheduling resource, not cores; see
+        # levanter_run._MIN_RAY_CPUS): told to cluster executors, never a rerun trigger
+        ray_logical_cpus=RAY_LOGICAL_CPUS,
     script:
         "../scripts/rule_tokenize.py"

@@ -38,8 +38,9 @@ rule report_card:
         ),
     log:
         "logs/report/card/{target}.log",
-    conda:
-        "../envs/trajsft.yaml"
+    threads: 1
+    resources:
+        mem_mb=2000,
     params:
         seq_len=lambda w: report_cards.card_params(PLAN, w.target)["seq_len"],
         weights=lambda w: report_cards.card_params(PLAN, w.target)["weights"],
@@ -62,8 +63,9 @@ rule report_table:
         tsv=f"{STATE_DIR}/cards/teachers.tsv",
     log:
         "logs/report/teachers.log",
-    conda:
-        "../envs/trajsft.yaml"
+    threads: 1
+    resources:
+        mem_mb=2000,
     script:
         "../scripts/report_rule.py"
 
@@ -83,7 +85,8 @@ rule report_curves:
         json=f"{STATE_DIR}/curves/{{target}}.json",
     log:
         "logs/report/curves/{target}.log",
-    conda:
-        "../envs/trajsft.yaml"
+    threads: 1
+    resources:
+        mem_mb=2000,
     script:
         "../scripts/report_rule.py"

@@ -15,8 +15,12 @@ rule train:
         ),
     log:
         "logs/train/{target}.log",
-    conda:
-        "../envs/trajsft.yaml"
+    benchmark:
+        "benchmarks/train/{target}.tsv"
+    # locally: Levanter on this machine's CPUs; with a Ray profile only the submitter runs here
+    threads: 2
+    resources:
+        mem_mb=16000,
     params:
         run=run_name,
     script:
@@ -35,8 +39,9 @@ rule unknown_target:
     wildcard_constraints:
         other=not_a_target(),
     localrule: True
-    conda:
-        "../envs/trajsft.yaml"
+    threads: 1
+    resources:
+        mem_mb=100,
     shell:
         "false"
 

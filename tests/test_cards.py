@@ -290,7 +290,14 @@ def test_plot_curves(tmp_path, kw):
     summ = curves.plot_curves(fake_metrics(**kw), out, "training curves: demo")
     w, h = assert_png(out)
     assert (w, h) == (1100, 750)
-    assert summ["eval"] == ({} if kw.get("with_eval") is False else summ["eval"])
+    if kw.get("with_eval") is False:
+        assert summ["eval"] == {}
+    else:  # every eval series with its point count and final value
+        n = kw.get("n", 120)
+        assert set(summ["eval"]) == {"eval/loss", "eval/alpha/loss"}
+        assert summ["eval"]["eval/loss"]["points"] == {120: 7, 3: 2}[n]  # every 20 steps and the last
+        assert summ["eval"]["eval/loss"]["final_step"] == n - 1
+        assert summ["eval"]["eval/loss"]["final"] == pytest.approx(5.0 * np.exp(-(n - 1) / 40) + 1.2)
 
 
 def test_plot_curves_without_any_metrics(tmp_path):

@@ -30,6 +30,8 @@ import os
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+import numpy as np
+
 from .atomic import atomic_path, write_json
 
 log = logging.getLogger("trajsft")
@@ -39,17 +41,6 @@ CARD_VERSION = 2
 
 
 # ---- numbers -------------------------------------------------------------------------------
-def _percentile(sorted_vals: list[float], q: float) -> float:
-    """Linear interpolation between closest ranks (numpy's default ``method="linear"``)."""
-    if not sorted_vals:
-        raise ValueError("empty")
-    pos = (len(sorted_vals) - 1) * q / 100.0
-    lo, hi = math.floor(pos), math.ceil(pos)
-    if lo == hi:
-        return float(sorted_vals[lo])
-    return float(sorted_vals[lo] + (sorted_vals[hi] - sorted_vals[lo]) * (pos - lo))
-
-
 def distribution(values: Iterable[float]) -> dict:
     """``{"n", "mean", "median", "p90", "min", "max", "sum"}`` (None for an empty list)."""
     vals = sorted(float(v) for v in values if v is not None)
@@ -61,8 +52,8 @@ def distribution(values: Iterable[float]) -> dict:
     return {
         "n": len(vals),
         "mean": total / len(vals),
-        "median": _percentile(vals, 50),
-        "p90": _percentile(vals, 90),
+        "median": float(np.percentile(vals, 50)),
+        "p90": float(np.percentile(vals, 90)),
         "min": conv(vals[0]),
         "max": conv(vals[-1]),
         "sum": conv(total),
@@ -451,7 +442,6 @@ def _lengths(tok_manifest: Mapping | None, key: str = "lengths") -> list[int]:
 
 
 def _token_hist(ax, lengths: list[int], seq_len: int | None, title: str = "tokens per trajectory") -> None:
-    import numpy as np
 
     if not lengths:
         _empty_panel(ax, title, "not tokenized yet")
@@ -571,7 +561,6 @@ def plot_mixture(card: Mapping, manifests: Mapping[str, tuple[Mapping, Mapping |
                  out_png: str | os.PathLike) -> str:
     """One PNG for a mixture card: weights vs natural token shares, rows per teacher, and overlaid
     histograms (share of each teacher's trajectories) of tokens and turns per trajectory."""
-    import numpy as np
 
     plt = _plt()
     manifests = manifests or {}

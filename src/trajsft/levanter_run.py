@@ -892,37 +892,22 @@ def _plain(x):
 
 
 def latest_checkpoint(checkpoint_dir: str) -> Optional[dict]:
-    """The checkpoint Levanter would resume from (same rule as ``discover_latest_checkpoint``:
-    a subdir with ``metadata.json``, newest by (timestamp, step)). Returns ``{"path", "step"
-    (metadata step = 0-based index of the last completed step), "completed_steps" (step + 1 =
-    trainer state step), "is_temporary", "timestamp"}`` or None. Directories without
-    ``metadata.json`` are unfinished saves and are ignored (as Levanter does)."""
+    """The checkpoint Levanter resumes from (``levanter.checkpoint.discover_latest_checkpoint``: a
+    subdir with ``metadata.json``, newest by (timestamp, step)), with what callers need from its
+    metadata: ``{"path", "step" (metadata step = 0-based index of the last completed step),
+    "completed_steps" (step + 1 = trainer state step), "is_temporary", "timestamp"}``, or None."""
     if not _exists(checkpoint_dir):
         return None
-    fs = _fs(checkpoint_dir) if _is_remote(checkpoint_dir) else None
-    cands = []
-    if fs is None:
-        names = [os.path.join(checkpoint_dir, n) for n in os.listdir(checkpoint_dir)]
-        dirs = [d for d in names if os.path.isdir(d)] + [checkpoint_dir]
-    else:
-        proto = checkpoint_dir.split("://", 1)[0]
-        dirs = [f"{proto}://{d}" if "://" not in d else d for d in fs.ls(checkpoint_dir) if fs.isdir(d)]
-        dirs.append(checkpoint_dir)
-    for d in dirs:
-        meta_path = os.path.join(d, "metadata.json")
-        try:
-            meta = _read_json(meta_path)
-        except (FileNotFoundError, OSError, ValueError):
-            continue
-        ts = _dt.datetime.fromisoformat(meta["timestamp"])
-        cands.append((ts, int(meta["step"]), d, meta))
-    if not cands:
+    from levanter.checkpoint import discover_latest_checkpoint
+
+    d = discover_latest_checkpoint(checkpoint_dir)
+    if d is None:
         return None
-    ts, step, d, meta = max(cands, key=lambda c: (c[0], c[1]))
+    meta = _read_json(os.path.join(d, "metadata.json"))
     return {
         "path": d,
-        "step": step,
-        "completed_steps": step + 1,
+        "step": int(meta["step"]),
+        "completed_steps": int(meta["step"]) + 1,
         "is_temporary": bool(meta.get("is_temporary", False)),
         "timestamp": meta["timestamp"],
     }
@@ -1455,51 +1440,3 @@ def run_training(
         result = collect_result(run, log_path, ckpt, launched=launched, returncode=rc, config_path=config_path)
         _write_json_atomic(os.path.join(run_dir, _RESULT_FILE), result)
         return result
-
-
-# --------------------------------------------------------------------------------------
-# CLI (used for the export subprocess; handy from Snakemake shell rules too)
-# --------------------------------------------------------------------------------------
-
-
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    import argparse
-
-    argv = list(sys.argv[1:] if argv is None else argv)
-    p = argparse.ArgumentParser(prog="python -m trajsft.levanter_run")
-    sub = p.add_subparsers(dest="cmd", required=True)
-    b = sub.add_parser("build-cache", help="build a chat cache; prints stats JSON")
-    b.add_argument("--train-url", action="append", required=True)
-    b.add_argument("--validation-url", action="append", default=[])
-    b.add_argument("--cache-dir", required=True)
-    b.add_argument("--tokenizer", required=True)
-    b.add_argument("--chat-template-file", required=True)
-    b.add_argument("--seq-len", type=int)
-    b.add_argument("--stats-out")
-    t = sub.add_parser("train", help="run_training on a JSON/YAML config dict; prints result JSON")
-    t.add_argument("--config", required=True)
-    t.add_argument("--run-dir", required=True)
-    t.add_argument("--log", required=True)
-    a = p.parse_args(argv)
-    if a.cmd == "build-cache":
-        with open(a.chat_template_file) as f:
-            tmpl = f.read()
-        stats = build_chat_cache(
-            a.train_url, a.validation_url, a.cache_dir, a.tokenizer, tmpl, seq_len=a.seq_len
-        )
-        if a.stats_out:
-            _write_json_atomic(a.stats_out, stats)
-        print(json.dumps({k: v for k, v in stats.items() if k not in ("train", "validation")}))
-        return 0
-    if a.cmd == "train":
-        import yaml
-
-        with open(a.config) as f:
-            cfg = yaml.safe_load(f)
-        print(json.dumps(run_training(cfg, a.run_dir, a.log)))
-        return 0
-    return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -155,6 +155,7 @@ from typing import Any
 from urllib.parse import quote
 
 import requests
+import tenacity
 
 log = logging.getLogger(__name__)
 
@@ -162,6 +163,8 @@ SUBMISSION_PREFIX = "trajsft-"
 TERMINAL_STATUSES = frozenset({"SUCCEEDED", "FAILED", "STOPPED"})
 ACTIVE_STATUSES = frozenset({"PENDING", "RUNNING"})
 DEFAULT_PORT = 8265
+MAX_ATTEMPTS = 50  # attempt ids a0..a49 per content hash
+STOP_WAIT_S = 120.0  # after a signal: how long to wait for the stopped job to be terminal
 SECRET_NAME_RE = re.compile(
     r"(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|APIKEY|ACCESS_KEY|PRIVATE_KEY|CREDENTIAL)",
     re.IGNORECASE,
@@ -934,14 +937,15 @@ def stop(
     if status in TERMINAL_STATUSES:
         return status
     conn.stop_job(job_id)
-    deadline = time.monotonic() + wait_s
-    while True:
-        status = conn.status(job_id)
-        if status in TERMINAL_STATUSES or time.monotonic() >= deadline:
-            if status not in TERMINAL_STATUSES:
-                log.warning("Ray job %s still %s %gs after stop request", job_id, status, wait_s)
-            return status
-        time.sleep(poll_s)
+    status = tenacity.Retrying(  # poll until terminal; after wait_s, the last status seen
+        retry=tenacity.retry_if_result(lambda st: st not in TERMINAL_STATUSES),
+        stop=tenacity.stop_after_delay(wait_s),
+        wait=tenacity.wait_fixed(poll_s),
+        retry_error_callback=lambda state: state.outcome.result(),
+    )(conn.status, job_id)
+    if status not in TERMINAL_STATUSES:
+        log.warning("Ray job %s still %s %gs after stop request", job_id, status, wait_s)
+    return status
 
 
 # --------------------------------------------------------------------------- run_job
@@ -981,19 +985,15 @@ def run_job(
     entrypoint_resources: Mapping[str, float] | None = None,
     metadata: Mapping[str, str] | None = None,
     env_vars: Mapping[str, str] | Iterable[str] | None = None,
-    entrypoint_num_cpus: float | None = None,
     python: str = "python",
-    first_attempt: int = 0,
-    max_attempts: int = 50,
     retries: int = 0,
     poll_s: float = 2.0,
-    stop_wait_s: float = 120.0,
     handle_signals: bool = True,
     auth_token: str | None = None,
 ) -> JobResult:
     """Run (or re-attach to) the job for ``content_hash``; succeed iff SUCCEEDED.
 
-    Attempt ids ``trajsft-<hash>-a<n>`` are scanned from ``first_attempt``:
+    Attempt ids ``trajsft-<hash>-a<n>`` are scanned from a0 (at most ``MAX_ATTEMPTS``):
     FAILED/STOPPED attempts are skipped, a PENDING/RUNNING/SUCCEEDED one is
     attached to, the first unused id is submitted.  If the job then fails,
     up to ``retries`` further attempts are submitted (e.g. after preemption).
@@ -1015,17 +1015,14 @@ def run_job(
             redact[k] = str(v)
     want_sha = hashlib.sha256(entrypoint.encode()).hexdigest()
 
-    attempt = first_attempt
+    attempt = 0
     retries_left = retries
     current: str | None = None
     with _signal_flag(handle_signals) as got:
         try:
             while True:
-                if attempt >= first_attempt + max_attempts:
-                    raise RayJobsError(
-                        f"no usable attempt id for {content_hash} in "
-                        f"a{first_attempt}..a{first_attempt + max_attempts - 1}"
-                    )
+                if attempt >= MAX_ATTEMPTS:
+                    raise RayJobsError(f"no usable attempt id for {content_hash} in a0..a{MAX_ATTEMPTS - 1}")
                 current = submission_id(content_hash, attempt)
                 try:
                     job_id, attached = submit_or_attach(
@@ -1036,7 +1033,6 @@ def run_job(
                         entrypoint_resources=entrypoint_resources,
                         metadata=metadata,
                         env_vars=env_vars,
-                        entrypoint_num_cpus=entrypoint_num_cpus,
                         python=python,
                         _conn=conn,
                     )
@@ -1077,7 +1073,7 @@ def run_job(
         status = None
         if current is not None:
             try:
-                status = stop(conn.address, current, stop_wait_s, _conn=conn)
+                status = stop(conn.address, current, STOP_WAIT_S, _conn=conn)
             except JobNotFound:
                 pass
             except RayJobsError as e:

@@ -42,11 +42,6 @@ def profile_configfiles(profile: str | None) -> list[str]:
     return [str(f if os.path.isabs(f) else C.REPO_DIR / f) for f in files]
 
 
-def load_plan(profile: str | None = None, configfiles: list[str] | None = None) -> C.Plan:
-    cfg = C.load([C.DEFAULT_CONFIG, *profile_configfiles(profile), *(configfiles or [])])
-    return C.Plan(cfg, base_dir=C.REPO_DIR)
-
-
 def classify(text: str) -> str | None:
     for cause, pat in CAUSES:
         if pat.search(text or ""):

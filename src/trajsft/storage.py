@@ -36,11 +36,6 @@ def read_bytes(path: str) -> bytes:
     return fs.cat_file(p)
 
 
-def makedirs(path: str) -> None:
-    if not is_remote(path):
-        Path(path).mkdir(parents=True, exist_ok=True)
-
-
 def put_tree(local_dir: str | os.PathLike, dest: str) -> None:
     """Copy a local directory's files to ``dest`` (local or bucket)."""
     local_dir = Path(local_dir)
