@@ -11,6 +11,12 @@ min_version("9.0")
 # Levanter's cache builder (rule tokenize) starts a local Ray with at least this many logical CPUs
 RAY_LOGICAL_CPUS = 8
 
+# the train rule runs Levanter on this machine's CPUs, or, with a Ray profile, only a light submitter that
+# follows the job (so that every target of a `--cores 4` profile can be submitted at once)
+TRAIN_LOCAL = config["executor"] != "ray"
+TRAIN_THREADS = 2 if TRAIN_LOCAL else 1
+TRAIN_MEM_MB = 16000 if TRAIN_LOCAL else 1000
+
 
 def validate_or_exit(cfg):
     """Schema + references; one line per problem (key and allowed values), no schema dump."""

@@ -17,10 +17,9 @@ rule train:
         "logs/train/{target}.log",
     benchmark:
         "benchmarks/train/{target}.tsv"
-    # locally: Levanter on this machine's CPUs; with a Ray profile only the submitter runs here
-    threads: 2
+    threads: TRAIN_THREADS
     resources:
-        mem_mb=16000,
+        mem_mb=TRAIN_MEM_MB,
     params:
         run=run_name,
     script:
