@@ -232,3 +232,19 @@ def test_mixture_export_has_every_teacher_and_the_weights(tmp_path):
     assert res["mix"]["llamafactory_args"] == {"dataset": "demo,demo2", "mix_strategy": "interleave_under", "interleave_probs": "0.75,0.25"}
     for t in ("demo", "demo2"):
         assert len(_load(sorted((out / "messages" / t).glob("train-*.jsonl")))) == res["teachers"][t]["messages_rows"]["train"]
+
+
+@pytest.mark.integration
+def test_snakemake_export_rule_on_the_demo(tmp_path):
+    """The real rule (download -> shard -> export, no training: ~20 s): manifest, log, benchmark."""
+    from pipeline_utils import run
+
+    run(tmp_path, "results/exports/demo/manifest.json")
+    m = json.loads((tmp_path / "results/exports/demo/manifest.json").read_text())
+    plan = make_plan(tmp_path)  # same config, so the same content-addressed name
+    assert m["name"] == plan.target("demo")["export"].name and m["hash_inputs"]["format"] == C.FORMAT_VERSIONS["exports"]
+    out = tmp_path / m["location"]  # storage_root `results`, relative to the workdir
+    assert (out / "llamafactory" / "dataset_info.json").exists() and (out / "manifest.json").exists()
+    assert m["messages"]["rows"] == 55 and m["llamafactory"]["rows"] + m["llamafactory"]["skipped_total"] == 55
+    assert (tmp_path / "benchmarks/export/demo.tsv").exists() and (tmp_path / "logs/export/demo.log").exists()
+    assert (tmp_path / "results/exports/demo/skipped.jsonl").exists()
