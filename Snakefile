@@ -9,6 +9,7 @@ configfile: os.path.join(workflow.basedir, "config", "config.yaml")
 include: "rules/common.smk"
 include: "rules/data.smk"
 include: "rules/train.smk"
+include: "rules/export.smk"
 include: "rules/report.smk"
 
 

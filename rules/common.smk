@@ -90,6 +90,13 @@ def tokenized_manifests(wildcards):
     return [a.manifest for a in PLAN.target(wildcards.target)["tokenized"]]
 
 
+def export_inputs(wildcards):
+    """Input function (export): the shard manifests of the target's teachers."""
+    return [
+        PLAN.get(*dep).manifest for dep in PLAN.target(wildcards.target)["export"].deps
+    ]
+
+
 def run_name(wildcards):
     return PLAN.target(wildcards.target)["run"].name
 

@@ -24,9 +24,9 @@ DEFAULT_CONFIG = REPO_DIR / "config" / "config.yaml"
 TEMPLATE_PATH = PACKAGE_DIR / "templates" / "qwen3_chat_template.jinja"
 
 # Bump when the code that writes an artifact changes its bytes for the same inputs.
-FORMAT_VERSIONS = {"raw": 2, "shards": 2, "tokenized": 2, "checkpoints": 1}
+FORMAT_VERSIONS = {"raw": 2, "shards": 2, "tokenized": 2, "checkpoints": 1, "exports": 1}
 STATE_DIR = "results"  # local manifests that Snakemake tracks (small files only)
-KINDS = ("raw", "shards", "tokenized", "checkpoints")
+KINDS = ("raw", "shards", "tokenized", "checkpoints", "exports")
 
 
 REVISION_RE = re.compile(r"^(?:[0-9a-f]{7,40}|local)$")
@@ -287,7 +287,20 @@ class Plan:
                 "tokenized": {t: a.name for t, _, a in tokenized},
             },
         )
-        return {"name": name, "run": run, "tokenized": [a for _, _, a in tokenized]}
+        return {"name": name, "run": run, "tokenized": [a for _, _, a in tokenized],
+                "export": self._export(name, {t: w / total for t, w in weights.items()})}
+
+    def _export(self, target: str, weights: dict[str, float]) -> Artifact:
+        """The target's shards for other trainers (rule `export`): LLaMA-Factory + messages jsonl."""
+        shards = {t: self._shards(t) for t in sorted(weights)}
+        inputs = {"format": FORMAT_VERSIONS["exports"], "target": target,
+                  "data": [{"teacher": t, "weight": weights[t], "shards": a.hash} for t, a in shards.items()]}
+        h = hashing.short(inputs)
+        art = self._add("exports", f"{target}-{h}", h, inputs, deps=[(a.kind, a.name) for a in shards.values()],
+                        spec={"target": target, "weights": {t: weights[t] for t in shards},
+                              "shards": {t: a.name for t, a in shards.items()}})
+        art.manifest = str(Path(self.state_dir, "exports", target, "manifest.json"))  # per target, like cards
+        return art
 
     def _student_identity(self, student: dict) -> dict:
         ident = {k: v for k, v in student.items() if k not in ("tokenizer", "tokenizer_revision", "hf_checkpoint")}

@@ -1,0 +1,22 @@
+# Export a target's validated shards for other trainers (trajsft.export_data): a LLaMA-Factory
+# sharegpt dataset (dataset_info.json + jsonl) and a TRL / HF datasets `messages` jsonl.
+# The payload is content-addressed (<storage_root>/exports/<target>-<hash>/, Plan._export); the
+# local manifest is per target, and `params.name` reruns the rule when that hash changes.
+
+
+rule export:
+    input:
+        export_inputs,
+    output:
+        f"{STATE_DIR}/exports/{{target}}/manifest.json",
+    log:
+        "logs/export/{target}.log",
+    benchmark:
+        "benchmarks/export/{target}.tsv"
+    conda:
+        "../envs/trajsft.yaml"
+    threads: 1
+    params:
+        name=lambda wildcards: PLAN.target(wildcards.target)["export"].name,
+    script:
+        "../scripts/rule_export.py"

@@ -1,0 +1,250 @@
+"""Rule `export` (trajsft.export_data): LLaMA-Factory sharegpt + TRL/HF messages jsonl.
+
+Loaded back with `datasets` and checked turn by turn, tool call by tool call, against the
+shards. LLaMA-Factory itself cannot be installed here (its PyPI wheel pulls torch with the CUDA
+stack and pins datasets<=4.0.0), so its sharegpt rules are checked as documented: tags from
+dataset_info.json, human/observation and gpt/function_call alternating from a human turn, a
+function_call value that is a JSON call (or list of calls), optionally after the turn's text
+and wrapped in <tool_call>...</tool_call> (LLaMA-Factory 0.9.5's tool_call_words).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import datasets
+import pytest
+
+import hostile_corpus as H
+from test_steps import build_shards, make_plan
+from trajsft import config as C
+from trajsft import export_data as E
+from trajsft import steps
+from trajsft import transform as T
+
+SEP = "\n</tool_response>\n<tool_response>\n"
+
+
+def _plain(x):
+    """A value loaded by `datasets` without the None it fills in for absent keys."""
+    if isinstance(x, dict):
+        return {k: _plain(v) for k, v in x.items() if v is not None}
+    if isinstance(x, list):
+        return [_plain(v) for v in x]
+    return x
+
+
+def _load(files: list[Path]) -> list[dict]:
+    ds = datasets.load_dataset("json", data_files=[str(f) for f in files], split="train")
+    return [_plain(r) for r in ds]
+
+
+def _shard_records(plan, teacher="demo") -> dict[str, list[dict]]:
+    import gzip
+
+    loc = Path(plan.get("shards", plan.target(teacher)["export"].spec["shards"][teacher]).location)
+    out: dict[str, list[dict]] = {}
+    for f in sorted(loc.glob("*.jsonl.gz")):
+        out.setdefault(f.name.split("-")[0], []).extend(json.loads(x) for x in gzip.decompress(f.read_bytes()).splitlines())
+    return out
+
+
+@pytest.fixture(scope="module")
+def demo_export(tmp_path_factory):
+    plan = make_plan(tmp_path_factory.mktemp("export"))
+    build_shards(plan)
+    return plan, E.export(plan, "demo"), Path(plan.target("demo")["export"].location)
+
+
+def test_messages_jsonl_loads_with_datasets_and_equals_the_shards(demo_export):
+    plan, res, out = demo_export
+    shards = _shard_records(plan)
+    for split, recs in shards.items():
+        loaded = _load(sorted((out / "messages" / "demo").glob(f"{split}-*.jsonl")))
+        assert len(loaded) == len(recs) == res["teachers"]["demo"]["messages_rows"][split]
+        for got, want in zip(loaded, recs):
+            assert got == _plain(want)  # every turn, reasoning, tool call id, tool_call_id and name
+    calls = [c for r in shards["train"] for m in r["messages"] for c in m.get("tool_calls", ())]
+    assert len(calls) > 100 and all(c.get("id") for c in calls)
+
+
+def _check_sharegpt(row: dict, tags: dict) -> None:
+    """LLaMA-Factory's documented sharegpt rules for one row."""
+    conv = row["conversations"]
+    assert conv and len(conv) % 2 == 0
+    for i, t in enumerate(conv):
+        allowed = (tags["user_tag"], tags["observation_tag"]) if i % 2 == 0 else (tags["assistant_tag"], tags["function_tag"])
+        assert t[tags["role_tag"]] in allowed, (i, t)
+        if t["from"] == tags["function_tag"]:
+            v = t["value"]
+            payload = v[v.index("<tool_call>") + 11: -12] if v.endswith("</tool_call>") else v
+            calls = json.loads(payload)
+            for c in calls if isinstance(calls, list) else [calls]:
+                assert set(c) == {"name", "arguments"} and isinstance(c["arguments"], dict)
+
+
+def _walk(row: dict) -> list[tuple]:
+    """Independent reading of a sharegpt row: (role, content, reasoning, [(name, args)]) per message."""
+    out = []
+    if row.get("system") is not None:
+        out.append(("system", row["system"], None, []))
+    for t in row["conversations"]:
+        v = t["value"]
+        if t["from"] == "human":
+            out.append(("user", v, None, []))
+        elif t["from"] == "observation":
+            out += [("tool", part, None, []) for part in v.split(SEP)]
+        else:
+            calls = []
+            if t["from"] == "function_call":
+                head, _, tail = v.partition("<tool_call>") if v.endswith("</tool_call>") else ("", "", v + "</tool_call>")
+                parsed = json.loads(tail[: -len("</tool_call>")])
+                calls = [(c["name"], c["arguments"]) for c in (parsed if isinstance(parsed, list) else [parsed])]
+                v = head[:-1] if head.endswith("\n") and not head.endswith("</think>\n\n") else head
+            reasoning = None
+            if v.startswith("<think>\n"):
+                reasoning, _, v = v[len("<think>\n"):].partition("\n</think>\n\n")
+            out.append(("assistant", v, reasoning, calls))
+    return out
+
+
+def _expected(msgs: list[dict]) -> list[tuple]:
+    last = max(i for i, m in enumerate(msgs) if m["role"] == "assistant")
+    out = []
+    for m in msgs[: last + 1]:
+        calls = [(c["function"]["name"], json.loads(c["function"]["arguments"]) if isinstance(c["function"]["arguments"], str)
+                  else c["function"]["arguments"]) for c in m.get("tool_calls", ())]
+        out.append((m["role"], m["content"], m.get("reasoning_content"), calls))
+    return out
+
+
+def test_llamafactory_dataset_loads_and_round_trips(demo_export):
+    plan, res, out = demo_export
+    lf = out / "llamafactory"
+    info = json.loads((lf / "dataset_info.json").read_text())
+    assert set(info) == {"demo", "demo_validation"}
+    for name, entry in info.items():
+        assert entry["formatting"] == "sharegpt" and entry["columns"] == {"messages": "conversations", "system": "system"}
+        assert entry["tags"]["function_tag"] == "function_call" and entry["tags"]["observation_tag"] == "observation"
+    shards = _shard_records(plan)
+    for name, entry in info.items():
+        split = "train" if name == "demo" else "validation"
+        rows = _load(sorted((lf / entry["file_name"]).glob("*.jsonl")))  # a dir file_name: every file in it
+        assert len(rows) == len(shards[split])  # the demo has no chat sharegpt cannot hold
+        for row, rec in zip(rows, shards[split]):
+            _check_sharegpt(row, entry["tags"])
+            assert _walk(row) == _expected(rec["messages"]), rec["traj_id"]
+    ev, lossy = res["llamafactory"]["events"], res["llamafactory"]["lossy"]
+    n_calls = sum(len(m.get("tool_calls", ())) for r in shards["train"] + shards.get("validation", []) for m in r["messages"])
+    assert lossy["tool_call_ids_dropped"] == n_calls
+    assert ev["reasoning_in_think_block"] > 0 and ev["parallel_tool_calls"] > 0 and ev["tool_replies_joined"] > 0
+    assert lossy.get("trailing_turns_dropped", 0) >= 1
+
+
+def _rec(msgs, traj_id="t"):
+    return {"messages": msgs, "traj_id": traj_id, "teacher": "x"}
+
+
+U = {"role": "user", "content": "fix it"}
+
+
+def _call(i, name="bash", args='{"command": "ls"}'):
+    return {"id": f"c{i}", "type": "function", "function": {"name": name, "arguments": args}}
+
+
+def test_parallel_calls_reasoning_system_and_joined_replies():
+    msgs = [{"role": "system", "content": "sys"}, U,
+            {"role": "assistant", "content": "two at once", "reasoning_content": "plan", "tool_calls": [_call(1), _call(2, "edit", {"path": "a"})]},
+            {"role": "tool", "tool_call_id": "c1", "name": "bash", "content": "A"},
+            {"role": "tool", "tool_call_id": "c2", "content": "B"},
+            {"role": "assistant", "content": "", "tool_calls": [_call(3, args='{"command":"ls"}')]},
+            {"role": "tool", "tool_call_id": "c3", "content": "C"},
+            {"role": "assistant", "content": "done"},
+            {"role": "user", "content": "thanks"}]
+    row, ev = E.sharegpt_row(_rec(msgs))
+    assert row["system"] == "sys"
+    assert [t["from"] for t in row["conversations"]] == ["human", "function_call", "observation", "function_call", "observation", "gpt"]
+    assert row["conversations"][1]["value"] == ('<think>\nplan\n</think>\n\ntwo at once\n<tool_call>[{"name": "bash", "arguments": {"command": "ls"}}, '
+                                                '{"name": "edit", "arguments": {"path": "a"}}]</tool_call>')
+    assert row["conversations"][2]["value"] == "A" + SEP + "B"
+    assert row["conversations"][3]["value"] == '{"name": "bash", "arguments": {"command": "ls"}}'  # documented plain form
+    assert ev == Counter({"tool_call_ids_dropped": 3, "tool_reply_ids_dropped": 3, "names_dropped:tool": 1, "arguments_reserialized": 1,
+                          "trailing_turns_dropped": 1, "reasoning_in_think_block": 1, "parallel_tool_calls": 1,
+                          "function_call_with_text": 1, "tool_replies_joined": 1})
+    assert E.messages_from_sharegpt(row) == E.sharegpt_view(msgs)
+    assert E.messages_row(_rec(msgs))["messages"] == msgs  # the messages export keeps everything
+
+
+@pytest.mark.parametrize("msgs,reason", [
+    ([U, {"role": "assistant", "content": "a", "tool_calls": [_call(1)]}, {"role": "tool", "tool_call_id": "c1", "content": "x"},
+      {"role": "user", "content": "more"}, {"role": "assistant", "content": "b"}], "user_after_user"),
+    ([U, {"role": "assistant", "content": "a"}, {"role": "assistant", "content": "b"}], "assistant_after_assistant"),
+    ([{"role": "assistant", "content": "hi"}, U, {"role": "assistant", "content": "b"}], "assistant_before_user"),
+    ([U, {"role": "system", "content": "late"}, {"role": "assistant", "content": "b"}], "system_not_first"),
+])
+def test_unrepresentable_chats_are_skipped_with_a_reason(msgs, reason):
+    rows, events, skipped = E.convert_split([_rec(msgs, "bad"), _rec([U, {"role": "assistant", "content": "ok"}], "good")])
+    assert len(rows) == 1 and skipped == [{"traj_id": "bad", "reason": reason, "detail": skipped[0]["detail"]}]
+    assert reason in E.SKIP_REASONS and "\n" not in skipped[0]["detail"]
+
+
+def test_every_kept_hostile_row_exports_or_is_skipped_with_a_reason():
+    rows = [(T.Source("f", i), r) for i, (k, r) in enumerate(H.corpus_rows())]
+    res = T.transform_rows(rows, "hostile", {"drop_roles": ["exit"], "dedup_traj_id": True})
+    recs = res.records["train"] + res.records["validation"]
+    out, events, skipped = E.convert_split(recs)  # raises if a row does not read back
+    assert len(out) + len(skipped) == len(recs) and len(out) > 20
+    for row, rec in zip(out, [r for r in recs if r["traj_id"] not in {s["traj_id"] for s in skipped}]):
+        _check_sharegpt(row, E.LF_TAGS)
+        assert _walk(json.loads(json.dumps(row))) == _expected(rec["messages"]), rec["traj_id"]
+
+
+def test_export_hash_covers_data_and_weights_not_cosmetics(tmp_path):
+    base = make_plan(tmp_path).target("demo")["export"]
+    assert base.location.endswith(f"exports/{base.name}") and base.manifest.endswith("exports/demo/manifest.json")
+    assert make_plan(tmp_path, wandb={"project": "other"}).target("demo")["export"].hash == base.hash
+    assert make_plan(tmp_path, training={"learning_rate": 1e-3}).target("demo")["export"].hash == base.hash
+    assert make_plan(tmp_path, transform={"resolved_only": True}).target("demo")["export"].hash != base.hash
+    cfg = C.load()
+    plan = C.Plan(cfg)
+    mix = plan.target("mix-minimax-gemini")["export"]
+    assert set(mix.spec["shards"]) == {"minimax-m2.5", "gemini-3-flash"}
+    w = dict(cfg["mixtures"]["mix-minimax-gemini"]["teachers"])
+    w["gemini-3-flash"] = w["gemini-3-flash"] * 3
+    cfg2 = C.load(None, {"mixtures": {"mix-minimax-gemini": {"teachers": w}}})
+    assert C.Plan(cfg2).target("mix-minimax-gemini")["export"].hash != mix.hash
+
+
+def test_mixture_export_has_every_teacher_and_the_weights(tmp_path):
+    demo = {"dataset": "demo/dataset", "revision": "local", "rows": 60, "student": "tiny", "transform": {"heldout_fraction": 0.1}}
+    plan = make_plan(tmp_path, teachers={"demo2": demo}, mixtures={"mix-demo": {"teachers": {"demo": 3, "demo2": 1}, "student": "tiny"}})
+    build_shards(plan)
+    names = {a.kind: a.name for a in plan.chain("demo2")}
+    steps.download(plan, names["raw"])
+    steps.shards(plan, names["shards"])
+    res = E.export(plan, "mix-demo")
+    out = Path(plan.target("mix-demo")["export"].location)
+    info = json.loads((out / "llamafactory" / "dataset_info.json").read_text())
+    assert set(info) == {"demo", "demo_validation", "demo2", "demo2_validation"}
+    assert res["mix"]["weights"] == {"demo": 0.75, "demo2": 0.25}
+    assert res["mix"]["llamafactory_args"] == {"dataset": "demo,demo2", "mix_strategy": "interleave_under", "interleave_probs": "0.75,0.25"}
+    for t in ("demo", "demo2"):
+        assert len(_load(sorted((out / "messages" / t).glob("train-*.jsonl")))) == res["teachers"][t]["messages_rows"]["train"]
+
+
+@pytest.mark.integration
+def test_snakemake_export_rule_on_the_demo(tmp_path):
+    """The real rule (download -> shard -> export, no training: ~20 s): manifest, log, benchmark."""
+    from pipeline_utils import run
+
+    run(tmp_path, "results/exports/demo/manifest.json")
+    m = json.loads((tmp_path / "results/exports/demo/manifest.json").read_text())
+    plan = make_plan(tmp_path)  # same config, so the same content-addressed name
+    assert m["name"] == plan.target("demo")["export"].name and m["hash_inputs"]["format"] == C.FORMAT_VERSIONS["exports"]
+    out = tmp_path / m["location"]  # storage_root `results`, relative to the workdir
+    assert (out / "llamafactory" / "dataset_info.json").exists() and (out / "manifest.json").exists()
+    assert m["messages"]["rows"] == 55 and m["llamafactory"]["rows"] + m["llamafactory"]["skipped_total"] == 55
+    assert (tmp_path / "benchmarks/export/demo.tsv").exists() and (tmp_path / "logs/export/demo.log").exists()
+    assert (tmp_path / "results/exports/demo/skipped.jsonl").exists()
