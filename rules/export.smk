@@ -13,9 +13,9 @@ rule export:
         "logs/export/{target}.log",
     benchmark:
         "benchmarks/export/{target}.tsv"
-    conda:
-        "../envs/trajsft.yaml"
     threads: 1
+    resources:
+        mem_mb=4000,
     params:
         name=lambda wildcards: PLAN.target(wildcards.target)["export"].name,
     script:
