@@ -10,9 +10,7 @@ switch for this; our thin layer is a ``Trainer`` subclass, put in ``train_lm``'s
 
 from __future__ import annotations
 
-import logging
-
-log = logging.getLogger("trajsft.train_lm_main")
+import sys
 
 
 def final_hooks_once(trainer_cls: type) -> type:
@@ -24,7 +22,9 @@ def final_hooks_once(trainer_cls: type) -> type:
         def run_hooks(self, info, force: bool = False):
             if force:
                 if self._forced_step == info.step:
-                    log.info("trajsft: end-of-training hooks already ran for step %d; not running them again", info.step)
+                    # to the train log (Levanter's logging setup leaves other loggers at WARNING)
+                    print(f"trajsft: end-of-training hooks already ran for step {info.step}; not running them again",
+                          file=sys.stderr, flush=True)
                     return
                 self._forced_step = info.step
             return super().run_hooks(info, force=force)
