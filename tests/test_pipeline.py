@@ -69,14 +69,15 @@ def test_final_hf_export_and_eval_run_once(demo):
     evaluates once at the end, although train_lm.main re-runs the end-of-training hooks."""
     wd, t = demo
     done = json.loads((wd / "checkpoints/demo/done").read_text())
-    lev = json.loads(Path(done["checkpoint_dir"], "provenance", "config.json").read_text())["levanter"]
+    lev = json.loads((wd / done["checkpoint_dir"] / "provenance" / "config.json").read_text())["levanter"]
     assert lev["epoch"] > 0 and lev["trainer"]["watch"] == {"interval": 0}
-    log = Path(done["log"]).read_text()
+    log = (wd / done["log"]).read_text()
     final = done["hf_export"]
     assert log.count(f"Saving HF-compatible checkpoint to {final}") == 1, "final HF export written more than once"
     assert log.count("end-of-training hooks already ran for step") == 1
     last = done["steps"] - 1
-    evals = [json.loads(line[line.index("{"):])["step"] for line in log.splitlines() if '"eval/loss"' in line]
+    logged = [json.loads(line[line.index("{"):]) for line in log.splitlines() if '"event": "log"' in line]
+    evals = [e["step"] for e in logged if "eval/loss" in e.get("metrics", {})]
     # Trainer.train's own scheduled eval (when the last step is on the eval period) + its forced one; not a third
     expected = 1 + (last % lev["trainer"]["steps_per_eval"] == 0)
     assert evals.count(last) == expected
