@@ -45,6 +45,9 @@ rule report_card:
         seq_len=lambda w: report_cards.card_params(PLAN, w.target)["seq_len"],
         weights=lambda w: report_cards.card_params(PLAN, w.target)["weights"],
         mixture=lambda w: report_cards.card_params(PLAN, w.target)["mixture"],
+        native_seq_len=lambda w: report_cards.card_params(PLAN, w.target)[
+            "native_seq_len"
+        ],
     script:
         "../scripts/report_rule.py"
 

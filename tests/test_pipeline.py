@@ -46,7 +46,7 @@ def test_done_marker_points_at_content_addressed_run(demo):
 
 
 def test_hf_export_loads_with_transformers_and_safetensors(demo):
-    from safetensors.numpy import load_file
+    from safetensors.flax import load_file  # bf16 exports: numpy has no bfloat16
     from transformers import AutoConfig, AutoTokenizer
 
     wd, _ = demo
@@ -60,6 +60,29 @@ def test_hf_export_loads_with_transformers_and_safetensors(demo):
     assert any("embed_tokens" in k for k in tensors)
     emb = next(v for k, v in tensors.items() if "embed_tokens" in k)
     assert emb.shape[1] == 64 and emb.shape[0] >= len(AutoTokenizer.from_pretrained(REPO / "demo/tokenizer"))
+    assert str(emb.dtype) == "bfloat16"  # checkpointing.hf_save_dtype (cosmetic) defaults to bf16
+    assert {str(v.dtype) for v in tensors.values()} == {"bfloat16"}
+
+
+def test_final_hf_export_and_eval_run_once(demo):
+    """The demo (one teacher, 2 passes: Levanter's `epoch` > 0) writes its final HF export once and
+    evaluates once at the end, although train_lm.main re-runs the end-of-training hooks."""
+    wd, t = demo
+    done = json.loads((wd / "checkpoints/demo/done").read_text())
+    lev = json.loads((wd / done["checkpoint_dir"] / "provenance" / "config.json").read_text())["levanter"]
+    assert lev["epoch"] > 0 and lev["trainer"]["watch"] == {"interval": 0}
+    log = (wd / done["log"]).read_text()
+    final = done["hf_export"]
+    assert log.count(f"Saving HF-compatible checkpoint to {final}") == 1, "final HF export written more than once"
+    assert log.count("end-of-training hooks already ran for step") == 1
+    last = done["steps"] - 1
+    logged = [json.loads(line[line.index("{"):]) for line in log.splitlines() if '"event": "log"' in line]
+    evals = [e["step"] for e in logged if "eval/loss" in e.get("metrics", {})]
+    # Trainer.train's own scheduled eval (when the last step is on the eval period) + its forced one; not a third
+    expected = 1 + (last % lev["trainer"]["steps_per_eval"] == 0)
+    assert evals.count(last) == expected
+    # the persistent compilation cache lives on the storage root
+    assert any((wd / "results" / "jax-compilation-cache").iterdir())
 
 
 def test_shard_manifest_counts_every_row(demo):

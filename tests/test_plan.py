@@ -26,7 +26,7 @@ def test_learning_rate_changes_checkpoint_dir_but_not_data():
 
 NEW_VALUES = {"batch_size": 32, "epochs": 3, "warmup": 0.05, "decay": 0.5, "weight_decay": 0.1, "max_grad_norm": 1.0,
               "beta1": 0.95, "beta2": 0.95, "epsilon": 1e-6, "seq_len": 16384, "seed": 0, "min_lr_ratio": 0.1,
-              "lr_schedule": "linear", "max_steps": 10}
+              "lr_schedule": "linear", "max_steps": 10, "epochs_of": "packed_sequences"}
 
 
 def test_new_values_cover_the_schema():
@@ -48,6 +48,8 @@ def test_every_training_field_is_hashed(field):
     {"executor": "ray"},
     {"log_level": "DEBUG"},
     {"checkpointing": {"save_interval_minutes": 3}},
+    {"checkpointing": {"keep_every_steps": "quarter_epoch", "hf_export_every_steps": 50, "hf_save_dtype": "float32"}},
+    {"wandb": {"watch_interval": 10}},
     {"transform": {"strict": True}},
 ])
 def test_cosmetic_settings_not_hashed(over):

@@ -82,6 +82,23 @@ def beyond(lengths: list[int], seq_len: int) -> dict:
     }
 
 
+QWEN3_NATIVE_SEQ_LEN = 40960  # Qwen3-8B's max_position_embeddings
+
+
+def seq_len_advice(lengths: list[int], seq_len: int, native: int | None) -> str | None:
+    """One line for the card: the tokens lost at ``seq_len`` against the student's native length,
+    when that is longer and would keep tokens that ``seq_len`` loses (None otherwise)."""
+    if not native or not lengths or int(native) <= int(seq_len):
+        return None
+    now, alt = beyond(lengths, seq_len), beyond(lengths, native)
+    if now["tokens"] == 0:
+        return None
+    cut = 1 - alt["tokens"] / now["tokens"]
+    return (f"seq_len {int(seq_len):,} loses {_fmt_pct(now['tokens_share'])} of tokens to truncation; "
+            f"{int(native):,} (the student's native length) would lose {_fmt_pct(alt['tokens_share'])} "
+            f"({_fmt_pct(cut)} less): consider training.seq_len: {int(native)} (the reference default stays {int(seq_len):,})")
+
+
 # ---- cards ---------------------------------------------------------------------------------
 def _split_stats(stats: Mapping | None, split: str) -> dict | None:
     if not stats:
@@ -136,7 +153,8 @@ def _token_section(tok_manifest: Mapping, seq_len: int | None) -> dict:
     return out
 
 
-def dataset_card(shards_manifest: Mapping, tokenized_manifest: Mapping | None = None, seq_len: int | None = None) -> dict:
+def dataset_card(shards_manifest: Mapping, tokenized_manifest: Mapping | None = None, seq_len: int | None = None,
+                 native_seq_len: int | None = None) -> dict:
     """The card of one teacher from its shards manifest and (optionally) its tokenized manifest.
 
     Counts are copied from the manifests unchanged (``rows_in``, ``kept``, ``skipped`` by
@@ -169,6 +187,7 @@ def dataset_card(shards_manifest: Mapping, tokenized_manifest: Mapping | None = 
             key: distribution(t.get(key) for t in trajs) for key in ("turns", "tool_calls", "messages", "chars")
         },
         "tokens": None,
+        "seq_len_advice": None,
     }
     checks = {
         "rows_balance": card["rows_in"] == card["kept_total"] + card["skipped_total"],
@@ -179,6 +198,8 @@ def dataset_card(shards_manifest: Mapping, tokenized_manifest: Mapping | None = 
     card["window"] = None
     if tokenized_manifest is not None:
         card["tokens"] = _token_section(tokenized_manifest, seq_len)
+        if seq_len:
+            card["seq_len_advice"] = seq_len_advice(_lengths(tokenized_manifest), seq_len, native_seq_len)
         checks["tokenized_teacher"] = tokenized_manifest.get("teacher", m["teacher"]) == m["teacher"]
         per_split = card["tokens"]["per_split"]
         win = tokenized_manifest.get("window") or {}
@@ -553,7 +574,10 @@ def plot_card(card: Mapping, shards_manifest: Mapping, tokenized_manifest: Mappi
         ax.text(1.0, yy, v, fontsize=9, transform=ax.transAxes, va="top", ha="right", family="monospace",
                 color="tab:red" if k == "consistency checks" and bad else "black")
     ax.set_title("summary", fontsize=10)
-    fig.tight_layout(rect=(0, 0, 1, 0.96))
+    advice = card.get("seq_len_advice")
+    if advice:
+        fig.text(0.5, 0.01, advice, ha="center", va="bottom", fontsize=10, color="tab:red")
+    fig.tight_layout(rect=(0, 0.03 if advice else 0, 1, 0.96))
     return save_figure(fig, out_png)
 
 
@@ -783,8 +807,11 @@ def card_inputs(plan, target: str) -> dict[str, list[str]]:
 def card_params(plan, target: str) -> dict:
     """``seq_len`` of the target's training, normalized mixture ``weights``, ``mixture`` flag."""
     spec = plan.target(target)["run"].spec
+    hf = str(spec["student"].get("hf_checkpoint") or "")
     return {
         "seq_len": int(spec["training"]["seq_len"]),
+        # the longer length the card's seq_len advice compares against (none for the tiny demo student)
+        "native_seq_len": QWEN3_NATIVE_SEQ_LEN if hf.startswith("Qwen/Qwen3-8B") else None,
         "weights": dict(spec["weights"]),
         "mixture": target in (plan.cfg.get("mixtures") or {}),
     }
@@ -799,10 +826,11 @@ def _pair_manifests(shards_paths: list[str], tokenized_paths: list[str]) -> dict
 
 
 def build_target_card(target: str, shards_paths: list[str], tokenized_paths: list[str], seq_len: int | None,
-                      weights: Mapping[str, float] | None, mixture: bool, out_json: str, out_png: str) -> dict:
+                      weights: Mapping[str, float] | None, mixture: bool, out_json: str, out_png: str,
+                      native_seq_len: int | None = None) -> dict:
     """Card JSON + PNG of one target (a teacher, or a mixture of teachers)."""
     manifests = _pair_manifests(list(shards_paths), list(tokenized_paths))
-    cards = {t: dataset_card(s, tok, seq_len) for t, (s, tok) in manifests.items()}
+    cards = {t: dataset_card(s, tok, seq_len, native_seq_len) for t, (s, tok) in manifests.items()}
     for t, c in cards.items():
         bad = [k for k, v in c["checks"].items() if not v]
         if bad:
@@ -843,6 +871,7 @@ def rule_card(snakemake) -> None:
     build_target_card(
         snakemake.wildcards.target, list(snakemake.input.shards), list(snakemake.input.tokenized),
         p.seq_len, dict(p.weights), bool(p.mixture), snakemake.output.json, snakemake.output.png,
+        native_seq_len=p.get("native_seq_len"),
     )
 
 

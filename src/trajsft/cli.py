@@ -169,11 +169,16 @@ def cmd_plan(args) -> int:
         run = tgt["run"]
         done = C.Plan.done_path(t)
         done_hash = _done_hash(done)
-        out.append({
+        entry = {
             "target": t, "done": done, "done_exists": done_hash == run.hash, "done_hash": done_hash,
             "checkpoint_dir": run.location, "hf_export": C.join(run.location, "hf"),
             "artifacts": rows,
-        })
+        }
+        if args.explain:
+            from .steps_train import explain
+
+            entry["training"] = explain(plan, t)
+        out.append(entry)
     if args.json:
         print(json.dumps(out, indent=2))
         return 0
@@ -187,6 +192,11 @@ def cmd_plan(args) -> int:
             print(f"  {a['kind']:<11} {a['location']:<60} [{state}]")
             if args.explain:
                 print("              hash inputs: " + json.dumps(a["hash_inputs"], sort_keys=True))
+        if args.explain:
+            from .schedule import render
+
+            for line in render(t["target"], t["training"]):
+                print(line)
     return 0
 
 
@@ -205,7 +215,7 @@ def build_parser() -> argparse.ArgumentParser:
     common(sp)
     sp.add_argument("targets", nargs="*", help="teacher or mixture names (or checkpoints/<name>/done)")
     sp.add_argument("--json", action="store_true")
-    sp.add_argument("--explain", action="store_true", help="show what each hash covers")
+    sp.add_argument("--explain", action="store_true", help="show what each hash covers, and the training length: steps, passes over each teacher's data, tokens seen")
     sp.set_defaults(func=cmd_plan)
 
     sp = sub.add_parser("status", help="one row per target: state, hash, cluster/job, step/loss, W&B, checkpoints")

@@ -7,6 +7,7 @@ of a target is called, where it lives and which inputs it hashes.
 from __future__ import annotations
 
 import copy
+import json
 import os
 import re
 from dataclasses import dataclass, field
@@ -127,6 +128,8 @@ def _allowed(err) -> str:
         return "allowed keys: " + ", ".join(props) if props else "no other keys"
     if v == "pattern":
         return f"allowed: names matching {val}"
+    if v == "anyOf":
+        return "allowed: " + (err.schema.get("description") or " or ".join(json.dumps(o) for o in val))
     if v == "minProperties":
         return f"allowed: at least {val} entr{'y' if val == 1 else 'ies'}"
     return f"{v}: {val}"
@@ -262,6 +265,7 @@ class Plan:
             tok = self._tokenized(teacher, student_name, student, int(training["seq_len"]))
             tokenized.append((teacher, w, tok))
         total = sum(weights.values())
+        rows = {t: int(cfg["teachers"][t]["rows"]) for t in sorted(weights)}
         run_inputs = {
             "format": FORMAT_VERSIONS["checkpoints"],
             # the run's name is part of its identity: the hash is also its W&B/trainer/Ray job id
@@ -270,6 +274,9 @@ class Plan:
             "student": self._student_identity(student),
             "training": training,
         }
+        if training.get("epochs_of") == "rows":
+            # the step count is ceil(epochs * rows / batch_size): the rows count is result-affecting
+            run_inputs["rows"] = rows
         h = hashing.short(run_inputs)
         run_name = f"{name}-{h}"
         run = self._add(
@@ -285,6 +292,7 @@ class Plan:
                 "training": training,
                 "weights": {t: w / total for t, w, _ in tokenized},
                 "tokenized": {t: a.name for t, _, a in tokenized},
+                "rows": rows,
             },
         )
         return {"name": name, "run": run, "tokenized": [a for _, _, a in tokenized],

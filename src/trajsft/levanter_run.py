@@ -1030,8 +1030,9 @@ _CHILD_PRELUDE = (
 # Same entry point as ``python -m levanter.main.train_lm`` (its ``__main__`` block is exactly
 # ``levanter.config.main(main)()``), but imported as a module so train_lm's logger is
 # "levanter.main.train_lm" (INFO, e.g. "Resuming training from step N") instead of "__main__",
-# whose INFO lines Levanter's logging setup drops.
-_TRAIN_LAUNCHER = _CHILD_PRELUDE + "import levanter, levanter.main.train_lm as m\nlevanter.config.main(m.main)()\n"
+# whose INFO lines Levanter's logging setup drops; and with the end-of-training hooks run once
+# (see trajsft.train_lm_main).
+_TRAIN_LAUNCHER = _CHILD_PRELUDE + "from trajsft.train_lm_main import main\nmain()\n"
 _EXPORT_LAUNCHER = _CHILD_PRELUDE + "from trajsft.levanter_run import _export_main\n_export_main(sys.argv[1])\n"
 
 

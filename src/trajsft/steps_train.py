@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 from . import levanter_run as LR
-from . import provenance, storage, template, transform
+from . import provenance, schedule, storage, template, transform
 from .atomic import write_json
 from .config import STATE_DIR, ConfigError, Plan, is_remote, join
 from .steps import DataError
@@ -150,17 +150,53 @@ def run_paths(plan: Plan, target: str) -> dict:
     return {"run": run, "run_dir": run.location, "state_dir": state, "log": str(Path(state, "train.log"))}
 
 
+def train_data(plan: Plan, tokenized_name: str) -> dict:
+    """What training needs of a tokenized teacher, from its manifest (no jax/levanter import):
+    ``cache_dir``, ``packed_sequences`` (the ``seq_len`` sequences Levanter packs from the train split)
+    and ``tokens_in_window`` (train tokens inside the ``seq_len`` windows)."""
+    m = _read_manifest(plan, "tokenized", tokenized_name)
+    tr = (m.get("stats") or {}).get("train") or {}
+    if not tr.get("packed_sequences"):
+        raise DataError(f"{plan.get('tokenized', tokenized_name).manifest} has no stats.train.packed_sequences: "
+                        "rebuild it (delete the manifest and rerun)")
+    return {"cache_dir": m.get("cache_dir") or cache_dir(plan, tokenized_name),
+            "packed_sequences": int(tr["packed_sequences"]),
+            "tokens_in_window": int(tr["tokens"]) - int(tr.get("tokens_truncated") or 0)}
+
+
+def explain(plan: Plan, target: str) -> dict:
+    """Steps, passes and tokens seen of a target (``schedule.explain``), with whatever is tokenized."""
+    spec = plan.target(target)["run"].spec
+    data = {}
+    for teacher, tok_name in spec["tokenized"].items():
+        try:
+            data[teacher] = train_data(plan, tok_name)
+        except DataError:
+            pass
+    return schedule.explain(spec["training"], spec["weights"], spec["rows"], data)
+
+
+def compilation_cache_dir(cfg: dict) -> str:
+    """JAX's persistent compilation cache on the storage root (as marin does): retries, resumes and
+    other runs of the same shapes skip compiling. A gs:// root stays a gs:// URL (JAX reads and
+    writes it through etils/gcsfs); a local root is made absolute (train_lm runs in the run dir)."""
+    root = cfg["storage_root"]
+    return join(root if is_remote(root) else os.path.abspath(root), "jax-compilation-cache")
+
+
 def levanter_config(plan: Plan, target: str) -> dict:
-    """The full train_lm config of a target (plain dict), with step count from the caches."""
+    """The full train_lm config of a target (plain dict), with step count from the tokenized manifests."""
     p = run_paths(plan, target)
     run, spec = p["run"], p["run"].spec
     tr, cfg = spec["training"], plan.cfg
     sources = {}
     for teacher, tok_name in spec["tokenized"].items():
-        cdir = tokenized_cache_dir(plan, tok_name)
-        packed = LR.count_packed_sequences(join(cdir, "train"), int(tr["seq_len"]))
-        sources[teacher] = {"cache_dir": cdir, "weight": spec["weights"][teacher], "packed_sequences": packed}
+        d = train_data(plan, tok_name)
+        sources[teacher] = {"cache_dir": d["cache_dir"], "weight": spec["weights"][teacher],
+                            "packed_sequences": d["packed_sequences"]}
+    steps = schedule.train_steps(tr, spec["rows"], {t: s["packed_sequences"] for t, s in sources.items()})
     ck = cfg["checkpointing"]
+    B = int(tr["batch_size"])
     wandb_project, wandb_entity = wandb_names(cfg)
     return LR.levanter_config(
         run_id=run.hash,  # W&B run id and trainer id: a retry continues the same run
@@ -169,9 +205,9 @@ def levanter_config(plan: Plan, target: str) -> dict:
         chat_template=template.load_template(),
         sources=sources,
         seq_len=int(tr["seq_len"]),
-        train_batch_size=int(tr["batch_size"]),
+        train_batch_size=B,
         epochs=float(tr["epochs"]),
-        num_train_steps=tr.get("max_steps"),
+        num_train_steps=steps,
         rope_theta=float(spec["student"].get("rope_theta", 1e6)),
         learning_rate=float(tr["learning_rate"]),
         lr_schedule=tr["lr_schedule"],
@@ -186,8 +222,11 @@ def levanter_config(plan: Plan, target: str) -> dict:
         seed=int(tr["seed"]),
         accelerator="tpu" if cfg["executor"] == "ray" else "cpu",
         save_interval=f"{ck['save_interval_minutes']}m",
-        keep_every=int(ck["keep_every_steps"]),
-        hf_save_steps=int(ck["hf_export_every_steps"]),
+        keep_every=schedule.resolve_every(ck["keep_every_steps"], spec["rows"], B),
+        hf_save_steps=schedule.resolve_every(ck["hf_export_every_steps"], spec["rows"], B),
+        hf_save_dtype=ck["hf_save_dtype"],
+        watch_interval=int(cfg["wandb"]["watch_interval"]),
+        jax_compilation_cache_dir=compilation_cache_dir(cfg),
         wandb_mode=cfg["wandb"]["mode"],
         wandb_project=wandb_project,
         wandb_entity=wandb_entity,

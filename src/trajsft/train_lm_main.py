@@ -1,0 +1,46 @@
+"""The ``train_lm`` child process: Levanter's ``train_lm.main`` with its end-of-training hooks run once.
+
+Levanter 1.2.dev1644 runs the forced end-of-training hooks (eval, HF export, checkpointer, ...) in
+``Trainer.train`` and, whenever ``config.epoch > 0``, a second time in ``train_lm.main`` on the same
+final step. ``levanter_config`` sets ``epoch`` for every single-teacher target (the data is cycled),
+so the final HF export (a full model) was written twice and eval ran twice more. Levanter has no
+switch for this; our thin layer is a ``Trainer`` subclass, put in ``train_lm``'s namespace, whose
+``run_hooks`` skips a forced run for a step that already had one. Everything else is Levanter's.
+"""
+
+from __future__ import annotations
+
+import sys
+
+
+def final_hooks_once(trainer_cls: type) -> type:
+    """A subclass of ``trainer_cls`` whose forced hooks run at most once per step."""
+
+    class FinalHooksOnceTrainer(trainer_cls):
+        _forced_step = None
+
+        def run_hooks(self, info, force: bool = False):
+            if force:
+                if self._forced_step == info.step:
+                    # to the train log (Levanter's logging setup leaves other loggers at WARNING)
+                    print(f"trajsft: end-of-training hooks already ran for step {info.step}; not running them again",
+                          file=sys.stderr, flush=True)
+                    return
+                self._forced_step = info.step
+            return super().run_hooks(info, force=force)
+
+    FinalHooksOnceTrainer.__name__ = FinalHooksOnceTrainer.__qualname__ = f"FinalHooksOnce{trainer_cls.__name__}"
+    return FinalHooksOnceTrainer
+
+
+def main() -> None:
+    # imported as a module (not run as __main__) so train_lm's logger is "levanter.main.train_lm"
+    import levanter
+    import levanter.main.train_lm as train_lm
+
+    train_lm.Trainer = final_hooks_once(train_lm.Trainer)
+    levanter.config.main(train_lm.main)()
+
+
+if __name__ == "__main__":
+    main()
