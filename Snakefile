@@ -10,6 +10,7 @@ include: "rules/common.smk"
 include: "rules/data.smk"
 include: "rules/train.smk"
 include: "rules/report.smk"
+include: "rules/eval.smk"
 
 
 rule all:
@@ -17,3 +18,4 @@ rule all:
     input:
         done_targets(config["default_targets"]),
         REPORT_OUTPUTS,
+        EVAL_OUTPUTS,
