@@ -1,7 +1,7 @@
 # The cross-teacher matrix (opt-in: config `eval:`): held-out loss of every trained target on every
 # teacher's held-out split. Logic in trajsft.eval_matrix (Levanter's own evaluator).
 #
-# Needs from rules/common.smk: PLAN, STATE_DIR. For `rule all`: EVAL_OUTPUTS.
+# Needs from rules/common.smk: PLAN, STATE_DIR, eval_matrix_inputs. For `rule all`: EVAL_OUTPUTS.
 
 from trajsft import eval_matrix
 
@@ -15,7 +15,7 @@ EVAL_OUTPUTS = (
 
 rule eval_matrix:
     input:
-        unpack(lambda w: eval_matrix.eval_inputs(PLAN)),
+        unpack(eval_matrix_inputs),
     output:
         json=report(
             f"{STATE_DIR}/eval/matrix.json",

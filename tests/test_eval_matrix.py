@@ -207,3 +207,25 @@ def test_cli_eval_errors_are_one_line(tmp_path):
     assert len(p.stderr.strip().splitlines()) == 1
     p = cli("minimax-m2.5")
     assert p.returncode == 2 and "has no held-out split" in p.stderr
+
+
+# ---- the rule ----------------------------------------------------------------------------------
+def _dry_run(tmp_path, *args):
+    from pipeline_utils import REPO, SNAKEMAKE
+
+    return subprocess.run([SNAKEMAKE, "-s", str(REPO / "Snakefile"), "-d", str(tmp_path), "-n", "--cores", "1", *args],
+                          capture_output=True, text=True, timeout=300, env=dict(os.environ, HF_HUB_OFFLINE="1"))
+
+
+def test_rule_plans_the_matrix_only_with_an_eval_section(tmp_path):
+    from pipeline_utils import REPO
+
+    p = _dry_run(tmp_path, "results/eval/matrix.json")
+    assert p.returncode == 1 and "needs an eval: section" in p.stderr
+    # config/eval.yaml: the five reference-data targets (new hashes: they hold out 5%) plus demo's rule all
+    p = _dry_run(tmp_path, "--configfile", str(REPO / "config" / "eval.yaml"))
+    assert p.returncode == 0, p.stderr[-2000:]
+    out = p.stdout + p.stderr
+    assert "rule eval_matrix:" in out and "results/eval/matrix.png" in out
+    for t in [*REAL, "mix-minimax-gemini", "mix-all"]:  # every row is trained first
+        assert f"output: checkpoints/{t}/done" in out
