@@ -86,7 +86,7 @@ def run_name(wildcards):
 
 
 def eval_matrix_inputs(wildcards):
-    """Input function of rule eval_matrix: each row's done marker, each cell's tokenized manifest."""
+    """Input function of the eval_matrix rule: each row's done marker, each cell's tokenized manifest."""
     from trajsft.eval_matrix import eval_inputs
 
     if config.get("eval") is None:
