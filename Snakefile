@@ -11,6 +11,7 @@ include: "rules/data.smk"
 include: "rules/train.smk"
 include: "rules/export.smk"
 include: "rules/report.smk"
+include: "rules/eval.smk"
 
 
 rule all:
@@ -18,3 +19,4 @@ rule all:
     input:
         done_targets(config["default_targets"]),
         REPORT_OUTPUTS,
+        EVAL_OUTPUTS,

@@ -101,6 +101,20 @@ def run_name(wildcards):
     return PLAN.target(wildcards.target)["run"].name
 
 
+def eval_matrix_inputs(wildcards):
+    """Input function of the eval_matrix rule: each row's done marker, each cell's tokenized manifest."""
+    from trajsft.eval_matrix import eval_inputs
+
+    if config.get("eval") is None:
+        print(
+            "trajsft: results/eval/matrix.* needs an eval: section in the config (the cross-teacher "
+            "matrix is opt-in): e.g. --configfile config/eval.yaml",
+            file=sys.stderr,
+        )
+        sys.exit(1)
+    return eval_inputs(PLAN)
+
+
 def forward_signals_to_jobs():
     from trajsft.signals import forward_to_rule_jobs
 

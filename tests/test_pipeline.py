@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 import chromium
-from pipeline_utils import REPO, kill_group, plan, run, start, wait_for
+from pipeline_utils import REPO, env, kill_group, plan, run, start, wait_for
+from test_cards import assert_png
 from trajsft import levanter_run as LR
 
 pytestmark = pytest.mark.integration
@@ -130,6 +131,55 @@ def test_provenance(demo):
     assert list((run_dir / "wandb").glob("offline-run-*")), "W&B offline run files missing"
 
 
+# the opt-in cross-teacher matrix over the demo: no hashed setting changes, so the demo's run is reused
+EVAL = {"eval": {"targets": ["demo"]}}
+
+
+def test_every_run_logs_eval_loss_per_teacher(demo):
+    wd, _ = demo
+    done = json.loads((wd / "checkpoints/demo/done").read_text())
+    step, loss = done["eval_loss"]["eval/demo/loss"]
+    assert step == done["steps"] - 1 and math.isfinite(loss)
+
+
+def test_cross_teacher_matrix_of_the_demo(demo):
+    """Rule eval_matrix (HF export) and `trajsft eval --model checkpoint`, both with Levanter's own
+    evaluator, match the training's own final eval/demo/loss on the same held-out split."""
+    wd, t = demo
+    p = run(wd, config=EVAL)
+    assert "eval_matrix" in p.stderr and "rule train:" not in p.stderr and "rule tokenize:" not in p.stderr
+    done = json.loads((wd / "checkpoints/demo/done").read_text())
+    _, trained_eval = done["eval_loss"]["eval/demo/loss"]
+    doc = json.loads((wd / "results/eval/matrix.json").read_text())
+    assert doc["rows"] == ["demo"] and doc["columns"] == ["demo"] and doc["same_chats"] == {"demo": True}
+    assert doc["models"]["demo"] == {"kind": "hf_export", "path": done["hf_export"], "step": done["steps"] - 1}
+    cell = doc["cells"]["demo"]["demo"]
+    tok = manifest(wd, t, "tokenized")
+    val = tok["stats"]["validation"]
+    assert cell["tokenized"] == tok["name"] and cell["chats"] == val["chats"] >= 1
+    # loss tokens: the held-out chats' assistant tokens inside each chat's seq_len window
+    assert 0 < cell["tokens"] <= val["assistant_tokens"] and cell["sequences"] >= 1
+    f32 = json.loads((Path(done["hf_export"]) / "config.json").read_text()).get("torch_dtype") in (None, "float32")
+    assert cell["loss"] == pytest.approx(trained_eval, rel=1e-4 if f32 else 2e-2)
+    assert_png(wd / "results/eval/matrix.png")
+    assert '<table id="matrix">' in (wd / "results/eval/matrix.html").read_text()
+
+    out = wd / "cli-eval"
+    (wd / "eval.yaml").write_text(json.dumps(EVAL))
+    c = subprocess.run([sys.executable, "-m", "trajsft.cli", "eval", "--model", "checkpoint", "--out", str(out), "--json",
+                        "--configfile", str(wd / "eval.yaml")], capture_output=True, text=True, cwd=wd, env=env(),
+                       timeout=900)
+    assert c.returncode == 0, c.stderr[-3000:]
+    ck = json.loads(c.stdout)
+    assert ck["models"]["demo"]["kind"] == "checkpoint" and ck["models"]["demo"]["step"] == done["steps"] - 1
+    ck_cell = ck["cells"]["demo"]["demo"]
+    assert ck_cell["tokens"] == cell["tokens"] and ck_cell["loss"] == pytest.approx(trained_eval, rel=1e-4)
+    assert json.loads((out / "matrix.json").read_text()) == ck
+    # nothing changed: the matrix is up to date
+    again = run(wd, "-n", config=EVAL)
+    assert "Nothing to be done" in again.stdout + again.stderr
+
+
 needs_chromium = pytest.mark.skipif(
     not chromium.available() and os.environ.get("TRAJSFT_REQUIRE_CHROMIUM") != "1", reason=chromium.INSTALL_HINT)
 
@@ -137,11 +187,16 @@ needs_chromium = pytest.mark.skipif(
 @needs_chromium
 def test_report_of_the_demo_renders_in_chromium(demo, tmp_path):
     wd, _ = demo
-    run(wd, "--report", str(wd / "report.html"))
+    run(wd, config=EVAL)  # the opt-in matrix (a no-op when test_cross_teacher_matrix_of_the_demo ran)
+    run(wd, "--report", str(wd / "report.html"), config=EVAL)
     info = chromium.check_snakemake_report(wd / "report.html", tmp_path / "shots")
     assert info["errors"] == []
-    assert {"Dataset cards", "Teacher comparison", "Training curves", "Checkpoints"} <= set(info["categories"])
+    assert {"Dataset cards", "Teacher comparison", "Training curves", "Checkpoints",
+            "Cross-teacher matrix"} <= set(info["categories"])
     res = info["results"]
+    assert res["results/eval/matrix.png"]["ok"] and res["results/eval/matrix.png"]["w"] > 600
+    matrix = res["results/eval/matrix.html"]
+    assert matrix["ok"] and matrix["tables"] == 1 and "demo" in matrix["text"] and "tokens" in matrix["text"]
     for name in ("results/cards/demo/card.png", "results/curves/demo.png"):
         assert res[name]["ok"] and res[name]["w"] > 600, res[name]
     table = res["results/cards/teachers.html"]

@@ -200,6 +200,42 @@ def cmd_plan(args) -> int:
     return 0
 
 
+def cmd_eval(args) -> int:
+    """The cross-teacher matrix of the config's ``eval:`` section (rows and columns may be narrowed),
+    from the targets' latest HF exports or checkpoints; the same code as rule ``eval_matrix``."""
+    from . import eval_matrix, logs
+
+    overrides = {}
+    if args.targets:
+        overrides["targets"] = [t.removeprefix("checkpoints/").removesuffix("/done") for t in args.targets]
+    if args.teachers:
+        overrides["teachers"] = args.teachers
+    if args.model:
+        overrides["model"] = args.model
+    if args.max_eval_batches:
+        overrides["max_eval_batches"] = args.max_eval_batches
+    plan = _load(args)
+    if plan.cfg.get("eval") is None and not overrides:
+        raise C.ConfigError("config: no eval: section (the cross-teacher matrix is opt-in): add one, e.g. "
+                            "--configfile config/eval.yaml, or name targets: trajsft eval demo")
+    if overrides or plan.cfg.get("eval") is None:
+        cfg = C.validate(C.deep_merge(plan.cfg, {"eval": {**(plan.cfg.get("eval") or {}), **overrides}}))
+        plan = C.Plan(cfg, base_dir=C.REPO_DIR)
+    for (row, col), art in plan.eval_cells.items():
+        if not os.path.exists(art.manifest):
+            raise C.ConfigError(f"{row} on {col}: {art.manifest} is missing: build it first "
+                                f"(snakemake {art.manifest})")
+    logs.setup(None, plan.cfg.get("log_level", "INFO"))
+    out = {k: str(Path(args.out, f"matrix.{k}")) for k in ("json", "png", "html")}
+    doc = eval_matrix.build(plan, out)
+    if args.json:
+        print(json.dumps(doc, indent=2))
+    else:
+        print(eval_matrix.render_text(doc))
+        print(f"written: {out['json']}, {out['png']}, {out['html']}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="trajsft", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -241,6 +277,17 @@ def build_parser() -> argparse.ArgumentParser:
     common(sp)
     sp.add_argument("targets", nargs="+")
     sp.set_defaults(func=cmd_stop)
+
+    sp = sub.add_parser("eval", help="cross-teacher matrix: held-out loss of trained targets on teachers' held-out splits")
+    common(sp)
+    sp.add_argument("targets", nargs="*", help="rows (default: eval.targets, else default_targets)")
+    sp.add_argument("--teachers", nargs="+", help="columns (default: eval.teachers, else every teacher of the rows)")
+    sp.add_argument("--model", choices=["latest", "hf_export", "checkpoint"],
+                    help="which model of a target (default: eval.model, else latest)")
+    sp.add_argument("--max-eval-batches", type=int, help="cap per held-out split")
+    sp.add_argument("--out", default=os.path.join(C.STATE_DIR, "eval"), help="output dir (default results/eval)")
+    sp.add_argument("--json", action="store_true", help="print the matrix as JSON")
+    sp.set_defaults(func=cmd_eval)
 
     sp = sub.add_parser("preflight", help="check env vars, cluster, TPU resource and storage for a profile")
     common(sp)

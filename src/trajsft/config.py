@@ -167,6 +167,15 @@ def check_references(cfg: dict) -> None:
         for t in mix["teachers"]:
             if t not in teachers:
                 raise ConfigError(f"config: mixtures.{name} uses unknown teacher '{t}'")
+    ev = cfg.get("eval")
+    if ev is not None:
+        for t in ev.get("targets") or cfg.get("default_targets") or []:
+            if t not in teachers and t not in mixtures:
+                raise ConfigError(f"config: eval.targets: unknown target '{t}' (teachers and mixtures: "
+                                  f"{', '.join([*teachers, *mixtures])})")
+        for t in ev.get("teachers") or []:
+            if t not in teachers:
+                raise ConfigError(f"config: eval.teachers: unknown teacher '{t}' (teachers: {', '.join(teachers)})")
     for name, t in teachers.items():
         if not REVISION_RE.match(str(t["revision"])):
             raise ConfigError(f"config: teachers.{name}.revision {t['revision']!r} is not a commit sha "
@@ -229,6 +238,9 @@ class Plan:
         self.targets: dict[str, dict] = {}
         for name in list(cfg["teachers"]) + list(cfg.get("mixtures") or {}):
             self.targets[name] = self._resolve_target(name)
+        self.eval_cells: dict[tuple[str, str], Artifact] = {}  # (row target, column teacher) -> tokenized
+        if cfg.get("eval") is not None:
+            self._resolve_eval()
 
     # ---- resolution ---------------------------------------------------------------------
     def local_path(self, p: str) -> Path | None:
@@ -310,6 +322,33 @@ class Plan:
         art.manifest = str(Path(self.state_dir, "exports", target, "manifest.json"))  # per target, like cards
         return art
 
+    def _resolve_eval(self) -> None:
+        """The cross-teacher matrix: rows are trained targets, columns teachers' held-out splits.
+        A cell evaluates the row's model on the column teacher's validation split tokenized for the
+        row's student and ``seq_len`` (the same artifact as the column's training data when they
+        match, so every row that shares a student and seq_len sees exactly the same chats)."""
+        for col in self.eval_columns():
+            frac = float(self.teacher_transform(col).get("heldout_fraction") or 0)
+            if frac <= 0:
+                raise ConfigError(f"config: eval: teacher '{col}' has no held-out split (its transform.heldout_fraction "
+                                  "is 0): set eval.heldout_fraction, or drop it from eval.teachers")
+        for row in self.eval_rows():
+            spec = self.targets[row]["run"].spec
+            seq_len = int(spec["training"]["seq_len"])
+            for col in self.eval_columns():
+                self.eval_cells[(row, col)] = self._tokenized(col, spec["student_name"], spec["student"], seq_len)
+
+    def eval_rows(self) -> list[str]:
+        ev = self.cfg.get("eval") or {}
+        return list(ev.get("targets") or self.cfg.get("default_targets") or [])
+
+    def eval_columns(self) -> list[str]:
+        ev = self.cfg.get("eval") or {}
+        if ev.get("teachers"):
+            return list(ev["teachers"])
+        cols = {t for r in self.eval_rows() for t in self.targets[r]["run"].spec["weights"]}
+        return [t for t in self.cfg["teachers"] if t in cols]  # config order
+
     def _student_identity(self, student: dict) -> dict:
         ident = {k: v for k, v in student.items() if k not in ("tokenizer", "tokenizer_revision", "hf_checkpoint")}
         ident["tokenizer"] = self._identity(student["tokenizer"], student.get("tokenizer_revision"))
@@ -318,7 +357,13 @@ class Plan:
         return ident
 
     def teacher_transform(self, teacher: str) -> dict:
-        return deep_merge(self.cfg["transform"], self.cfg["teachers"][teacher].get("transform"))
+        """The teacher's transform: its own settings over the defaults; with an ``eval:`` section that
+        sets ``heldout_fraction``, that fraction for every teacher that sets none of its own."""
+        base = self.cfg["transform"]
+        ev = self.cfg.get("eval") or {}
+        if ev.get("heldout_fraction") is not None:
+            base = {**base, "heldout_fraction": float(ev["heldout_fraction"])}
+        return deep_merge(base, self.cfg["teachers"][teacher].get("transform"))
 
     def _raw(self, teacher: str) -> Artifact:
         t = self.cfg["teachers"][teacher]

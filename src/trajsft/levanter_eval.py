@@ -1,0 +1,129 @@
+"""Held-out loss of one trained model on several teachers' validation splits, with Levanter's own
+evaluation (the ``TaggedEvaluator`` that ``train_lm`` runs every ``steps_per_eval`` steps) and its
+own model loading (``HFCheckpointConverter.load_pretrained`` for an HF export, ``load_checkpoint``
+for a trainer checkpoint, as ``levanter.main.eval_lm`` does).
+
+The thin layer of ours: Levanter's ``EvalResult`` has no token counts, so :func:`evaluate` runs the
+evaluator's own jitted ``accum_for_batch`` over its own loader (what ``TaggedEvaluator.evaluate``
+does) and reads the per-tag totals of its running means: the loss-bearing (assistant) tokens of
+every held-out split. Imported lazily: it pulls in jax/levanter.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import os
+import tempfile
+from typing import Mapping, Optional
+
+from . import levanter_run as LR
+
+
+def eval_config(train_cfg: Mapping, columns: Mapping[str, str], tokenizer: str,
+                max_eval_batches: Optional[int] = None, log_dir: str = "logs/eval/levanter") -> dict:
+    """The target's own ``train_lm`` config with ``data`` replaced by the held-out splits to score.
+
+    ``columns`` maps a teacher name to a tokenized cache dir (its ``validation`` split is read);
+    every column is a mixture component tagged with the teacher's name, in the chat format the
+    target trained with (template, packing, assistant-only loss). Model, precision and batch sizes
+    stay the target's. No tracker: results are returned, not logged to W&B; Levanter's own log goes
+    to ``log_dir`` as ``eval-<run id>.log`` (never into the run's training log).
+    """
+    cfg = copy.deepcopy(LR._plain(train_cfg))
+    data = cfg["data"]
+    fmt = data["configs"][next(iter(data["configs"]))]["format"] if "configs" in data else data["format"]
+    cfg["data"] = {
+        "tokenizer": tokenizer,
+        "chat_template": data.get("chat_template"),
+        "cache_dir": None,
+        "configs": {t: {"cache_dir": d, "format": dict(fmt), "tags": [t]} for t, d in columns.items()},
+        "train_weights": {t: 1.0 for t in columns},
+        "stop_strategy": "restart",
+        "shuffle": False,
+    }
+    cfg["model"]["tokenizer"] = tokenizer
+    tr = cfg["trainer"]
+    tr["tracker"] = []
+    tr["id"] = f"eval-{tr['id']}"[:64]
+    tr["log_dir"] = os.path.abspath(log_dir)
+    tr["max_eval_batches"] = max_eval_batches
+    tr.pop("watch", None)
+    cfg.pop("hf_save_path", None)
+    return cfg
+
+
+def evaluate(cfg: Mapping, *, hf_export: Optional[str] = None, checkpoint: Optional[str] = None) -> dict:
+    """``{teacher: {"loss": mean next-token loss over its loss tokens, "tokens": loss tokens,
+    "sequences": packed eval sequences}}`` of the model at ``hf_export`` or trainer ``checkpoint``."""
+    import draccus
+    import equinox as eqx
+    import haliax as hax
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from haliax import Axis
+    from haliax.partitioning import round_axis_for_partitioning
+
+    import levanter
+    import levanter.config  # noqa: F401  (registers draccus codecs)
+    from levanter.checkpoint import load_checkpoint
+    from levanter.eval import TaggedEvaluator, _EvalRunningMeans
+    from levanter.main.train_lm import TrainLmConfig
+    from levanter.utils.jax_utils import is_inexact_arrayish
+
+    if (hf_export is None) == (checkpoint is None):
+        raise ValueError("give exactly one of hf_export and checkpoint")
+    with tempfile.TemporaryDirectory(prefix="trajsft-eval-") as tmp:
+        path = LR.write_config(cfg, os.path.join(tmp, "eval.yaml"))
+        config: TrainLmConfig = draccus.parse(config_class=TrainLmConfig, config_path=path, args=[])
+    root = logging.getLogger()
+    ours = list(root.handlers)
+    levanter.initialize(config)  # as eval_lm: jax config, trainer defaults (eval batch size), logging
+    # Levanter's logging set-up replaces every root handler: keep its file, put ours (the rule log) back
+    for h in list(root.handlers):
+        if not isinstance(h, logging.FileHandler):
+            root.removeHandler(h)
+    for h in ours:
+        root.addHandler(h)
+    trainer = config.trainer
+    tokenizer = config.data.the_tokenizer
+    with trainer.use_device_mesh(), hax.axis_mapping(trainer.parameter_axis_mapping):
+        datasets = config.data.tagged_eval_sets(config.model.Pos)
+        found = {tags[-1] for _, tags in datasets}
+        missing = sorted(set(config.data.configs) - found)
+        if missing:
+            raise FileNotFoundError(f"no validation split in the cache of {', '.join(missing)}")
+        max_examples = None
+        if trainer.max_eval_batches is not None:
+            max_examples = trainer.max_eval_batches * trainer.eval_batch_size
+        evaluator = TaggedEvaluator(trainer.EvalBatch, datasets, tokenizer, trainer.device_mesh,
+                                    trainer.compute_axis_mapping, max_examples, mp=trainer.mp)
+        if hf_export is not None:
+            converter = config.model.hf_checkpoint_converter().replaced(reference_checkpoint=hf_export,
+                                                                       tokenizer=tokenizer)
+            model = converter.load_pretrained(config.model.model_type, ref=hf_export, config=config.model,
+                                              axis_mapping=trainer.parameter_axis_mapping,
+                                              dtype=trainer.mp.compute_dtype)
+        else:
+            Vocab = round_axis_for_partitioning(Axis("vocab", len(tokenizer)), trainer.parameter_axis_mapping)
+            shape = eqx.filter_eval_shape(config.model.build, Vocab, key=jax.random.PRNGKey(0))
+            trainable, fixed = eqx.partition(shape, is_inexact_arrayish)
+            trainable = load_checkpoint(trainable, checkpoint, subpath="model", discover_latest=False,
+                                        axis_mapping=trainer.parameter_axis_mapping, mesh=trainer.device_mesh)
+            model = eqx.combine(trainable, fixed)
+        # TaggedEvaluator.evaluate, keeping the per-tag token totals it discards
+        state = hax.shard(_EvalRunningMeans.zeros_like(jnp.zeros(()),
+                                                        hax.zeros(evaluator.dataset.Tag, dtype=np.float32)))
+        for batch, tags in evaluator.loader:
+            state = evaluator.accum_for_batch(model, state, batch, tags)
+        loss = np.asarray(state.loss_per_tag.mean.array, dtype=np.float64)
+        tokens = np.asarray(state.loss_per_tag.total.array, dtype=np.float64)
+    sizes = {tags[-1]: len(ds.as_sync_dataset()) for ds, tags in datasets}
+    out = {}
+    for tag, i in evaluator.dataset.tag_to_index.items():
+        if tag in config.data.configs:
+            n = sizes[tag] if max_examples is None else min(sizes[tag], max_examples)
+            out[tag] = {"loss": float(loss[i]) if tokens[i] > 0 else None, "tokens": int(round(tokens[i])),
+                        "sequences": int(n)}
+    return out
