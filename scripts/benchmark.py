@@ -704,8 +704,12 @@ def bench_tokenize_scaling(records: Sequence[dict], tokenizer, tokenizer_path: s
         log("raw batch encode of the 16x text on all cores ...")
         raw_s = raw_all_cores(tokenizer, texts, repeats)
         base = runs[1]["seconds"] / runs[1]["tokens"]
+        # linear = a fixed start cost (tokenizer load, cache open) + a constant cost per token:
+        # the marginal seconds per token from 4x to 16x over that from 1x to 4x is ~1
+        marginal = lambda a, b: (runs[b]["seconds"] - runs[a]["seconds"]) / (runs[b]["tokens"] - runs[a]["tokens"])  # noqa: E731
         return {
             "runs": {str(k): dict(r, seconds_per_token_vs_1x=(r["seconds"] / r["tokens"]) / base) for k, r in runs.items()},
+            "marginal_4x_16x_over_1x_4x": marginal(4, 16) / marginal(1, 4),
             "raw_all_cores": {"seconds": raw_s, "tokens_per_s": runs[16]["tokens"] / raw_s},
             "ratio_inprocess_over_raw": (runs[16]["tokens"] / runs[16]["seconds"]) / (runs[16]["tokens"] / raw_s),
         }
@@ -739,6 +743,15 @@ def _run_measured(cmd: Sequence[str], cwd: str, env: dict) -> dict:
     return {"seconds": dt, "peak_rss_bytes": peak, "processes": len(pids)}
 
 
+_FRESH_BUILD = """
+import json, sys
+from trajsft import levanter_run as LR
+from trajsft.template import load_template
+a = json.loads(sys.argv[1])
+LR.build_chat_cache(a["train"], a["validation"], a["cache"], a["tokenizer"], load_template(), seq_len=a["seq_len"])
+"""
+
+
 def bench_rule_demo(with_ray: bool, log: Callable[[str], None]) -> dict:
     """The real ``tokenize`` rule (Snakemake, demo data and tokenizer) against the same cache build
     in this process; with ``with_ray`` also the rule with ``tokenize_engine: ray``."""
@@ -768,16 +781,22 @@ def bench_rule_demo(with_ray: bool, log: Callable[[str], None]) -> dict:
         out["rule"] = _run_measured(smk(arts["tokenized"].manifest), wd, env)
         if with_ray:
             log("demo: the tokenize rule with tokenize_engine: ray ...")
+            shutil.rmtree(Path(wd, arts["tokenized"].location))  # a finished cache would be reused
             out["rule_ray"] = _run_measured(smk(arts["tokenized"].manifest, "--forcerun", "tokenize",
                                                 config={"tokenize_engine": "ray"}), wd, env)
         shards = json.loads(Path(wd, arts["shards"].manifest).read_text())
         loc = Path(wd, arts["shards"].location)
         urls = [str(loc / f) for f in shards["files"]["train"]]
         val = [str(loc / f) for f in shards["files"].get("validation", [])]
-        log("demo: the same build in this process ...")
-        time_inprocess_build(urls[:1], str(REPO_ROOT / "demo" / "tokenizer"), 1024)  # warm imports
-        out["inprocess"] = time_inprocess_build(urls + val, str(REPO_ROOT / "demo" / "tokenizer"),
-                                                int(arts["tokenized"].spec["seq_len"]))
+        args = json.dumps({"train": urls, "validation": val, "cache": os.path.join(wd, "inprocess-cache"),
+                           "tokenizer": str(REPO_ROOT / "demo" / "tokenizer"),
+                           "seq_len": int(arts["tokenized"].spec["seq_len"])})
+        log("demo: the same build in one fresh Python process (imports included, as the rule pays them) ...")
+        out["inprocess"] = _run_measured([sys.executable, "-c", _FRESH_BUILD, args], wd, env)
+        log("demo: the same build in this (warm) process ...")
+        time_inprocess_build(urls[:1], str(REPO_ROOT / "demo" / "tokenizer"), 1024)  # warm-up
+        out["inprocess_warm"] = time_inprocess_build(urls + val, str(REPO_ROOT / "demo" / "tokenizer"),
+                                                     int(arts["tokenized"].spec["seq_len"]))
         out["ratio_rule_over_inprocess"] = out["rule"]["seconds"] / out["inprocess"]["seconds"]
         if with_ray:
             out["ratio_ray_rule_over_rule"] = out["rule_ray"]["seconds"] / out["rule"]["seconds"]
@@ -1006,6 +1025,8 @@ def _format_new_sections(r: dict) -> list[str]:
         for k, run in sc["runs"].items():
             rows.append(f"  {k + 'x':>4} {run['chats']:>5} chats {run['tokens']:>11,} tokens {run['seconds']:>7.2f}s "
                         f"{run['tokens_per_s']:>11,.0f} tokens/s   s/token vs 1x {run['seconds_per_token_vs_1x']:.3f}")
+        rows.append(f"  linearity: marginal s/token 4x->16x over 1x->4x = {sc['marginal_4x_16x_over_1x_4x']:.3f} "
+                    "(1 = linear after a fixed start cost)")
         rows.append(f"  raw batch encode of the 16x text on all cores: {sc['raw_all_cores']['seconds']:.2f}s "
                     f"{sc['raw_all_cores']['tokens_per_s']:,.0f} tokens/s;  in-process / raw = "
                     f"{sc['ratio_inprocess_over_raw']:.3f}")
@@ -1014,7 +1035,9 @@ def _format_new_sections(r: dict) -> list[str]:
         rows += ["", "demo (60 rows, demo tokenizer): the tokenize rule vs the same build in this process",
                  f"  rule (Snakemake, inprocess engine)   {rd['rule']['seconds']:>7.2f}s   peak RSS {gb(rd['rule']['peak_rss_bytes'])}"
                  f" over {rd['rule']['processes']} processes",
-                 f"  build_chat_cache in this process     {rd['inprocess']['seconds']:>7.2f}s",
+                 f"  build_chat_cache, fresh process      {rd['inprocess']['seconds']:>7.2f}s   peak RSS "
+                 f"{gb(rd['inprocess']['peak_rss_bytes'])} (of which tokenize + write + stats, warm: "
+                 f"{rd['inprocess_warm']['seconds']:.2f}s)",
                  f"  ratio rule / in-process              {rd['ratio_rule_over_inprocess']:>7.2f}"]
         if "rule_ray" in rd:
             rows.append(f"  rule with tokenize_engine: ray       {rd['rule_ray']['seconds']:>7.2f}s   peak RSS "
