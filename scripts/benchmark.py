@@ -817,7 +817,7 @@ def bench_rule_demo(with_ray: bool, log: Callable[[str], None]) -> dict:
 
 
 _SHARD_MEMORY = """
-import json, resource, sys
+import json, sys
 from pathlib import Path
 import pyarrow as pa, pyarrow.parquet as pq
 from trajsft import config as C, steps
@@ -834,8 +834,9 @@ plan = C.Plan(C.load(None, over), base_dir=C.REPO_DIR, state_dir=str(root / "sta
 names = {a.kind: a.name for a in plan.chain("demo")}
 steps.download(plan, names["raw"])
 res = steps.shards(plan, names["shards"])
-print(json.dumps({"rows": 60 * copies, "kept": res["kept_total"],
-                  "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
+# VmHWM, not ru_maxrss: a forked child inherits its parent's ru_maxrss across exec
+hwm = next(int(x.split()[1]) for x in open("/proc/self/status") if x.startswith("VmHWM:"))
+print(json.dumps({"rows": 60 * copies, "kept": res["kept_total"], "peak_rss_bytes": hwm * 1024}))
 """
 
 
