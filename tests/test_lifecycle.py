@@ -17,7 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from pipeline_utils import alive, attempts, kill9_snakemake_only, plan, procs, run, start, wait_for
+from pipeline_utils import REPO, alive, attempts, kill9_snakemake_only, plan, procs, run, start, wait_for
 from trajsft import levanter_run as LR
 
 pytestmark = pytest.mark.integration
@@ -32,21 +32,44 @@ def cli(wd: Path, *args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, cwd=wd, timeout=120)
 
 
+COPIES = 20  # the demo rows COPIES times over: an in-process tokenize long enough to be killed mid-build
+
+
+def _big_demo(root: Path) -> int:
+    """The demo dataset (HF layout) with every row repeated COPIES times under new traj_ids."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    (root / "data").mkdir(parents=True)
+    tables = [pq.read_table(f) for f in sorted((REPO / "demo/dataset/data").glob("*.parquet"))]
+    base = pa.concat_tables(tables)
+    parts = []
+    for k in range(COPIES):
+        ids = [f"{t}-copy{k}" if t else t for t in base.column("traj_id").to_pylist()]
+        parts.append(base.set_column(base.schema.get_field_index("traj_id"), "traj_id", pa.array(ids, pa.string())))
+    pq.write_table(pa.concat_tables(parts), root / "data" / "train-00000-of-00001.parquet")
+    return base.num_rows * COPIES
+
+
 def test_rule_jobs_die_with_a_kill9ed_snakemake_and_the_rerun_finishes(tmp_path):
     wd = tmp_path
-    t = plan(wd, "demo", OVER)
+    rows = _big_demo(tmp_path / "bigdemo")
+    over = json.loads(json.dumps(OVER))
+    over["teachers"]["demo"].update(dataset=str(tmp_path / "bigdemo"), rows=rows)
+    OVER_BIG = over  # noqa: N806 - the module's OVER, with the bigger demo data
+    t = plan(wd, "demo", OVER_BIG)
     [tok] = [a for a in t["artifacts"] if a["kind"] == "tokenized"]
     tok_dir, tok_manifest = wd / tok["location"], wd / tok["manifest"]
     run_dir = wd / t["checkpoint_dir"]
     done = wd / "checkpoints/demo/done"
     ckpts = str(run_dir / "checkpoints")
 
-    # 1. kill -9 Snakemake while the tokenize job builds the cache (with its own local Ray)
-    p = start(wd, "checkpoints/demo/done", config=OVER, log=wd / "run1.log")
+    # 1. kill -9 Snakemake while the tokenize job builds the cache (in its own process)
+    p = start(wd, "checkpoints/demo/done", config=OVER_BIG, log=wd / "run1.log")
     wait_for(lambda: list(tok_dir.glob(".cache.building-*/train")), 300, "cache build to start", p)
     assert procs(p, "rule_tokenize")
     tree = kill9_snakemake_only(p)
-    wait_for(lambda: not alive(tree), 120, "the tokenize job, its Ray and workers to die with Snakemake")
+    wait_for(lambda: not alive(tree), 120, "the tokenize job to die with Snakemake")
     time.sleep(3)
     assert not tok_manifest.exists(), "an orphan wrote the manifest after Snakemake was gone"
     assert not (tok_dir / "cache").exists() and not list(tok_dir.glob(".cache.building-*"))
@@ -55,8 +78,8 @@ def test_rule_jobs_die_with_a_kill9ed_snakemake_and_the_rerun_finishes(tmp_path)
 
     # 2. the same command (after Snakemake's own --unlock): tokenize reruns (one local Ray);
     #    then the trainer is SIGKILLed as the OOM killer would: one line, no traceback
-    run(wd, "--unlock", config=OVER)
-    p = start(wd, "checkpoints/demo/done", config=OVER, log=wd / "run2.log")
+    run(wd, "--unlock", config=OVER_BIG)
+    p = start(wd, "checkpoints/demo/done", config=OVER_BIG, log=wd / "run2.log")
     [trainer] = wait_for(lambda: procs(p, "levanter.main.train_lm"), 600, "train_lm to start", p)
     assert tok_manifest.exists()
     trainer.send_signal(signal.SIGKILL)
@@ -71,7 +94,7 @@ def test_rule_jobs_die_with_a_kill9ed_snakemake_and_the_rerun_finishes(tmp_path)
 
     # 3. SIGTERM to Snakemake mid-training: the trainer stops, the attempt says so, and the
     #    stop marker of that run is gone once it has ended (a later run is not refused)
-    p = start(wd, "checkpoints/demo/done", config=OVER, log=wd / "run3.log")
+    p = start(wd, "checkpoints/demo/done", config=OVER_BIG, log=wd / "run3.log")
     wait_for(lambda: procs(p, "levanter.main.train_lm"), 300, "train_lm to start", p)
     tree = psutil.Process(p.pid).children(recursive=True)
     os.kill(p.pid, signal.SIGTERM)
@@ -83,7 +106,7 @@ def test_rule_jobs_die_with_a_kill9ed_snakemake_and_the_rerun_finishes(tmp_path)
 
     # 4. kill -9 Snakemake after the trainer wrote a checkpoint: the train job and the trainer
     #    die with it; nothing writes `done` behind the user's back; the attempt is recorded
-    p = start(wd, "checkpoints/demo/done", config=OVER, log=wd / "run4.log")
+    p = start(wd, "checkpoints/demo/done", config=OVER_BIG, log=wd / "run4.log")
     wait_for(lambda: procs(p, "levanter.main.train_lm") and LR.latest_checkpoint(ckpts), 600,
              "a trainer checkpoint", p)
     tree = kill9_snakemake_only(p)
@@ -96,8 +119,8 @@ def test_rule_jobs_die_with_a_kill9ed_snakemake_and_the_rerun_finishes(tmp_path)
     assert last["outcome"] == "interrupted" and "Snakemake (run" in last["error"] and last.get("ended"), last
 
     # 5. README recovery: --unlock, then the same command resumes and finishes
-    run(wd, "--unlock", config=OVER)
-    res = run(wd, "checkpoints/demo/done", config=OVER)
+    run(wd, "--unlock", config=OVER_BIG)
+    res = run(wd, "checkpoints/demo/done", config=OVER_BIG)
     assert "another run_training holds" not in res.stdout + res.stderr
     d = json.loads(done.read_text())
     assert d["steps"] == 12

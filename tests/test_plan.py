@@ -47,6 +47,7 @@ def test_every_training_field_is_hashed(field):
     {"storage_root": "gs://marin-us-east5/trajsft"},
     {"executor": "ray"},
     {"log_level": "DEBUG"},
+    {"tokenize_engine": "ray"},  # Levanter's Ray builder writes the same cache (test_levanter_run.py)
     {"checkpointing": {"save_interval_minutes": 3}},
     {"checkpointing": {"keep_every_steps": "quarter_epoch", "hf_export_every_steps": 50, "hf_save_dtype": "float32"}},
     {"wandb": {"watch_interval": 10}},
@@ -161,3 +162,11 @@ def test_pinned_tokenizer_resolves_to_a_snapshot_of_that_revision(monkeypatch):
     assert LR.resolve_tokenizer("demo/tokenizer") == "demo/tokenizer" and LR.resolve_tokenizer("gs://b/t@x") == "gs://b/t@x"
     cfg = {"data": {"tokenizer": f"Qwen/Qwen3-8B@{QWEN3_8B_REV}"}, "model": {"tokenizer": "Qwen/Qwen3-8B"}}
     assert LR.resolve_hub_refs(cfg) == {"data": {"tokenizer": "/snap"}, "model": {"tokenizer": "Qwen/Qwen3-8B"}}
+
+
+def test_seq_len_is_in_the_tokenized_hash():
+    """The cache is written in packing order for seq_len: another seq_len is another tokenized artifact."""
+    base = names(plan(), "minimax-m2.5")
+    other = names(plan(training={"seq_len": 40960}), "minimax-m2.5")
+    assert other["shards"] == base["shards"] and other["tokenized"] != base["tokenized"]
+    assert C.FORMAT_VERSIONS["tokenized"] == 3 and C.FORMAT_VERSIONS["shards"] == 3

@@ -36,7 +36,7 @@ def test_shards_are_byte_identical_across_runs(tmp_path):
     res1, d1 = build_shards(make_plan(tmp_path / "a"))
     res2, d2 = build_shards(make_plan(tmp_path / "b"))
     files = sorted(p.name for p in d1.glob("*.jsonl.gz"))
-    assert files == ["train-00000-of-00001.jsonl.gz", "validation-00000-of-00001.jsonl.gz"]
+    assert files == ["train-00000.jsonl.gz", "validation-00000.jsonl.gz"]
     for f in files:
         assert (d1 / f).read_bytes() == (d2 / f).read_bytes()
     assert res1["skipped"] == res2["skipped"] and res1["kept"] == res2["kept"]

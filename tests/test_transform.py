@@ -166,6 +166,27 @@ def test_gzip_jsonl_deterministic_and_roundtrips():
     assert [json.loads(x)["traj_id"] for x in lines] == ["a", "b"]
 
 
-def test_shard_names():
-    assert list(T.shard_names("train", 5, 2)) == [
-        ("train-00000-of-00003.jsonl.gz", 0, 2), ("train-00001-of-00003.jsonl.gz", 2, 4), ("train-00002-of-00003.jsonl.gz", 4, 5)]
+def test_shard_writer_cuts_by_estimated_tokens_and_matches_gzip_jsonl():
+    recs = [{"messages": GOOD, "traj_id": f"t{i}", "pad": "x" * (40 * (i % 3))} for i in range(7)]
+    sizes = [len(T.record_bytes(r)) for r in recs]
+    limit_tokens = max(sizes) * 2 // T.BYTES_PER_TOKEN  # two largest lines fit
+    out = {}
+    w = T.ShardWriter("train", out.__setitem__, shard_tokens=limit_tokens)
+    for r in recs:
+        w.add(r)
+    names = w.close()
+    assert names == sorted(out) == [f"train-{i:05d}.jsonl.gz" for i in range(len(names))] and len(names) > 1
+    got = [json.loads(x) for n in names for x in gzip.decompress(out[n]).decode().splitlines()]
+    assert got == recs  # every record once, in order
+    pos = 0
+    for n in names:  # each shard is what gzip_jsonl writes for its records, within the token budget
+        k = len(gzip.decompress(out[n]).splitlines())
+        assert out[n] == T.gzip_jsonl(recs[pos:pos + k])
+        assert sum(sizes[pos:pos + k]) <= limit_tokens * T.BYTES_PER_TOKEN or k == 1
+        pos += k
+    # a record larger than a shard gets one of its own; nothing written for an empty split
+    out2 = {}
+    w = T.ShardWriter("validation", out2.__setitem__, shard_tokens=1)
+    w.add(recs[0]), w.add(recs[1])
+    assert w.close() == ["validation-00000.jsonl.gz", "validation-00001.jsonl.gz"]
+    assert T.ShardWriter("train", out2.__setitem__).close() == []

@@ -1,7 +1,7 @@
 """Nothing trains on an empty window; long chats are truncated or dropped, counted and hashed.
 
 Unit: ``levanter_run.window_plan`` and the hashing/card bookkeeping. Integration: the real
-tokenize step (Levanter cache builder on Ray, the demo tokenizer) drops chats whose first
+tokenize step (Levanter's ChatProcessor + SerialCacheWriter, the demo tokenizer) drops chats whose first
 ``seq_len`` tokens hold no assistant token, honours ``long_chats``, and fails with one line when
 nothing is left.
 """
@@ -120,16 +120,22 @@ def test_tokenize_drops_empty_windows_and_honours_long_chats(tmp_path):
     assert tr["chats_in"] == 6 and tr["chats_out"] == 5
     assert tr["dropped_empty_window"]["chats"] == 1 and tr["truncated"]["chats"] == 1
     assert [(d["traj_id"], d["reason"]) for d in m["dropped"]] == [("late_answer", "empty_window")]
-    assert m["cache_dir"].endswith("cache-windowed")
+    assert m["cache_dir"].endswith("cache-packed")
     st = m["stats"]["train"]
     assert st["chats"] == 5 and st["empty_windows"] == [] and st["chats_truncated"] == 1
-    # training reads the windowed cache
+    # training reads the packed cache (kept chats only, in packing order)
     tok_name = next(a.name for a in plan.chain("demo") if a.kind == "tokenized")
     mpath = Path(plan.get("tokenized", tok_name).manifest)
     mpath.parent.mkdir(parents=True, exist_ok=True)
     mpath.write_text(json.dumps(m))
     assert steps_train.tokenized_cache_dir(plan, tok_name) == m["cache_dir"]
     assert LR.chat_cache_stats(m["cache_dir"], 96)["train"]["lengths"] == st["lengths"]
+    # the kept chats are in first-fit-decreasing order: Levanter packs them into the FFD bins
+    pk = m["packing"]["train"]
+    assert st["lengths"] == sorted(st["lengths"], reverse=True)[:1] + st["lengths"][1:]  # the longest opens bin 0
+    assert pk["levanter_packed"]["sequences"] == st["packed_sequences"] == pk["first_fit_decreasing"]["sequences"]
+    assert pk["lower_bound"] <= st["packed_sequences"] <= pk["next_fit_in_shard_order"]["sequences"]
+    assert m["engine"] == "inprocess" and "packed_ranges" not in st
 
     _, m = _run(tmp_path, "drop")
     assert sorted((d["traj_id"], d["reason"]) for d in m["dropped"]) == [

@@ -25,7 +25,7 @@ DEFAULT_CONFIG = REPO_DIR / "config" / "config.yaml"
 TEMPLATE_PATH = PACKAGE_DIR / "templates" / "qwen3_chat_template.jinja"
 
 # Bump when the code that writes an artifact changes its bytes for the same inputs.
-FORMAT_VERSIONS = {"raw": 2, "shards": 2, "tokenized": 2, "checkpoints": 1, "exports": 1}
+FORMAT_VERSIONS = {"raw": 2, "shards": 3, "tokenized": 3, "checkpoints": 1, "exports": 1}
 STATE_DIR = "results"  # local manifests that Snakemake tracks (small files only)
 KINDS = ("raw", "shards", "tokenized", "checkpoints", "exports")
 

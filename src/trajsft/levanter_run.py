@@ -241,6 +241,10 @@ def _cache_complete(cache_dir: str, splits: Iterable[str]) -> bool:
 # than one shard). So the local Ray advertises at least 8 logical CPUs.
 _MIN_RAY_CPUS = 8
 
+# how a chat cache is built: "inprocess" (default: ChatProcessor + SerialCacheWriter in this process,
+# trajsft.chat_cache) or "ray" (Levanter's own Ray cache builder). Same cache either way.
+CACHE_ENGINES = ("inprocess", "ray")
+
 
 @contextlib.contextmanager
 def _ray_session(num_cpus: Optional[int], ray_tmpdir: Optional[str]):
@@ -309,16 +313,22 @@ def build_chat_cache(
     seq_len: Optional[int] = None,
     num_cpus: Optional[int] = None,
     ray_tmpdir: Optional[str] = None,
+    engine: str = "inprocess",
 ) -> dict:
     """Build Levanter chat caches ``<cache_dir>/train`` (and ``/validation``) from chat shards.
 
     Shards are ``.jsonl`` / ``.jsonl.gz`` files (anything fsspec opens; compression is inferred from
     the extension) with one ``{"messages": [...OpenAI chat...], ...}`` object per line; extra keys
-    (``traj_id`` ...) are ignored. Tokenization is Levanter's ``ChatProcessor`` (via
-    ``build_lm_dataset_cache`` on a ``UrlDataSource`` with ``ChatLmDatasetFormat``) with
+    (``traj_id`` ...) are ignored. Tokenization is Levanter's ``ChatProcessor`` (the processor
+    ``preprocessor_for_format`` gives for ``ChatLmDatasetFormat``) with
     ``tokenizer.apply_chat_template(..., return_assistant_tokens_mask=True)``, i.e. exactly what
     ``train_lm`` would build, so training loads this cache as is. Every chat must contain at least
     one assistant turn (Levanter raises otherwise) and the template needs ``{% generation %}`` tags.
+
+    ``engine="inprocess"`` (default) streams the shards through that processor into Levanter's
+    ``SerialCacheWriter`` in this process (``trajsft.chat_cache``); ``engine="ray"`` runs
+    Levanter's own Ray cache builder (``build_lm_dataset_cache``). Both write the same rows in
+    shard order with the same ledger metadata.
 
     Kill safety: for local paths the cache is built in a hidden sibling directory
     ``.<name>.building-<pid>-<rand>`` and renamed to ``cache_dir`` only when every split is finished
@@ -327,9 +337,11 @@ def build_chat_cache(
     recomputed. For ``gs://`` (or other remote) paths there is no atomic rename: the cache is built
     in place, and safety relies on Levanter's own ledger: ``shard_ledger.json`` gets
     ``is_finished: true`` only at the end, training refuses (``run_training``) / Levanter never
-    loads an unfinished cache, and a rerun resumes the build from the finished shard groups.
+    loads an unfinished cache; a rerun starts an unfinished split over (in-process: the writer opens
+    its arrays with ``delete_existing``) or resumes it from the finished shard groups (Ray).
+    tensorstore writes ``gs://`` through its ``gcs`` kvstore driver (JAX's ``get_tensorstore_spec``).
 
-    Ray: a local Ray is started if none is running (``RAY_AUTH_MODE=disabled``, temp dir
+    Ray (``engine="ray"`` only): a local Ray is started if none is running (``RAY_AUTH_MODE=disabled``, temp dir
     ``ray_tmpdir`` / ``$RAY_TMPDIR`` / ``/tmp/ray-<uid>``, at least 8 logical CPUs because
     Levanter's shard-merge task asks for 4 free CPUs next to its actors and would otherwise never
     be scheduled) and shut down
@@ -353,61 +365,97 @@ def build_chat_cache(
         stats["cache_dir"] = final_dir
         stats["tokenizer"] = tokenizer
         stats["source_urls"] = {k: list(v) for k, v in splits.items()}
+        stats["engine"] = engine
         return stats
 
+    if engine not in CACHE_ENGINES:
+        raise ValueError(f"engine must be one of {', '.join(CACHE_ENGINES)}, not {engine!r}")
     if _cache_complete(final_dir, splits):
         stats = finish_stats(chat_cache_stats(final_dir, seq_len=seq_len))
         _write_json_atomic(os.path.join(final_dir, _STATS_FILE), stats)
         return stats
 
-    if remote:
-        build_dir = final_dir
-    else:
-        parent, base = os.path.split(final_dir.rstrip("/"))
-        os.makedirs(parent, exist_ok=True)
-        _cleanup_stale_builds(parent, base)
-        build_dir = os.path.join(parent, f".{base}.building-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-        os.makedirs(build_dir)
-
-    try:
+    with _building(final_dir) as build_dir:
         from levanter.compat.hf_checkpoints import load_tokenizer
-        from levanter.data.sharded_datasource import UrlDataSource
-        from levanter.data.text import ChatLmDatasetFormat, build_lm_dataset_cache
-        from levanter.store.cache import CacheOptions
+        from levanter.data.text import ChatLmDatasetFormat, preprocessor_for_format
 
         tok = load_tokenizer(resolve_tokenizer(tokenizer))
         fmt = ChatLmDatasetFormat(
             messages_field=messages_field, chat_template=chat_template, pack=True, mask_user_turns=True
         )
-        with _ray_session(num_cpus, ray_tmpdir):
-            caches = {}
+        if engine == "inprocess":
+            from . import chat_cache
+
+            # the processor Levanter's builder would use (same ledger metadata)
+            processor = preprocessor_for_format(fmt, tok, enforce_bos=True, enforce_eos=True)
             for split, urls in splits.items():
-                caches[split] = build_lm_dataset_cache(
-                    os.path.join(build_dir, split),
-                    UrlDataSource(urls),
-                    fmt,
-                    tok,
-                    CacheOptions.default(),
-                    True,
-                    monitors=False,
-                )
-            for split, cache in caches.items():
-                if cache is None:
-                    raise RuntimeError(f"Levanter built no cache for split {split!r}")
-                cache.await_finished(None, await_cleanup=True)
+                chat_cache.write_split(os.path.join(build_dir, split), urls, processor)
+        else:
+            _build_on_ray(build_dir, splits, fmt, tok, num_cpus, ray_tmpdir)
         if not _cache_complete(build_dir, splits):
             raise RuntimeError(f"cache build in {build_dir} did not finish")
         stats = finish_stats(chat_cache_stats(build_dir, seq_len=seq_len))
         _write_json_atomic(os.path.join(build_dir, _STATS_FILE), stats)
-        if not remote:
-            if os.path.lexists(final_dir):
-                shutil.rmtree(final_dir)  # an unfinished / foreign leftover
-            os.rename(build_dir, final_dir)
-        return stats
+    return stats
+
+
+def _build_on_ray(build_dir: str, splits: Mapping[str, Sequence[str]], fmt, tok, num_cpus, ray_tmpdir) -> None:
+    from levanter.data.sharded_datasource import UrlDataSource
+    from levanter.data.text import build_lm_dataset_cache
+    from levanter.store.cache import CacheOptions
+
+    with _ray_session(num_cpus, ray_tmpdir):
+        caches = {}
+        for split, urls in splits.items():
+            caches[split] = build_lm_dataset_cache(
+                os.path.join(build_dir, split), UrlDataSource(list(urls)), fmt, tok, CacheOptions.default(), True,
+                monitors=False,
+            )
+        for split, cache in caches.items():
+            if cache is None:
+                raise RuntimeError(f"Levanter built no cache for split {split!r}")
+            cache.await_finished(None, await_cleanup=True)
+
+
+@contextlib.contextmanager
+def _building(final_dir: str):
+    """A build dir for the cache ``final_dir``: a hidden sibling renamed into place on success
+    (removed on failure; stale ones of dead processes are removed first). Remote caches are built
+    in place: Levanter's ledger says ``is_finished`` only at the end."""
+    if _is_remote(final_dir):
+        yield final_dir
+        return
+    parent, base = os.path.split(final_dir.rstrip("/"))
+    os.makedirs(parent, exist_ok=True)
+    _cleanup_stale_builds(parent, base)
+    build_dir = os.path.join(parent, f".{base}.building-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    os.makedirs(build_dir)
+    try:
+        yield build_dir
+        if os.path.lexists(final_dir):
+            shutil.rmtree(final_dir)  # an unfinished / foreign leftover
+        os.rename(build_dir, final_dir)
     except BaseException:
-        if not remote:
-            shutil.rmtree(build_dir, ignore_errors=True)
+        shutil.rmtree(build_dir, ignore_errors=True)
         raise
+
+
+def reorder_chat_cache(src_cache_dir: str, cache_dir: str, orders: Mapping[str, Sequence[int]],
+                       seq_len: Optional[int] = None) -> dict:
+    """A copy of the finished cache ``src_cache_dir`` holding, per split, the rows ``orders[split]``
+    in that order (no tokenizing). Same kill safety as :func:`build_chat_cache`; an existing finished
+    copy is kept. Returns ``chat_cache_stats(cache_dir, seq_len)`` (also written next to it)."""
+    from . import chat_cache
+
+    final_dir = cache_dir if _is_remote(cache_dir) else os.path.abspath(cache_dir)
+    if not _cache_complete(final_dir, orders):
+        with _building(final_dir) as build_dir:
+            for split, order in orders.items():
+                chat_cache.copy_split(os.path.join(src_cache_dir, split), os.path.join(build_dir, split), order)
+    stats = chat_cache_stats(final_dir, seq_len=seq_len)
+    stats["source_cache"] = src_cache_dir
+    _write_json_atomic(os.path.join(final_dir, _STATS_FILE), stats)
+    return stats
 
 
 def _open_chat_split(split_dir: str):
@@ -418,12 +466,11 @@ def _open_chat_split(split_dir: str):
     return TreeCache.load(split_dir, exemplar)
 
 
-def count_packed_sequences(split_dir: str, seq_len: int) -> int:
-    """How many ``seq_len`` sequences ``train_lm`` makes from a chat cache split.
-
-    Uses Levanter's own ``GreedyPrepackedDataset`` with the parameters ``MultiturnChatDataset`` uses
-    (``max_segments_per_example=64``, ``slice_strategy="left"``: over-long chats are truncated to
-    their first ``seq_len`` tokens and occupy one sequence on their own).
+def packed_ranges(split_dir: str, seq_len: int) -> list[tuple[int, int]]:
+    """The ``[start, stop)`` row ranges of the ``seq_len`` sequences ``train_lm`` packs from a chat
+    cache split, from Levanter's own ``GreedyPrepackedDataset`` with the parameters
+    ``MultiturnChatDataset`` uses (``max_segments_per_example=64``, ``slice_strategy="left"``:
+    over-long chats are truncated to their first ``seq_len`` tokens and occupy one sequence alone).
     """
     from levanter.data.packing import GreedyPrepackedDataset
 
@@ -434,7 +481,12 @@ def count_packed_sequences(split_dir: str, seq_len: int) -> int:
         max_segments_per_example=_MAX_SEGMENTS_PER_EXAMPLE,
         slice_strategy="left",
     )
-    return len(packed._pack_indices)
+    return [(r.start, r.stop) for r in packed._pack_indices]
+
+
+def count_packed_sequences(split_dir: str, seq_len: int) -> int:
+    """How many ``seq_len`` sequences ``train_lm`` makes from a chat cache split (:func:`packed_ranges`)."""
+    return len(packed_ranges(split_dir, seq_len))
 
 
 def _split_stats(split_dir: str, seq_len: Optional[int], chunk_tokens: int = 1 << 24) -> dict:
@@ -479,10 +531,15 @@ def _split_stats(split_dir: str, seq_len: Optional[int], chunk_tokens: int = 1 <
     }
     if seq_len:
         over = lengths > int(seq_len)
+        ranges = packed_ranges(split_dir, int(seq_len))
+        # non-pad tokens of the packed sequences Levanter yields (a sliced chat keeps seq_len tokens)
+        non_pad = sum(min(int(offsets[b] - offsets[a]), int(seq_len)) for a, b in ranges)
         out.update(
             {
                 "seq_len": int(seq_len),
-                "packed_sequences": count_packed_sequences(split_dir, int(seq_len)),
+                "packed_sequences": len(ranges),
+                "packed_ranges": [[int(a), int(b)] for a, b in ranges],
+                "packed_non_pad": non_pad / (len(ranges) * int(seq_len)) if ranges else 0.0,
                 "chats_truncated": int(over.sum()),
                 "tokens_truncated": int(np.maximum(lengths - int(seq_len), 0).sum()),
                 "assistant_tokens_in_window": int(asst_in_window.sum()),

@@ -172,7 +172,11 @@ def download(plan: Plan, name: str) -> dict:
 
 
 # ---- shards -----------------------------------------------------------------------------
-def _iter_rows(raw_location: str):
+READ_BATCH_ROWS = 64  # parquet rows decoded at a time: memory does not grow with the dataset
+
+
+def _iter_rows(raw_location: str, batch_rows: int = READ_BATCH_ROWS):
+    """``(Source, row dict)`` of every train-split parquet row, streamed by record batch."""
     import pyarrow.parquet as pq
 
     root = raw_location.rstrip("/")
@@ -183,21 +187,31 @@ def _iter_rows(raw_location: str):
     for f in files:
         fs, p = storage.fs_and_path(f)
         rel = os.path.relpath(f, raw_location) if not is_remote(f) else f
-        try:
-            with fs.open(p, "rb") as fh:
-                table = pq.read_table(fh)
-        except Exception as e:  # noqa: BLE001 - ArrowInvalid, OSError: truncated / garbage / empty file
-            raise DataError(f"{rel}: not a readable parquet file ({_one_line(e)})") from None
-        if "messages" not in table.column_names:
-            raise DataError(f"{rel}: missing column 'messages' (columns: {', '.join(table.column_names)})")
-        for name in table.column_names:
-            for chunk in table.column(name).chunks:
+        with fs.open(p, "rb") as fh:
+            try:
+                pf = pq.ParquetFile(fh)
+                names = pf.schema_arrow.names
+            except Exception as e:  # noqa: BLE001 - ArrowInvalid, OSError: truncated / garbage / empty file
+                raise DataError(f"{rel}: not a readable parquet file ({_one_line(e)})") from None
+            if "messages" not in names:
+                raise DataError(f"{rel}: missing column 'messages' (columns: {', '.join(names)})")
+            batches = pf.iter_batches(batch_size=batch_rows)
+            i = 0
+            while True:
                 try:
-                    chunk.validate(full=True)
-                except Exception as e:  # noqa: BLE001 - pyarrow.ArrowInvalid: invalid UTF-8 in a string column
-                    raise DataError(f"{rel}: column '{name}': {_one_line(e)} (not valid UTF-8?)") from None
-        for i, row in enumerate(table.to_pylist()):
-            yield transform.Source(rel, i), row
+                    batch = next(batches, None)
+                except Exception as e:  # noqa: BLE001 - a corrupt page / row group
+                    raise DataError(f"{rel}: not a readable parquet file ({_one_line(e)})") from None
+                if batch is None:
+                    break
+                for name, col in zip(batch.schema.names, batch.columns):
+                    try:
+                        col.validate(full=True)
+                    except Exception as e:  # noqa: BLE001 - pyarrow.ArrowInvalid: invalid UTF-8 in a string column
+                        raise DataError(f"{rel}: column '{name}': {_one_line(e)} (not valid UTF-8?)") from None
+                for row in batch.to_pylist():
+                    yield transform.Source(rel, i), row
+                    i += 1
 
 
 def skipped_path(plan: Plan, name: str) -> Path:
@@ -206,29 +220,33 @@ def skipped_path(plan: Plan, name: str) -> Path:
 
 
 def shards(plan: Plan, name: str) -> dict:
+    """Validated jsonl.gz shards of a raw snapshot, streamed: parquet record batches in, shards
+    (cut at ``transform.SHARD_TOKENS`` estimated tokens) out as they fill."""
     art = plan.get("shards", name)
     spec = art.spec
     raw = plan.get("raw", spec["raw"])
-    res = transform.transform_rows(_iter_rows(raw.location), spec["teacher"], spec["transform"])
+    writers = {split: transform.ShardWriter(split, lambda fname, data: storage.write_bytes(f"{art.location}/{fname}", data))
+               for split in ("train", "validation")}
+    trajectories, resolved = [], []
+
+    def sink(split: str, rec: dict) -> None:
+        writers[split].add(rec)
+        trajectories.append(dict(transform.trajectory_stats(rec), split=split))
+        if isinstance(rec.get("resolved"), bool):
+            resolved.append(rec["resolved"])
+
+    res = transform.transform_rows(_iter_rows(raw.location), spec["teacher"], spec["transform"], sink=sink)
     listing = "".join(json.dumps(r, ensure_ascii=True, sort_keys=True) + "\n" for r in res.skipped_rows)
     write_text(skipped_path(plan, name), listing)
     if is_remote(art.location):
         storage.write_bytes(f"{art.location}/skipped.jsonl", listing.encode())
     if spec["transform"].get("strict") and res.strict_error():
         raise transform.BadRow("strict", f"{res.strict_error()}; every bad row is listed in {skipped_path(plan, name)}")
-    files = {}
-    for split, records in res.records.items():
-        if not records:
-            continue
-        files[split] = []
-        for fname, a, b in transform.shard_names(split, len(records)):
-            storage.write_bytes(f"{art.location}/{fname}", transform.gzip_jsonl(records[a:b]))
-            files[split].append(fname)
-    kept = {split: len(r) for split, r in res.records.items()}
+    files = {split: w.close() for split, w in writers.items()}
+    files = {split: f for split, f in files.items() if f}
+    kept = {split: res.kept[split] for split in ("train", "validation")}
     if not kept["train"]:
         raise DataError(f"{spec['teacher']}: no usable rows (skipped: {dict(res.skipped)})")
-    all_recs = res.records["train"] + res.records["validation"]
-    resolved = [r.get("resolved") for r in all_recs if isinstance(r.get("resolved"), bool)]
     for reason, n in sorted(res.skipped.items()):
         log.warning("%s: skipped %d row(s): %s", spec["teacher"], n, reason)
     return {
@@ -243,8 +261,9 @@ def shards(plan: Plan, name: str) -> dict:
         "events": dict(sorted(res.events.items())),
         "resolved_rate": (sum(resolved) / len(resolved)) if resolved else None,
         "files": files,
+        "shard_tokens": transform.SHARD_TOKENS,
         "transform": spec["transform"],
-        "trajectories": [dict(transform.trajectory_stats(r), split=s) for s, rs in res.records.items() for r in rs],
+        "trajectories": sorted(trajectories, key=lambda t: t["split"] != "train"),
     }
 
 

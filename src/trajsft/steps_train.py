@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 from . import levanter_run as LR
-from . import provenance, schedule, storage, template, transform
+from . import provenance, schedule, storage, template
 from .atomic import write_json
 from .config import STATE_DIR, ConfigError, Plan, is_remote, join
 from .steps import DataError
@@ -41,24 +41,27 @@ def length_shares(lengths: list[int]) -> dict:
     return out
 
 
-def _read_records(urls: list[str]) -> list[dict]:
-    import gzip
+def _traj_ids(urls: list[str]) -> list:
+    from .chat_cache import iter_records
 
-    out = []
-    for u in urls:
-        out += [json.loads(line) for line in gzip.decompress(storage.read_bytes(u)).splitlines()]
-    return out
+    return [r.get("traj_id") for r in iter_records(urls)]
 
 
 def tokenize(plan: Plan, name: str) -> dict:
-    """Levanter chat cache of a shard set, keeping only chats that train on ``seq_len`` windows.
+    """Levanter chat cache of a shard set, in packing order, keeping only chats that train on ``seq_len`` windows.
 
-    The cache is built from the shards (``cache/``); chats with no assistant token in their first
-    ``seq_len`` tokens, and with ``long_chats: drop`` chats longer than ``seq_len``, are then
-    dropped: the kept records are written to ``windowed/`` shards and cached again
-    (``cache-windowed/``). The manifest's ``cache_dir`` is the cache training reads; ``window``
-    counts every choice (chats and tokens) and ``dropped`` lists every dropped chat.
+    1. ``cache/``: every chat of the shards, in shard order (``LR.build_chat_cache``: in this
+       process by default, ``tokenize_engine: ray`` for Levanter's Ray builder).
+    2. Chats with no assistant token in their first ``seq_len`` tokens, and with ``long_chats:
+       drop`` chats longer than ``seq_len``, are dropped (``window`` counts every choice, ``dropped``
+       lists every dropped chat).
+    3. ``cache-packed/``: the kept chats copied (not tokenized again) in first-fit-decreasing bin
+       order (``trajsft.packing``), so Levanter's next-fit packer makes the FFD sequences; the
+       sequences Levanter makes of it are read back and must be exactly those bins. This is the
+       manifest's ``cache_dir``, the cache training reads; ``packing`` has the figures.
     """
+    from . import packing
+
     art = plan.get("tokenized", name)
     spec = art.spec
     seq_len, policy = int(spec["seq_len"]), spec["long_chats"]
@@ -67,63 +70,69 @@ def tokenize(plan: Plan, name: str) -> dict:
     urls = {s: [join(shards_art.location, f) for f in files] for s, files in shards["files"].items()}
     loc = art.location if is_remote(art.location) else os.path.abspath(art.location)
 
-    def build(split_urls: dict, cdir: str) -> dict:
-        return LR.build_chat_cache(split_urls["train"], split_urls.get("validation", []), cdir, tokenizer=spec["tokenizer"],
-                                   chat_template=template.load_template(), seq_len=seq_len)
-
-    stats = build(urls, join(loc, "cache"))
-    final_dir = join(loc, "cache")
-    window, dropped, kept_urls, expect = {"seq_len": seq_len, "long_chats": policy}, [], {}, {}
+    engine = plan.cfg.get("tokenize_engine", "inprocess")
+    stats = LR.build_chat_cache(urls["train"], urls.get("validation", []), join(loc, "cache"), tokenizer=spec["tokenizer"],
+                                chat_template=template.load_template(), seq_len=seq_len, engine=engine)
+    window, dropped, orders, bins, report = {"seq_len": seq_len, "long_chats": policy}, [], {}, {}, {}
     for split in ("train", "validation"):
         if not stats.get(split):
             continue
-        wp = LR.window_plan(stats[split], seq_len, policy)
+        st = stats[split]
+        wp = LR.window_plan(st, seq_len, policy)
         window[split] = wp["counts"]
-        if not wp["dropped"]:
-            kept_urls[split] = urls[split]
-            continue
-        records = _read_records(urls[split])
-        if len(records) != stats[split]["chats"]:
-            raise RuntimeError(f"{split}: {len(records)} shard records but {stats[split]['chats']} cached chats")
-        dropped += [{"split": split, "traj_id": records[i].get("traj_id"), "reason": r,
-                     "tokens": stats[split]["lengths"][i]} for i, r in wp["dropped"]]
-        keep = [records[i] for i in wp["keep"]]
-        expect[split] = [stats[split]["lengths"][i] for i in wp["keep"]]
-        kept_urls[split] = []
-        for fname, a, b in transform.shard_names(split, len(keep)):
-            storage.write_bytes(join(loc, "windowed", fname), transform.gzip_jsonl(keep[a:b]))
-            kept_urls[split].append(join(loc, "windowed", fname))
+        if wp["dropped"]:
+            ids = _traj_ids(urls[split])
+            if len(ids) != st["chats"]:
+                raise RuntimeError(f"{split}: {len(ids)} shard records but {st['chats']} cached chats")
+            dropped += [{"split": split, "traj_id": ids[i], "reason": r, "tokens": st["lengths"][i]} for i, r in wp["dropped"]]
+        keep = wp["keep"]
         if not keep:
-            del kept_urls[split]
+            continue
+        kept_lengths = [st["lengths"][i] for i in keep]
+        split_bins = packing.first_fit_decreasing(kept_lengths, seq_len)
+        orders[split] = [keep[j] for j in packing.cache_order(split_bins)]
+        bins[split] = split_bins
+        report[split] = packing.summary(kept_lengths, seq_len)
     for d in dropped:
         log.warning("%s: dropped %s chat %s (%s, %d tokens; seq_len %d)", spec["teacher"], d["split"], d["traj_id"],
                     d["reason"], d["tokens"], seq_len)
-    if "train" not in kept_urls:
+    if "train" not in orders:
         c = window["train"]
         raise DataError(f"{spec['teacher']}: no training chat is left at seq_len {seq_len}: "
                         f"{c['dropped_empty_window']['chats']} have no assistant token within the first {seq_len} tokens, "
                         f"{c['dropped_longer_than_seq_len']['chats']} are longer (long_chats: {policy})")
-    if dropped:
-        final_dir = join(loc, "cache-windowed")
-        stats = build(kept_urls, final_dir)
-        for split, lengths in expect.items():
-            got = (stats.get(split) or {}).get("lengths", [])
-            if got != lengths:
-                raise RuntimeError(f"{split}: the windowed cache does not hold the kept chats in order")
-        if stats.get("validation") is None and "validation" in window:
-            log.warning("%s: every validation chat was dropped: no eval loss", spec["teacher"])
-    for split in ("train", "validation"):
-        if stats.get(split):
-            stats[split]["longer_than"] = length_shares(stats[split]["lengths"])
+    if "validation" in window and "validation" not in orders:
+        log.warning("%s: every validation chat was dropped: no eval loss", spec["teacher"])
+    final_dir = join(loc, "cache-packed")
+    first = stats
+    stats = LR.reorder_chat_cache(join(loc, "cache"), final_dir, orders, seq_len=seq_len)
+    for split, order in orders.items():
+        st = stats[split]
+        if st["lengths"] != [first[split]["lengths"][i] for i in order]:
+            raise RuntimeError(f"{split}: the packed cache does not hold the kept chats in packing order")
+        expect, pos = [], 0
+        for b in bins[split]:
+            expect.append([pos, pos + len(b)])
+            pos += len(b)
+        if st["packed_ranges"] != expect:
+            raise RuntimeError(f"{split}: Levanter packed {st['packed_sequences']} sequences, not the "
+                               f"{len(expect)} first-fit-decreasing bins the cache order was written for")
+        report[split]["levanter_packed"] = {"sequences": st["packed_sequences"], "non_pad": st["packed_non_pad"]}
+        st["longer_than"] = length_shares(st["lengths"])
+        del st["packed_ranges"]
     tr = stats["train"]
-    log.info("%s: %d chats, %d tokens, assistant fraction %.3f", spec["teacher"], tr["chats"], tr["tokens"], tr["assistant_fraction"])
+    log.info("%s: %d chats, %d tokens, assistant fraction %.3f; %d packed sequences of %d tokens (%.2f%% non-pad; "
+             "next-fit in shard order: %d, lower bound %d)", spec["teacher"], tr["chats"], tr["tokens"],
+             tr["assistant_fraction"], tr["packed_sequences"], seq_len, 100 * tr["packed_non_pad"],
+             report["train"]["next_fit_in_shard_order"]["sequences"], report["train"]["lower_bound"])
     return {"teacher": spec["teacher"], "cache_dir": final_dir, "tokenizer": spec["tokenizer"],
-            "template_sha256": template.template_sha256(), "window": window, "dropped": dropped, "stats": stats}
+            "template_sha256": template.template_sha256(), "engine": engine, "window": window, "dropped": dropped,
+            "packing": report, "stats": stats}
 
 
 def tokenized_cache_dir(plan: Plan, tokenized_name: str) -> str:
     """The cache training reads: the tokenized manifest's ``cache_dir`` (``cache`` or
-    ``cache-windowed``), else ``<location>/cache``."""
+    ``cache-packed``; older manifests: ``cache-windowed``), else ``<location>/cache``."""
     try:
         return _read_manifest(plan, "tokenized", tokenized_name)["cache_dir"]
     except (DataError, KeyError):

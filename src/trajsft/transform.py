@@ -19,11 +19,15 @@ import json
 import re
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 ROLES = ("system", "user", "assistant", "tool")
 META_FIELDS = ("traj_id", "instance_id", "resolved", "model")
-SHARD_ROWS = 2000
+# Shards are split by estimated tokens, not rows (agent trajectories range from 1k to 100k+ tokens).
+# The student's tokenizer is not known at shard time (shards are shared by every student), so tokens
+# are estimated from the UTF-8 JSON line: ~4 bytes per token for English, code and tool output.
+SHARD_TOKENS = 1 << 25  # ~33.5M estimated tokens, ~128 MiB of JSON lines per shard
+BYTES_PER_TOKEN = 4
 MAX_DEPTH = 64  # JSON nesting deeper than this is not an agent trajectory (and would crash json / Jinja)
 DETAIL_CHARS = 300
 
@@ -338,6 +342,7 @@ def heldout(traj_id: str, fraction: float) -> bool:
 @dataclass
 class Result:
     records: dict[str, list[dict]] = field(default_factory=lambda: {"train": [], "validation": []})
+    kept: Counter = field(default_factory=Counter)
     rows_in: int = 0
     skipped: Counter = field(default_factory=Counter)
     events: Counter = field(default_factory=Counter)
@@ -385,7 +390,10 @@ def record_bytes(rec: dict) -> bytes:
         raise BadRow("integer_too_long" if "digits" in str(e) else "invalid_json", f"a value cannot be written as JSON ({e})") from None
 
 
-def transform_rows(rows: Iterable[tuple[Source, dict]], teacher: str, transform: dict) -> Result:
+def transform_rows(rows: Iterable[tuple[Source, dict]], teacher: str, transform: dict,
+                   sink: Callable[[str, dict], None] | None = None) -> Result:
+    """Validate ``rows``; kept records go to ``sink(split, record)`` as they come (streaming), else
+    into ``Result.records``. ``Result.kept`` counts them per split either way."""
     res = Result()
     seen: set[str] = set()
     for src, row in rows:
@@ -420,7 +428,11 @@ def transform_rows(rows: Iterable[tuple[Source, dict]], teacher: str, transform:
         if converted:
             res.events["resolved_from_string"] += 1
         split = "validation" if heldout(traj_id, float(transform.get("heldout_fraction", 0.0))) else "train"
-        res.records[split].append(rec)
+        res.kept[split] += 1
+        if sink is None:
+            res.records[split].append(rec)
+        else:
+            sink(split, rec)
     return res
 
 
@@ -445,7 +457,40 @@ def gzip_jsonl(records: list[dict]) -> bytes:
     return buf.getvalue()
 
 
-def shard_names(split: str, n_records: int, rows_per_shard: int = SHARD_ROWS) -> Iterator[tuple[str, int, int]]:
-    n = max(1, -(-n_records // rows_per_shard))
-    for i in range(n):
-        yield f"{split}-{i:05d}-of-{n:05d}.jsonl.gz", i * rows_per_shard, min(n_records, (i + 1) * rows_per_shard)
+class ShardWriter:
+    """Deterministic jsonl.gz shards of one split, cut at ``shard_tokens`` estimated tokens.
+
+    ``add`` records in order; ``put(name, data)`` is called with each finished shard
+    (``<split>-00000.jsonl.gz``, ...), so only one shard is ever held in memory (gzipped).
+    A record bigger than a shard gets a shard of its own; ``close`` flushes the last one.
+    """
+
+    def __init__(self, split: str, put: Callable[[str, bytes], None], shard_tokens: int = SHARD_TOKENS):
+        self.split, self.put, self.limit = split, put, int(shard_tokens) * BYTES_PER_TOKEN
+        self.files: list[str] = []
+        self._buf: io.BytesIO | None = None
+        self._gz: gzip.GzipFile | None = None
+        self._bytes = 0
+
+    def add(self, rec: dict) -> None:
+        line = record_bytes(rec)
+        if self._gz is not None and self._bytes + len(line) > self.limit:
+            self._flush()
+        if self._gz is None:
+            self._buf = io.BytesIO()
+            self._gz = gzip.GzipFile(filename="", mode="wb", fileobj=self._buf, mtime=0, compresslevel=6)
+            self._bytes = 0
+        self._gz.write(line)
+        self._bytes += len(line)
+
+    def _flush(self) -> None:
+        self._gz.close()
+        name = f"{self.split}-{len(self.files):05d}.jsonl.gz"
+        self.put(name, self._buf.getvalue())
+        self.files.append(name)
+        self._buf = self._gz = None
+
+    def close(self) -> list[str]:
+        if self._gz is not None:
+            self._flush()
+        return self.files
