@@ -209,7 +209,7 @@ def _read_split(location: str, files: list[str]) -> list[dict]:
 
 
 def _shard_files(location: str) -> dict[str, list[str]]:
-    """{split: [file names]} of a shard set (train-00000-of-00001.jsonl.gz, ...)."""
+    """{split: [file names]} of a shard set (train-00000.jsonl.gz, ...)."""
     from . import storage
     from .steps import DataError
 
@@ -223,13 +223,13 @@ def _shard_files(location: str) -> dict[str, list[str]]:
 
 
 def _write_chunks(dest: str, split: str, rows: list[dict]) -> list[str]:
+    """``<split>-00000.jsonl``, ... of ``ROWS_PER_FILE`` rows each (at least one file per split)."""
     from . import storage
-    from .transform import shard_names
 
     names = []
-    for fname, a, b in shard_names(split, len(rows), ROWS_PER_FILE):
-        fname = fname.replace(".jsonl.gz", ".jsonl")
-        storage.write_bytes(f"{dest}/{fname}", jsonl(rows[a:b]))
+    for i, a in enumerate(range(0, max(len(rows), 1), ROWS_PER_FILE)):
+        fname = f"{split}-{i:05d}.jsonl"
+        storage.write_bytes(f"{dest}/{fname}", jsonl(rows[a:a + ROWS_PER_FILE]))
         names.append(fname)
     return names
 
