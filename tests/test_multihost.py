@@ -231,8 +231,10 @@ def test_old_shape_pinned_to_the_slice_head_fails_fast(data, cluster, tmp_path, 
                   base_dir=C.REPO_DIR)
     cfg = tmp_path / "levanter_config.json"
     cfg.write_text(json.dumps(levanter_config(plan, "demo")))
-    entry = (f"python -m trajsft.levanter_run train --config {cfg} --run-dir {tmp_path / 'old'} "
-             f"--log {tmp_path / 'old.log'}")
+    # the old entrypoint ran trajsft's local training (run_training) as the one process of the job
+    entry = ("python -c 'import json, sys; from trajsft import levanter_run as LR; "
+             "LR.run_training(json.load(open(sys.argv[1])), sys.argv[2], sys.argv[3])' "
+             f"{cfg} {tmp_path / 'old'} {tmp_path / 'old.log'}")
     t0 = time.time()
     sid, _ = rayjobs.submit_or_attach(cluster.address, entry, f"old-shape-{int(t0)}",
                                       runtime_env={"working_dir": str(REPO / "src"), "excludes": ["**/__pycache__/"]},
