@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 
 from . import hashing
+from .errors import ConfigError
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 REPO_DIR = PACKAGE_DIR.parent.parent  # src/trajsft -> repo root (editable install)
@@ -31,10 +32,6 @@ KINDS = ("raw", "shards", "tokenized", "checkpoints", "exports")
 
 
 REVISION_RE = re.compile(r"^(?:[0-9a-f]{7,40}|local)$")
-
-
-class ConfigError(ValueError):
-    """A one-line, user-facing configuration problem."""
 
 
 def deep_merge(base: dict, over: dict | None) -> dict:

@@ -23,7 +23,8 @@ from typing import Mapping
 
 from . import storage
 from .atomic import write_json, write_text
-from .config import ConfigError, Plan, join
+from .config import Plan, join
+from .errors import ConfigError
 
 log = logging.getLogger("trajsft")
 

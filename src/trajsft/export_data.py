@@ -211,7 +211,7 @@ def _read_split(location: str, files: list[str]) -> list[dict]:
 def _shard_files(location: str) -> dict[str, list[str]]:
     """{split: [file names]} of a shard set (train-00000.jsonl.gz, ...)."""
     from . import storage
-    from .steps import DataError
+    from .errors import DataError
 
     files: dict[str, list[str]] = {}
     for f in storage.glob(f"{location.rstrip('/')}/*.jsonl.gz"):

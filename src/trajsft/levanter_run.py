@@ -51,6 +51,8 @@ import sys
 import uuid
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
+from .errors import SingleProcessOnPod, TrainingFailed
+
 __all__ = [
     "CHAT_FORMAT",
     "MODEL_PRESETS",
@@ -1121,9 +1123,6 @@ def _run_subprocess(cmd: list[str], log_path: str, env: dict, cwd: str, header: 
             raise
 
 
-class TrainingFailed(RuntimeError):
-    """A one-line training failure (killed by a signal, non-zero exit, run locked)."""
-
 
 def _exit_reason(rc: Optional[int]) -> str:
     if rc is not None and rc < 0:
@@ -1394,9 +1393,6 @@ def collect_result(run: PreparedRun, log_path: str, ckpt: dict, *, launched: boo
         "log_path": log_path,
     }
 
-
-class SingleProcessOnPod(RuntimeError):
-    """A lone training process on one host of a multi-host TPU slice (it would wait 30 min for the others)."""
 
 
 def refuse_single_process_on_pod(env: Optional[Mapping[str, str]] = None) -> None:

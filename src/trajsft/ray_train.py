@@ -20,8 +20,8 @@ import shlex
 
 from . import levanter_run as LR
 from . import rayjobs, storage
-from .config import REPO_DIR, ConfigError, Plan, is_remote, join
-from .steps import DataError
+from .config import REPO_DIR, Plan, is_remote, join
+from .errors import ConfigError, DataError, PreflightError
 
 log = logging.getLogger("trajsft")
 
@@ -33,10 +33,6 @@ SECRET_EXCLUDES = [".?*", "*.pem", "*.key", "*.p12", "*.pfx", "*.keytab", "*cred
                    "*service-account*.json"]
 WORKING_DIR_EXCLUDES = [".venv/", ".git/", ".snakemake/", "results/", "checkpoints/", "logs/", "benchmarks/",
                         "wandb/", "tests/", "**/__pycache__/", "*.png", "report.html", *SECRET_EXCLUDES]
-
-
-class PreflightError(ConfigError):
-    pass
 
 
 def required_env(cfg: dict) -> list[str]:

@@ -157,6 +157,8 @@ from urllib.parse import quote
 import requests
 import tenacity
 
+from .errors import ClusterError
+
 log = logging.getLogger(__name__)
 
 SUBMISSION_PREFIX = "trajsft-"
@@ -176,7 +178,7 @@ _WRAPPER_PREFIX = "trajsft_secrets_"
 # --------------------------------------------------------------------------- errors
 
 
-class RayJobsError(RuntimeError):
+class RayJobsError(ClusterError):
     """Base class of the errors raised by this module."""
 
 

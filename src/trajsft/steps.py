@@ -17,13 +17,10 @@ from typing import Callable
 
 from . import signals, storage, transform
 from .atomic import write_json, write_text
-from .config import STATE_DIR, ConfigError, Plan, is_remote
+from .config import STATE_DIR, Plan, is_remote
+from .errors import ConfigError, DataError
 
 log = logging.getLogger("trajsft")
-
-
-class DataError(RuntimeError):
-    """A one-line, user-facing data problem (wrong row count, missing column, ...)."""
 
 
 USER_ERRORS = (ConfigError, DataError, transform.BadRow)

@@ -10,8 +10,8 @@ from pathlib import Path
 from . import levanter_run as LR
 from . import provenance, schedule, storage, template
 from .atomic import write_json
-from .config import STATE_DIR, ConfigError, Plan, is_remote, join
-from .steps import DataError
+from .config import STATE_DIR, Plan, is_remote, join
+from .errors import ConfigError, DataError, TrainingFailed
 
 log = logging.getLogger("trajsft")
 
@@ -311,7 +311,7 @@ def train(plan: Plan, target: str, done_path: str | None = None) -> dict:
     except KeyboardInterrupt as e:  # SIGINT / SIGTERM / our Snakemake died: the trainer was stopped
         provenance.finish_attempt(p["run_dir"], attempt["attempt"], "interrupted", error=str(e or "SIGINT")[:500])
         raise
-    except LR.TrainingFailed as e:  # one line (killed by a signal, exit code, lock held)
+    except TrainingFailed as e:  # one line (killed by a signal, exit code, lock held)
         provenance.finish_attempt(p["run_dir"], attempt["attempt"], "failed", error=str(e)[:500])
         raise DataError(str(e)) from None
     except BaseException as e:

@@ -29,17 +29,11 @@ import time
 from typing import Any, Optional
 
 from .. import levanter_run as LR
+from ..errors import HostLost, TrainingFailed
 from ..status import tail
 
 ALLOW_CPU_ENV = "TRAJSFT_ALLOW_CPU_TRAINING"  # set on emulated/test Ray nodes only, never by a profile
 
-
-class HostLost(RuntimeError):
-    """This host's training process was killed, or a peer host of the slice disappeared."""
-
-
-class TrainingFailed(RuntimeError):
-    """train_lm exited with an error while every host of the slice was alive."""
 
 
 @dataclasses.dataclass(frozen=True)

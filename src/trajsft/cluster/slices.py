@@ -28,6 +28,7 @@ import time
 from typing import Any, Callable, Optional
 
 from ..rayjobs import _one_line
+from ..errors import HostLost, SliceLimitExceeded, TrainingFailed
 from .host import HostJob, run_host
 
 log = logging.getLogger("trajsft")
@@ -38,9 +39,6 @@ _INFRA_ERRORS = ("NodeDiedError", "WorkerCrashedError", "ActorDiedError", "Actor
                  "LocalRayletDiedError", "TaskUnschedulableError", "ActorUnschedulableError")
 _OUR_ERROR_RE = re.compile(r"\b(HostLost|TrainingFailed): (.+)")
 
-
-class SliceLimitExceeded(RuntimeError):
-    """Too many preemptions or failures for one driver (the Ray job fails; Snakemake may retry)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,8 +70,6 @@ def classify(exc: BaseException) -> tuple[str, str]:
     back across processes as RayTaskErrors whose text carries the remote traceback, so the text is
     read too. Ray's worker/actor/node/owner-loss errors are preemptions; anything else is a failure.
     """
-    from .host import HostLost, TrainingFailed
-
     chain = list(_chain(exc))
     for e in chain:
         if isinstance(e, HostLost):

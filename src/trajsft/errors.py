@@ -1,0 +1,43 @@
+"""Every error trajsft raises on purpose, in one place.
+
+Each carries one user-facing line (what is wrong, and where: file, row, field, host); the rule
+scripts and the CLI print that line instead of a traceback. Modules import these from here, so no
+module needs another one just for its errors.
+"""
+
+from __future__ import annotations
+
+
+class ConfigError(ValueError):
+    """A configuration problem: a key, a value, a target or a profile."""
+
+
+class PreflightError(ConfigError):
+    """A cluster profile was refused before anything was submitted (address, token, bucket, env)."""
+
+
+class DataError(RuntimeError):
+    """A data problem: wrong row count, a missing column, an unreadable file or manifest."""
+
+
+class TrainingFailed(RuntimeError):
+    """Training failed: train_lm killed by a signal or exiting non-zero, a run already locked, an
+    export that did not complete."""
+
+
+class HostLost(RuntimeError):
+    """A preemption, not a failure: this host's training process was killed, or a peer host of
+    the slice went away. The slice loop starts a new slice attempt and does not count a failure."""
+
+
+class SingleProcessOnPod(RuntimeError):
+    """One training process was started on one host of a multi-host TPU slice (it would wait for
+    its peers until JAX's deadline)."""
+
+
+class ClusterError(RuntimeError):
+    """The Ray cluster or a job on it: unreachable, unauthorized, a job failed or was stopped."""
+
+
+class SliceLimitExceeded(ClusterError):
+    """More preemptions or failures than the profile's ``max_preemptions`` / ``max_failures``."""
