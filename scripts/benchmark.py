@@ -208,7 +208,7 @@ def _code_line(rng: random.Random, ids: Sequence[str], tys: Sequence[str]) -> st
         lambda: f"use crate::{i(ids)}::{{{i(tys)}, {i(tys)}}};",
         lambda: f"        self.{i(ids)} = cmp::min(self.{i(ids)}, {i(ids)});",
         lambda: f"        assert_eq!({i(ids)}.{i(ids)}(), {n(0, 512)});",
-        lambda: f"    #[inline]",
+        lambda: "    #[inline]",
         lambda: f"        match {i(ids)} {{ {i(tys)}::{i(ids)} => {n(0, 9)}, _ => {i(ids)}.len() }}",
     )
     return rng.choice(forms)()
@@ -1065,8 +1065,8 @@ def _packer_row(label: str, x: dict) -> str:
 def _format_new_sections(r: dict) -> list[str]:
     gb = lambda b: f"{b / 2**30:.2f} GB"  # noqa: E731
     x = r["packers"]
-    rows = ["", f"packers (sequences, non-pad share; 'FFD' = Levanter's packer over trajsft's first-fit-decreasing "
-                f"cache order)",
+    rows = ["", "packers (sequences, non-pad share; 'FFD' = Levanter's packer over trajsft's first-fit-decreasing "
+                "cache order)",
             f"  {'seq_len / profile':<26} {'next-fit':>7} {'non-pad':>8}   {'FFD':>7} {'non-pad':>8}   {'bound':>7}   "
             f"{'nf/ffd':>6}   Levanter packs the FFD bins",
             _packer_row(f"{x['seq_len']}, {x['chats']} tokenized", x) + "   (read back from the packed examples)"]
