@@ -192,12 +192,11 @@ class EmulatedCluster:
     def stop(self) -> None:
         if self.head._stopped:
             return
+        # a test cluster needs no graceful shutdown: SIGKILL every host's process group (as kill_host
+        # does), then the head, which also kills whatever is left carrying its marker
         for key in list(self.hosts):
-            host = self.hosts.pop(key)
-            with contextlib.suppress(ProcessLookupError):
-                host.proc.send_signal(signal.SIGTERM)
-        time.sleep(1.0)
-        self.head.stop()  # also kills whatever is left carrying the head's marker (our hosts included)
+            _kill_group(self.hosts.pop(key).proc)
+        self.head.stop(timeout=5.0)
 
 
 def _kill_group(proc: subprocess.Popen) -> None:

@@ -148,7 +148,7 @@ def test_host_process_host_and_slice_losses_resume_without_snakemake_retry(data,
     wd = workdir(data, "preempt")
     # the hosts that appear during the test are CPU nodes: skip the profile's jax[tpu]/libtpu runtime env
     # (installed fresh on every new node, minutes each on 2 cores; the e2e test above exercises it)
-    over = overrides(max_steps=30)
+    over = overrides(max_steps=24)
     over["ray"] = {**over["ray"], "pip_requirements": None}
     prof = make_profile(wd.parent / "preempt-profile", cluster.address, data[1], over)
     h = run_hash(wd, prof)
@@ -206,7 +206,7 @@ def test_host_process_host_and_slice_losses_resume_without_snakemake_retry(data,
     for prev, s in zip(sas, sas[1:]):
         assert s["resumed_from_step"] >= 1 and s["resumed_from_step"] >= prev["resumed_from_step"], shown
     done = json.loads((wd / "checkpoints/demo/done").read_text())
-    assert done["steps"] == 30 and LR.hf_export_complete(done["hf_export"])
+    assert done["steps"] == 24 and LR.hf_export_complete(done["hf_export"])
     row = status(wd, prof, cluster.head)
     n = len(sas) - 1
     assert row["state"] == "done" and row["preemptions"] == n

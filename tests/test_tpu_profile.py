@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline_utils import REPO, SNAKEMAKE, alive, attempts, kill9_snakemake_only, kill_group, procs, wait_for
+from pipeline_utils import REPO, SNAKEMAKE, alive, attempts, kill9_snakemake_only, procs, wait_for
 from slice_fixtures import start_emulated_cluster
 from tpu_utils import (HF, WK, data_rules, jobs, make_profile, run_hash, sm_cmd, sm_env, snakemake, status,
                        trajsft, workdir)
@@ -137,47 +137,50 @@ def _running_job(head, h, proc):
                     "the Ray job to run", proc)
 
 
-def test_stopped_job_is_retried_and_resumes_from_checkpoint(data, ray_head):
+def test_stopped_job_is_retried_then_a_kill9ed_snakemake_reattaches_to_the_retry(data, ray_head):
+    """Two recoveries in one run (one Ray start-up fewer than two tests):
+    1. the Ray job is stopped (as a lost driver would be): the profile's Snakemake retry submits a new
+       Ray job that resumes from the checkpoint;
+    2. Snakemake is then kill -9ed: its launcher dies with it but leaves that Ray job running (recorded
+       as "detached"), and the same command re-attaches to it instead of resubmitting."""
     wd = workdir(data, "retry")
     prof = profile(wd.parent / "retry-profile", ray_head.address, data[1],
                         {"teachers": {"demo": {"training": {"max_steps": 12}}},
                          "checkpointing": {"keep_every_steps": 3, "save_interval_minutes": 600}})
     h = run_hash(wd, prof)
-    ckdir = str(data[1] / "checkpoints" / f"demo-{h}" / "checkpoints")
+    a0, a1 = f"trajsft-{h}-a0", f"trajsft-{h}-a1"
+    run_dir = data[1] / "checkpoints" / f"demo-{h}"
+    ckdir = str(run_dir / "checkpoints")
     p = _start(wd, prof, ray_head, wd / "snakemake.log")
     job = _running_job(ray_head, h, p)
     wait_for(lambda: LR.latest_checkpoint(ckdir), 600, "a checkpoint", p)
     row = status(wd, prof, ray_head)
-    assert row["state"] == "training running" and row["ray_job_id"] == f"trajsft-{h}-a0" and row["steps_total"] == 12
+    assert row["state"] == "training running" and row["ray_job_id"] == a0 and row["steps_total"] == 12
     c = json.loads(trajsft(wd, ray_head, "clusters", str(prof), "--json").stdout)[0]
-    assert c["jobs"]["ours_running"] == [f"trajsft-{h}-a0"]
+    assert c["jobs"]["ours_running"] == [a0]
     assert rayjobs.stop(ray_head.address, job["submission_id"], 60, auth_token=ray_head.token) == "STOPPED"  # like a preemption
     resumed_from = LR.latest_checkpoint(ckdir)["completed_steps"]
     row = wait_for(lambda: (r := status(wd, prof, ray_head))["state"] in ("failed", "retrying") and r, 120,
                    "status to show the stopped attempt", p)
     assert row["cause"] == "stopped" and row["next"] == f"resume from step {resumed_from}"
-    assert p.wait(timeout=900) == 0, (wd / "snakemake.log").read_text()[-4000:]
-    states = {j["submission_id"]: j["status"] for j in jobs(ray_head, h)}
-    assert states == {f"trajsft-{h}-a0": "STOPPED", f"trajsft-{h}-a1": "SUCCEEDED"}
-    result = json.loads((data[1] / "checkpoints" / f"demo-{h}" / "training_result.json").read_text())
-    assert result["resumed_from_step"] == resumed_from >= 1
-    done = json.loads((wd / "checkpoints/demo/done").read_text())
-    assert done["steps"] == 12 and done["ray_job_id"] == f"trajsft-{h}-a1"
 
-
-def test_killed_snakemake_reattaches_instead_of_resubmitting(data, ray_head):
-    wd = workdir(data, "reattach")
-    prof = profile(wd.parent / "reattach-profile", ray_head.address, data[1],
-                        {"teachers": {"demo": {"training": {"max_steps": 10}}}})
-    h = run_hash(wd, prof)
-    p = _start(wd, prof, ray_head, wd / "snakemake.log")
-    _running_job(ray_head, h, p)
-    kill_group(p)  # Snakemake and its job die; the Ray job keeps running
-    assert [j["status"] for j in jobs(ray_head, h)] == ["RUNNING"]
+    # the retry runs as a new Ray job; kill -9 Snakemake alone (its job dies with it: PDEATHSIG)
+    wait_for(lambda: {j["submission_id"]: j["status"] for j in jobs(ray_head, h)}.get(a1) == "RUNNING", 300,
+             "the retry's Ray job to run", p)
+    assert procs(p, "rule_train"), "no train launcher"
+    tree = kill9_snakemake_only(p)
+    wait_for(lambda: not alive(tree), 60, "the launcher to die with Snakemake")
+    assert {j["submission_id"]: j["status"] for j in jobs(ray_head, h)} == {a0: "STOPPED", a1: "RUNNING"}
+    last = attempts(run_dir)[-1]
+    assert last["outcome"] == "detached" and "a rerun re-attaches" in last["error"], last
     snakemake(wd, prof, ray_head, "--unlock")
     snakemake(wd, prof, ray_head)
-    assert [(j["submission_id"], j["status"]) for j in jobs(ray_head, h)] == [(f"trajsft-{h}-a0", "SUCCEEDED")]
-    assert json.loads((wd / "checkpoints/demo/done").read_text())["ray_job_id"] == f"trajsft-{h}-a0"
+    assert {j["submission_id"]: j["status"] for j in jobs(ray_head, h)} == {a0: "STOPPED", a1: "SUCCEEDED"}
+    result = json.loads((run_dir / "training_result.json").read_text())
+    assert result["resumed_from_step"] == resumed_from >= 1
+    done = json.loads((wd / "checkpoints/demo/done").read_text())
+    assert done["steps"] == 12 and done["ray_job_id"] == a1
+    assert [a["outcome"] for a in attempts(run_dir)] == ["failed", "detached", "succeeded"], attempts(run_dir)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
@@ -202,9 +205,9 @@ def test_two_targets_run_as_two_concurrent_ray_jobs(data, ray_head):
     """-j 2 with two targets: two Ray jobs at once (one per slice head), separate run dirs."""
     wd = workdir(data, "two")
     demo_training = {"epochs": 2, "batch_size": 4, "learning_rate": 3.0e-3, "max_grad_norm": 1.0, "seq_len": 1024,
-                     "max_steps": 8}
+                     "max_steps": 5}
     prof = profile(wd.parent / "two-profile", ray_head.address, data[1], {
-        "teachers": {"demo": {"training": {"max_steps": 8}}},
+        "teachers": {"demo": {"training": {"max_steps": 5}}},
         "mixtures": {"mix-demo": {"teachers": {"demo": 1.0}, "student": "tiny", "training": demo_training}}})
     cmd = [SNAKEMAKE, "-s", str(REPO / "Snakefile"), "-d", str(wd), "--profile", str(prof), "-j", "2",
            "checkpoints/demo/done", "checkpoints/mix-demo/done"]
@@ -217,27 +220,4 @@ def test_two_targets_run_as_two_concurrent_ray_jobs(data, ray_head):
     done = [json.loads((wd / f"checkpoints/{t}/done").read_text()) for t in ("demo", "mix-demo")]
     assert {d["ray_job_id"] for d in done} == {j["submission_id"] for j in both}
     assert done[0]["checkpoint_dir"] != done[1]["checkpoint_dir"] and done[0]["hash"] != done[1]["hash"]
-    assert all(d["steps"] == 8 for d in done)
-
-
-def test_kill9_of_snakemake_detaches_the_ray_launcher_and_the_rerun_reattaches(data, ray_head):
-    """On a Ray profile the launcher dies with its Snakemake too, but leaves the Ray job running
-    (recorded as "detached"); the same command re-attaches to it instead of resubmitting."""
-    wd = workdir(data, "detach")
-    prof = profile(wd.parent / "detach-profile", ray_head.address, data[1],
-                   {"teachers": {"demo": {"training": {"max_steps": 11}}}})  # its own run (storage is shared)
-    h = run_hash(wd, prof)
-    p = _start(wd, prof, ray_head, wd / "snakemake.log")
-    _running_job(ray_head, h, p)
-    assert procs(p, "rule_train"), "no train launcher"
-    tree = kill9_snakemake_only(p)
-    wait_for(lambda: not alive(tree), 60, "the launcher to die with Snakemake")
-    assert [j["status"] for j in jobs(ray_head, h)] == ["RUNNING"]
-    run_dir = data[1] / "checkpoints" / f"demo-{h}"
-    last = attempts(run_dir)[-1]
-    assert last["outcome"] == "detached" and "a rerun re-attaches" in last["error"], last
-    snakemake(wd, prof, ray_head, "--unlock")
-    snakemake(wd, prof, ray_head)
-    assert [(j["submission_id"], j["status"]) for j in jobs(ray_head, h)] == [(f"trajsft-{h}-a0", "SUCCEEDED")]
-    assert json.loads((wd / "checkpoints/demo/done").read_text())["ray_job_id"] == f"trajsft-{h}-a0"
-    assert [a["outcome"] for a in attempts(run_dir)] == ["detached", "succeeded"]
+    assert all(d["steps"] == 5 for d in done)

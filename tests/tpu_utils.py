@@ -77,8 +77,21 @@ def run_hash(wd: Path, profile: Path) -> str:
     return Path(t["checkpoint_dir"]).name.rsplit("-", 1)[1]
 
 
+_SHARED_DATA: dict[str, tuple[Path, Path]] = {}
+
+
 def data_rules(base: Path, ray_head, overrides: dict | None = None):
-    """Data rules once (they run locally and write to the storage root); tests copy the state."""
+    """The data rules, once per test session: they run locally and write content-addressed artifacts
+    to the storage root, so the TPU-profile and multi-host modules share one storage root and one
+    seed workdir (cluster settings are cosmetic: the same artifacts either way). Each module gets its
+    own ``base`` for its workdirs and profiles; tests copy the seed state with :func:`workdir`."""
+    if "seed" not in _SHARED_DATA:
+        _SHARED_DATA["seed"] = _build_data(base, ray_head, overrides)
+    storage, seed = _SHARED_DATA["seed"]
+    return base, storage, seed
+
+
+def _build_data(base: Path, ray_head, overrides: dict | None) -> tuple[Path, Path]:
     storage, wd = base / "storage", base / "seed"
     wd.mkdir()
     prof = make_profile(base / "seed-profile", ray_head.address, storage, overrides)
@@ -88,7 +101,7 @@ def data_rules(base: Path, ray_head, overrides: dict | None = None):
     p = subprocess.run([SNAKEMAKE, "-s", str(REPO / "Snakefile"), "-d", str(wd), "--profile", str(prof),
                         tok["manifest"]], capture_output=True, text=True, env=sm_env(ray_head), cwd=REPO, timeout=900)
     assert p.returncode == 0, p.stderr[-4000:]
-    return base, storage, wd
+    return storage, wd
 
 
 def workdir(data, name: str) -> Path:
