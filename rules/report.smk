@@ -1,10 +1,10 @@
 # Report rules: dataset cards, the teacher comparison table and training curves.
-# Logic lives in trajsft.cards / trajsft.curves (run via scripts/report_rule.py).
+# Logic lives in trajsft.report.cards / trajsft.report.curves (run via scripts/report_rule.py).
 # `snakemake --report report.html` includes every output marked report(...) below.
 #
 # Needs from rules/common.smk: PLAN, STATE_DIR. For `rule all`: REPORT_OUTPUTS.
 
-from trajsft import cards as report_cards
+from trajsft.report import cards as report_cards
 
 
 report: "../report/workflow.rst"

@@ -1,8 +1,9 @@
-"""Snakemake script for the report rules (rules/report.smk): thin wrapper, logic in trajsft.cards/curves."""
+"""Snakemake script for the report rules (rules/report.smk): thin wrapper, logic in trajsft.report.cards/curves."""
 
 import sys
 
-from trajsft import cards, curves, logs
+from trajsft.report import cards, curves
+from trajsft import logs
 
 sm = snakemake  # noqa: F821 (injected by Snakemake)
 logs.setup(sm.log[0] if sm.log else None, sm.config.get("log_level", "INFO"))

@@ -1,4 +1,4 @@
-"""Dataset cards, comparison table and training curves (trajsft.cards / trajsft.curves)."""
+"""Dataset cards, comparison table and training curves (trajsft.report.cards / trajsft.report.curves)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from trajsft import cards, curves
-from trajsft.config import REPO_DIR
+from trajsft.report import cards, curves
+from trajsft.plan.config import REPO_DIR
 
 sys.path.insert(0, str(Path(__file__).parent))
 import chromium  # noqa: E402
@@ -148,7 +148,7 @@ def test_card_without_tokens_and_without_seq_len():
 
 def test_real_demo_manifest(tmp_path):
     """A shard manifest of the bundled demo dataset, built by the real data steps."""
-    from trajsft import config as C
+    from trajsft.plan import config as C
     from trajsft import steps
 
     plan = C.Plan(C.load(None, {"storage_root": str(tmp_path / "store")}), base_dir=C.REPO_DIR,
@@ -312,7 +312,7 @@ def levanter_log_line(event: str, step=None, metrics=None) -> str:
 
 
 def test_curves_from_levanter_log(tmp_path):
-    from trajsft.levanter_run import read_metrics
+    from trajsft.train.run import read_metrics
 
     log = tmp_path / "train.log"
     lines = ["[trajsft.levanter_run] launch train_lm id=x at now (latest checkpoint: None)\n", "noise\n"]
@@ -355,7 +355,7 @@ def _report_workflow(tmp_path: Path) -> Path:
     Report targets: the demo teacher and a mixture of two (fake) teachers."""
     import yaml
 
-    from trajsft import config as C
+    from trajsft.plan import config as C
 
     wd = tmp_path / "wf"
     (wd / "config").mkdir(parents=True)
@@ -440,7 +440,7 @@ def test_report_rules_and_html_report(tmp_path):
 
 
 def test_seq_len_advice_is_one_line_against_the_native_length():
-    from trajsft.cards import seq_len_advice
+    from trajsft.report.cards import seq_len_advice
 
     lengths = [10_000, 30_000, 40_000, 50_000]  # 130k tokens; beyond 32768: 7232 + 17232; beyond 40960: 9040
     line = seq_len_advice(lengths, 32768, 40960)

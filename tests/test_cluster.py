@@ -6,11 +6,11 @@ import time
 
 import pytest
 
-from trajsft import levanter_run as LR
-from trajsft import ray_train, rayjobs
+from trajsft.train import run as LR
+from trajsft.cluster import submit as ray_train, jobs as rayjobs
 from trajsft.cluster import hooks, host, slices
-from trajsft.config import ConfigError
-from trajsft.status import slice_summary
+from trajsft.plan.config import ConfigError
+from trajsft.observe.status import slice_summary
 
 
 def test_classify_our_host_outcomes():
@@ -136,7 +136,7 @@ def test_preflight_refuses_in_seconds_without_network(tmp_path, monkeypatch):
 
 
 def test_status_render_shows_the_slice_story():
-    from trajsft.status import render
+    from trajsft.observe.status import render
 
     row = {"target": "minimax-m2.5", "state": "training running", "hash": "abc", "cluster": "us-east5-a",
            "ray_job_id": "trajsft-abc-a0", "attempt": 1, "step": 1250, "steps_total": 2298, "loss": 0.5,

@@ -1,4 +1,4 @@
-"""The opt-in `eval:` section and the cross-teacher matrix (trajsft.eval_matrix / levanter_eval):
+"""The opt-in `eval:` section and the cross-teacher matrix (trajsft.report.matrix / levanter_eval):
 what the plan evaluates, which model of a run, the matrix document, heatmap and HTML. The Levanter
 evaluation itself runs on the real demo in tests/test_pipeline.py."""
 
@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from test_cards import assert_png
-from trajsft import config as C
-from trajsft import eval_matrix as E
+from trajsft.plan import config as C
+from trajsft.report import matrix as E
 
 REAL = ["gpt-5-mini", "minimax-m2.5", "gemini-3-flash"]
 
@@ -176,8 +176,8 @@ def test_eval_config_parses_into_levanter(tmp_path):
     from levanter.data.text import LMMixtureDatasetConfig
     from levanter.main.train_lm import TrainLmConfig
 
-    from trajsft import levanter_eval
-    from trajsft import levanter_run as LR
+    from trajsft.train import eval as levanter_eval
+    from trajsft.train import run as LR
 
     tmpl = "{{ messages }}"
     train = LR.levanter_config(run_id="r", run_dir=str(tmp_path), tokenizer="tok", chat_template=tmpl,

@@ -1,4 +1,4 @@
-"""Rule `export` (trajsft.export_data): LLaMA-Factory sharegpt + TRL/HF messages jsonl.
+"""Rule `export` (trajsft.data.export): LLaMA-Factory sharegpt + TRL/HF messages jsonl.
 
 Loaded back with `datasets` and checked turn by turn, tool call by tool call, against the
 shards. LLaMA-Factory itself cannot be installed here (its PyPI wheel pulls torch with the CUDA
@@ -19,10 +19,10 @@ import pytest
 
 import hostile_corpus as H
 from test_steps import build_shards, make_plan
-from trajsft import config as C
-from trajsft import export_data as E
+from trajsft.plan import config as C
+from trajsft.data import export as E
 from trajsft import steps
-from trajsft import transform as T
+from trajsft.data import transform as T
 
 SEP = "\n</tool_response>\n<tool_response>\n"
 

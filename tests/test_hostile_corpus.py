@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 import hostile_corpus as H
-from trajsft import config as C
+from trajsft.plan import config as C
 from trajsft import steps
-from trajsft import transform as T
+from trajsft.data import transform as T
 
 TRANSFORM = {"drop_roles": ["exit"], "dedup_traj_id": True}
 

@@ -1,4 +1,4 @@
-"""Tests for trajsft.levanter_run.
+"""Tests for trajsft.train.run.
 
 Fast unit tests cover config building, checkpoint discovery and metric parsing. Tests marked
 ``integration`` build a real Levanter chat cache (in-process, and once with Levanter's Ray builder) from a throwaway byte-level BPE tokenizer and
@@ -20,7 +20,7 @@ import time
 
 import pytest
 
-from trajsft import levanter_run as lr
+from trajsft.train import run as lr
 
 # never reach for the Hub, in this process or in the Levanter subprocesses (which inherit os.environ)
 os.environ["HF_HUB_OFFLINE"] = "1"
@@ -491,7 +491,7 @@ def test_kill_resume_and_finished_run(assets, chat_cache, jax_cache, tmp_path):
     # launch run_training in a child process (as Snakemake would), SIGKILL the trainer after the
     # first permanent checkpoint, then rerun: it must resume from that checkpoint
     driver = (
-        "import json,sys; from trajsft import levanter_run as lr; "
+        "import json,sys; from trajsft.train import run as lr; "
         "cfg=json.load(open(sys.argv[1])); lr.run_training(cfg, sys.argv[2], sys.argv[3], env=json.loads(sys.argv[4]))"
     )
     os.makedirs(run_dir, exist_ok=True)

@@ -24,11 +24,11 @@ import pytest
 from pipeline_utils import REPO, kill_group, wait_for
 from slice_fixtures import start_emulated_cluster
 from tpu_utils import (HF, WK, data_rules, jobs, make_profile, run_hash, sm_cmd, sm_env, snakemake, status, workdir)
-from trajsft import levanter_run as LR
-from trajsft import config as C
-from trajsft import rayjobs
-from trajsft.steps_train import levanter_config
-from trajsft.remote_train import _absolute_local_refs
+from trajsft.train import run as LR
+from trajsft.plan import config as C
+from trajsft.cluster import jobs as rayjobs
+from trajsft.train.step import levanter_config
+from trajsft.cluster.entrypoint import _absolute_local_refs
 
 pytestmark = pytest.mark.integration
 
@@ -80,7 +80,7 @@ def test_trains_on_every_host_and_matches_a_single_process(data, cluster, tmp_pa
     run_dir = Path(done["checkpoint_dir"])
     assert done["steps"] == 6 and LR.hf_export_complete(done["hf_export"])
     [job] = jobs(cluster.head, h)
-    assert job["status"] == "SUCCEEDED" and job["entrypoint"].find("trajsft.remote_train") >= 0
+    assert job["status"] == "SUCCEEDED" and job["entrypoint"].find("trajsft.cluster.entrypoint") >= 0
     # one training process per host of the slice, all in one slice attempt
     [sa] = slice_attempts(run_dir)
     assert sa["outcome"] == "succeeded" and sa["slices"] == ["slice-a"]
@@ -236,7 +236,7 @@ def test_old_shape_pinned_to_the_slice_head_fails_fast(data, cluster, tmp_path, 
     cfg = tmp_path / "levanter_config.json"
     cfg.write_text(json.dumps(levanter_config(plan, "demo")))
     # the old entrypoint ran trajsft's local training (run_training) as the one process of the job
-    entry = ("python -c 'import json, sys; from trajsft import levanter_run as LR; "
+    entry = ("python -c 'import json, sys; from trajsft.train import run as LR; "
              "LR.run_training(json.load(open(sys.argv[1])), sys.argv[2], sys.argv[3])' "
              f"{cfg} {tmp_path / 'old'} {tmp_path / 'old.log'}")
     t0 = time.time()

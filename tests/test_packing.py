@@ -1,4 +1,4 @@
-"""First-fit-decreasing packing order (trajsft.packing), checked against Levanter's own packer.
+"""First-fit-decreasing packing order (trajsft.data.packing), checked against Levanter's own packer.
 
 Pure unit tests on length lists, plus one on a real in-process chat cache (demo tokenizer):
 the cache written in FFD order is packed by Levanter's ``GreedyPrepackedDataset`` into exactly the
@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from trajsft import packing as P
+from trajsft.data import packing as P
 
 DEMO_TOKENIZER = str(Path(__file__).resolve().parents[1] / "demo" / "tokenizer")
 
@@ -87,8 +87,9 @@ def test_a_cache_written_in_ffd_order_is_packed_into_the_ffd_bins(tmp_path):
     """Real files: the in-process cache writer and the reorder copy, read back with Levanter's packer."""
     from levanter.data.packing import GreedyPrepackedDataset
 
-    from trajsft import chat_cache, levanter_run as LR
-    from trajsft.transform import gzip_jsonl
+    from trajsft.data import chat_cache
+    from trajsft.train import run as LR
+    from trajsft.data.transform import gzip_jsonl
 
     rng = random.Random(3)
     chats = [{"messages": [{"role": "user", "content": " ".join(["word"] * rng.randint(1, 60))},
@@ -96,7 +97,7 @@ def test_a_cache_written_in_ffd_order_is_packed_into_the_ffd_bins(tmp_path):
              for _ in range(40)]
     shard = tmp_path / "train-00000.jsonl.gz"
     shard.write_bytes(gzip_jsonl(chats))
-    from trajsft.template import load_template
+    from trajsft.data.template import load_template
 
     seq_len = 160
     first = LR.build_chat_cache([str(shard)], [], str(tmp_path / "cache"), DEMO_TOKENIZER, load_template(),

@@ -15,7 +15,7 @@ import pytest
 import chromium
 from pipeline_utils import REPO, env, kill_group, plan, run, start, wait_for
 from test_cards import assert_png
-from trajsft import levanter_run as LR
+from trajsft.train import run as LR
 
 pytestmark = pytest.mark.integration
 LAUNCH = "[trajsft.levanter_run] launch train_lm"

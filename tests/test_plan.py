@@ -4,8 +4,8 @@ import sys
 
 import pytest
 
-from trajsft import config as C
-from trajsft import hashing
+from trajsft.plan import config as C
+from trajsft.plan import hashing
 
 
 def plan(**over):
@@ -138,7 +138,7 @@ def test_student_revision_is_pinned_hashed_and_passed_on():
     assert p.cfg["students"]["qwen3-8b"]["hf_revision"] == QWEN3_8B_REV
     tok = next(a for a in p.chain("minimax-m2.5") if a.kind == "tokenized")
     assert tok.spec["tokenizer"] == f"Qwen/Qwen3-8B@{QWEN3_8B_REV}"  # what the tokenize rule loads
-    from trajsft.steps_train import _model_args
+    from trajsft.train.step import _model_args
 
     args = _model_args("qwen3-8b", p.cfg["students"]["qwen3-8b"])
     assert args["initialize_from_hf"] == f"Qwen/Qwen3-8B@{QWEN3_8B_REV}"  # Levanter's RepoRef syntax
@@ -151,7 +151,7 @@ def test_student_revision_is_pinned_hashed_and_passed_on():
 def test_pinned_tokenizer_resolves_to_a_snapshot_of_that_revision(monkeypatch):
     import huggingface_hub
 
-    from trajsft import levanter_run as LR
+    from trajsft.train import run as LR
 
     calls = []
     monkeypatch.setattr(huggingface_hub, "snapshot_download",

@@ -1,4 +1,4 @@
-"""Tests for trajsft.rayjobs against a real local Ray head (see ray_fixtures)."""
+"""Tests for trajsft.cluster.jobs against a real local Ray head (see ray_fixtures)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import pytest
 import requests
 
 from ray_fixtures import ray_client_env, ray_head  # noqa: F401  (pytest fixtures)
-from trajsft import rayjobs as rj
+from trajsft.cluster import jobs as rj
 
 PY = "python"  # resolved on the head's PATH (ray_fixtures puts the venv first)
 
@@ -292,7 +292,7 @@ def _start_run_child(head, h, log):
     env = {**os.environ, **head.client_env()}
     code = "import time\nfor i in range(10000):\n    print('tick', i, flush=True)\n    time.sleep(0.3)"
     return subprocess.Popen(
-        [sys.executable, "-m", "trajsft.rayjobs", "run", "--address", head.address, "--hash", h,
+        [sys.executable, "-m", "trajsft.cluster.jobs", "run", "--address", head.address, "--hash", h,
          "--log", str(log), "--resource", "TPU=1", "--poll", "0.3", "--", _py(code)],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
     )

@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from trajsft import config as C
+from trajsft.plan import config as C
 from trajsft import steps
 
 DEMO = C.REPO_DIR / "demo" / "dataset"

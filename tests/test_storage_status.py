@@ -8,7 +8,8 @@ import os
 import fsspec
 import pytest
 
-from trajsft import status, storage
+from trajsft.observe import status
+from trajsft import io as storage
 
 
 def test_local_write_is_atomic_and_round_trips(tmp_path):
@@ -90,7 +91,7 @@ class _FakeConn:
 
 
 def test_stop_polls_until_terminal_and_gives_up_after_wait():
-    from trajsft import rayjobs
+    from trajsft.cluster import jobs as rayjobs
 
     conn = _FakeConn(["RUNNING", "RUNNING", "RUNNING", "STOPPED"])
     assert rayjobs.stop("http://127.0.0.1:1", "j", wait_s=5, poll_s=0.01, _conn=conn) == "STOPPED"

@@ -22,8 +22,8 @@ from pipeline_utils import REPO, SNAKEMAKE, alive, attempts, kill9_snakemake_onl
 from slice_fixtures import start_emulated_cluster
 from tpu_utils import (HF, WK, data_rules, jobs, make_profile, run_hash, sm_cmd, sm_env, snakemake, status,
                        trajsft, workdir)
-from trajsft import levanter_run as LR
-from trajsft import rayjobs
+from trajsft.train import run as LR
+from trajsft.cluster import jobs as rayjobs
 
 pytestmark = pytest.mark.integration
 

@@ -15,9 +15,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from trajsft import cards
-from trajsft import config as C
-from trajsft import levanter_run as LR
+from trajsft.report import cards
+from trajsft.plan import config as C
+from trajsft.train import run as LR
 from trajsft import steps
 
 STATS = {"chats": 5, "lengths": [10, 100, 40, 300, 64], "empty_windows": [3]}
@@ -96,7 +96,7 @@ def _dataset(root: Path) -> dict:
 
 
 def _run(tmp_path, long_chats: str, seq_len: int = 96):
-    from trajsft import steps_train
+    from trajsft.train import step as steps_train
 
     ds = tmp_path / "ds"
     if not ds.exists():
@@ -113,7 +113,7 @@ def _run(tmp_path, long_chats: str, seq_len: int = 96):
 
 @pytest.mark.integration
 def test_tokenize_drops_empty_windows_and_honours_long_chats(tmp_path):
-    from trajsft import steps_train
+    from trajsft.train import step as steps_train
 
     plan, m = _run(tmp_path, "truncate")
     tr = m["window"]["train"]

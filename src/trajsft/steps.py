@@ -15,9 +15,11 @@ import traceback
 from pathlib import Path
 from typing import Callable
 
-from . import signals, storage, transform
+from .observe import signals
+from . import io as storage
+from .data import transform
 from .atomic import write_json, write_text
-from .config import STATE_DIR, Plan, is_remote
+from .plan.config import STATE_DIR, Plan, is_remote
 from .errors import ConfigError, DataError
 
 log = logging.getLogger("trajsft")
@@ -97,7 +99,7 @@ def staging_root(plan: Plan) -> Path:
 
 def remove_stale_staging(root: Path) -> list[Path]:
     """Remove staging dirs whose download process is gone (killed downloads)."""
-    from .signals import process_of
+    from .observe.signals import process_of
 
     removed = []
     for d in sorted(root.glob("*")) if root.is_dir() else []:
@@ -111,7 +113,7 @@ def remove_stale_staging(root: Path) -> list[Path]:
 def download(plan: Plan, name: str) -> dict:
     import psutil
 
-    from .signals import run_id
+    from .observe.signals import run_id
 
     art = plan.get("raw", name)
     spec = art.spec
@@ -278,7 +280,7 @@ def run_rule(step: str, snakemake) -> None:
     plan = Plan(cfg, base_dir=Path(snakemake.scriptdir).parent)
     name = snakemake.wildcards.get("name") or snakemake.wildcards.get("target")
     if step not in STEPS:
-        from . import steps_train  # tokenize/train need jax & levanter: import lazily
+        from .train import step as steps_train  # tokenize/train need jax & levanter: import lazily
     if step == "train" and log_path:
         log_path = steps_train.link_rule_log(plan, name, log_path)
     logs.setup(log_path, cfg.get("log_level", "INFO"))

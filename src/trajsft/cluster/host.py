@@ -28,9 +28,9 @@ import threading
 import time
 from typing import Any, Optional
 
-from .. import levanter_run as LR
+from ..train import run as LR
 from ..errors import HostLost, TrainingFailed
-from ..status import tail
+from ..observe.status import tail
 
 ALLOW_CPU_ENV = "TRAJSFT_ALLOW_CPU_TRAINING"  # set on emulated/test Ray nodes only, never by a profile
 

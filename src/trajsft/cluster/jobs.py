@@ -25,7 +25,7 @@ entrypoint_resources, metadata, env_vars) -> (job_id, attached)``
     One line per problem; empty list means OK.
 ``cluster_summary(address) -> dict``
     Reachability, running/pending jobs (ours = ``trajsft-`` prefix), TPU totals.
-``python -m trajsft.rayjobs run|stop|summary|preflight ...``
+``python -m trajsft.cluster.jobs run|stop|summary|preflight ...``
     Small CLI around the above (``run`` exits 0 on SUCCEEDED, 1 on failure,
     128+signal when interrupted).
 
@@ -93,7 +93,7 @@ entrypoint, metadata or the remaining runtime_env.
 
 The wrapper also exports the package URI (``TRAJSFT_SECRETS_URI``) and the
 delivered names (``TRAJSFT_SECRET_NAMES``); the training driver
-(:mod:`trajsft.remote_train`) deletes the zip from the GCS internal KV as soon
+(:mod:`trajsft.cluster.entrypoint`) deletes the zip from the GCS internal KV as soon
 as it has connected, and hands the values to its hosts through an actor on its
 own node (:func:`trajsft.cluster.slices.driver_channel`).
 
@@ -157,7 +157,7 @@ from urllib.parse import quote
 import requests
 import tenacity
 
-from .errors import ClusterError
+from ..errors import ClusterError
 
 log = logging.getLogger(__name__)
 
@@ -467,7 +467,7 @@ def _status_str(status: Any) -> str:
 # --------------------------------------------------------------------------- secrets
 
 
-_WRAPPER_MAIN = r'''"""trajsft secret-delivery wrapper (generated; see trajsft.rayjobs)."""
+_WRAPPER_MAIN = r'''"""trajsft secret-delivery wrapper (generated; see trajsft.cluster.jobs)."""
 import json
 import os
 import sys
@@ -1081,7 +1081,7 @@ def run_job(
             except RayJobsError as e:
                 log.error(
                     "could not stop Ray job %s (%s); it may still be running: "
-                    "python -m trajsft.rayjobs stop --address %s %s", current, e, conn.address, current,
+                    "python -m trajsft.cluster.jobs stop --address %s %s", current, e, conn.address, current,
                 )
             else:
                 # Best effort: write the tail of the log (stop messages etc.).
@@ -1324,7 +1324,7 @@ def _parse_kv_floats(items: list[str]) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m trajsft.rayjobs")
+    p = argparse.ArgumentParser(prog="python -m trajsft.cluster.jobs")
     sub = p.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run", help="submit-or-attach, follow, stop on SIGINT/SIGTERM")
     r.add_argument("--address", required=True)

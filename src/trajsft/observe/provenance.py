@@ -10,8 +10,8 @@ import socket
 import subprocess
 from importlib import metadata
 
-from . import storage
-from .config import REPO_DIR
+from .. import io as storage
+from ..plan.config import REPO_DIR
 
 PACKAGES = ("trajsft", "levanter", "haliax", "jax", "jaxlib", "transformers", "tokenizers", "datasets",
             "huggingface_hub", "ray", "snakemake", "wandb", "gcsfs", "pyarrow", "pandas")

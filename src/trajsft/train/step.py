@@ -7,11 +7,14 @@ import logging
 import os
 from pathlib import Path
 
-from . import levanter_run as LR
-from . import provenance, schedule, storage, template
-from .atomic import write_json
-from .config import STATE_DIR, Plan, is_remote, join
-from .errors import ConfigError, DataError, TrainingFailed
+from . import run as LR
+from ..observe import provenance
+from ..plan import schedule
+from .. import io as storage
+from ..data import template
+from ..atomic import write_json
+from ..plan.config import STATE_DIR, Plan, is_remote, join
+from ..errors import ConfigError, DataError, TrainingFailed
 
 log = logging.getLogger("trajsft")
 
@@ -42,7 +45,7 @@ def length_shares(lengths: list[int]) -> dict:
 
 
 def _traj_ids(urls: list[str]) -> list:
-    from .chat_cache import iter_records
+    from ..data.chat_cache import iter_records
 
     return [r.get("traj_id") for r in iter_records(urls)]
 
@@ -56,11 +59,11 @@ def tokenize(plan: Plan, name: str) -> dict:
        drop`` chats longer than ``seq_len``, are dropped (``window`` counts every choice, ``dropped``
        lists every dropped chat).
     3. ``cache-packed/``: the kept chats copied (not tokenized again) in first-fit-decreasing bin
-       order (``trajsft.packing``), so Levanter's next-fit packer makes the FFD sequences; the
+       order (``trajsft.data.packing``), so Levanter's next-fit packer makes the FFD sequences; the
        sequences Levanter makes of it are read back and must be exactly those bins. This is the
        manifest's ``cache_dir``, the cache training reads; ``packing`` has the figures.
     """
-    from . import packing
+    from ..data import packing
 
     art = plan.get("tokenized", name)
     spec = art.spec
@@ -290,7 +293,7 @@ def train(plan: Plan, target: str, done_path: str | None = None) -> dict:
     provenance.write(p["run_dir"], {"target": target, "run": run.name, "hash": run.hash, "hash_inputs": run.inputs,
                                      "config": plan.cfg, "levanter": lev})
     executor = plan.cfg["executor"]
-    from .signals import snakemake_is_stopping
+    from ..observe.signals import snakemake_is_stopping
 
     if snakemake_is_stopping():
         raise DataError("Snakemake is shutting down (got SIGINT/SIGTERM): not starting another training attempt")
@@ -303,7 +306,7 @@ def train(plan: Plan, target: str, done_path: str | None = None) -> dict:
     log.info("training %s -> %s (attempt %d, %s)", target, p["run_dir"], attempt["attempt"], executor)
     try:
         if executor == "ray":
-            from . import ray_train
+            from ..cluster import submit as ray_train
 
             result = ray_train.train_on_ray(plan, target, lev, p, attempt["attempt"])
         else:

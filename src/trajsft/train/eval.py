@@ -17,7 +17,7 @@ import os
 import tempfile
 from typing import Mapping, Optional
 
-from . import levanter_run as LR
+from . import run as LR
 
 
 def eval_config(train_cfg: Mapping, columns: Mapping[str, str], tokenizer: str,

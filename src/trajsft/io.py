@@ -8,7 +8,7 @@ from pathlib import Path
 import fsspec
 
 from .atomic import atomic_path
-from .config import is_remote
+from .plan.config import is_remote
 
 
 def fs_and_path(path: str):

@@ -1,6 +1,6 @@
 """Entrypoint of the training Ray job: a light driver on a CPU node of the cluster.
 
-``python -m trajsft.remote_train --config <run_dir>/levanter_config.json --run-dir <run_dir>
+``python -m trajsft.cluster.entrypoint --config <run_dir>/levanter_config.json --run-dir <run_dir>
 --attempt N --tpu-type v5p-32 [--num-slices 1] [--max-preemptions 100] [--max-failures 2]``
 
 The driver holds no TPU. It gets a slice through Levanter's ``run_on_pod`` and runs one
@@ -12,7 +12,7 @@ export (written on the slice by Levanter's own hook) and, if a kill interrupted 
 here as a single-process CPU step. The driver alone writes ``<run_dir>/training_result.json``.
 
 Secrets arrive in this process's environment through the secret bundle (see
-:mod:`trajsft.rayjobs`); the driver deletes the bundle from the cluster's KV store at once and
+:mod:`trajsft.cluster.jobs`); the driver deletes the bundle from the cluster's KV store at once and
 hands the values to the hosts through an actor on its own node.
 """
 
@@ -26,9 +26,10 @@ import socket
 import sys
 import tempfile
 
-from . import levanter_run as LR
-from . import provenance, storage
-from .config import is_remote, join
+from ..train import run as LR
+from ..observe import provenance
+from .. import io as storage
+from ..plan.config import is_remote, join
 
 log = logging.getLogger("trajsft")
 
@@ -79,7 +80,7 @@ def _record(run_dir: str, attempt: int):
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="trajsft.remote_train")
+    ap = argparse.ArgumentParser(prog="trajsft.cluster.entrypoint")
     ap.add_argument("--config", required=True)
     ap.add_argument("--run-dir", required=True)
     ap.add_argument("--attempt", type=int, required=True, help="the Snakemake-side attempt in attempts.json")
@@ -94,8 +95,8 @@ def main(argv: list[str] | None = None) -> int:
 
     import ray
 
-    from .cluster import hooks, slices
-    from .cluster.host import HostJob
+    from . import hooks, slices
+    from .host import HostJob
 
     ray.init(logging_level="WARNING")
     hooks.setup()

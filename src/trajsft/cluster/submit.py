@@ -3,7 +3,7 @@
 Design: a launcher called by the train rule (not a Snakemake executor plugin). Data rules
 run where Snakemake runs and write to the region's storage root; only training, the one
 step that needs TPU slices, becomes a Ray job. The job's entrypoint is a light driver
-(:mod:`trajsft.remote_train`) on a CPU node, pinned to nothing: it gets a slice through
+(:mod:`trajsft.cluster.entrypoint`) on a CPU node, pinned to nothing: it gets a slice through
 Levanter's ``run_on_pod`` and runs one training process on every host of it, and it rides
 out preemptions itself (new slice, resume from the latest checkpoint). Snakemake stays the
 single source of truth: the `done` marker is written only after the Ray job SUCCEEDED *and*
@@ -18,10 +18,11 @@ import logging
 import os
 import shlex
 
-from . import levanter_run as LR
-from . import rayjobs, storage
-from .config import REPO_DIR, Plan, is_remote, join
-from .errors import ConfigError, DataError, PreflightError
+from ..train import run as LR
+from . import jobs as rayjobs
+from .. import io as storage
+from ..plan.config import REPO_DIR, Plan, is_remote, join
+from ..errors import ConfigError, DataError, PreflightError
 
 log = logging.getLogger("trajsft")
 
@@ -129,7 +130,7 @@ def train_on_ray(plan: Plan, target: str, lev: dict, paths: dict, attempt: int) 
     cfg_url = join(run_dir, "levanter_config.json")
     storage.write_bytes(cfg_url, json.dumps(lev, indent=2, sort_keys=True).encode())
     entrypoint = " ".join([
-        "python -m trajsft.remote_train", f"--config {shlex.quote(cfg_url)}", f"--run-dir {shlex.quote(run_dir)}",
+        "python -m trajsft.cluster.entrypoint", f"--config {shlex.quote(cfg_url)}", f"--run-dir {shlex.quote(run_dir)}",
         f"--attempt {int(attempt)}", f"--tpu-type {shlex.quote(str(ray['tpu_type']))}",
         f"--num-slices {int(ray['num_slices'])}", f"--max-preemptions {int(ray['max_preemptions'])}",
         f"--max-failures {int(ray['max_failures'])}", f"--failure-grace {float(ray['failure_grace_seconds']):g}"])

@@ -203,15 +203,15 @@ EXAMPLES = 20
 def _read_split(location: str, files: list[str]) -> list[dict]:
     import gzip
 
-    from . import storage
+    from .. import io as storage
 
     return [json.loads(line) for f in files for line in gzip.decompress(storage.read_bytes(f"{location}/{f}")).splitlines()]
 
 
 def _shard_files(location: str) -> dict[str, list[str]]:
     """{split: [file names]} of a shard set (train-00000.jsonl.gz, ...)."""
-    from . import storage
-    from .errors import DataError
+    from .. import io as storage
+    from ..errors import DataError
 
     files: dict[str, list[str]] = {}
     for f in storage.glob(f"{location.rstrip('/')}/*.jsonl.gz"):
@@ -224,7 +224,7 @@ def _shard_files(location: str) -> dict[str, list[str]]:
 
 def _write_chunks(dest: str, split: str, rows: list[dict]) -> list[str]:
     """``<split>-00000.jsonl``, ... of ``ROWS_PER_FILE`` rows each (at least one file per split)."""
-    from . import storage
+    from .. import io as storage
 
     names = []
     for i, a in enumerate(range(0, max(len(rows), 1), ROWS_PER_FILE)):
@@ -246,7 +246,7 @@ def convert_split(records: list[dict]) -> tuple[list[dict], Counter, list[dict]]
             continue
         if messages_from_sharegpt(row) != sharegpt_view(rec["messages"]):
             raise RuntimeError(f"export: traj_id {rec['traj_id']!r}: the sharegpt row does not read back to its chat "
-                               "(a bug in trajsft.export_data)")
+                               "(a bug in trajsft.data.export)")
         rows.append(row)
         events.update(ev)
     return rows, events, skipped
@@ -258,8 +258,8 @@ def export(plan, target: str) -> dict:
     import shutil
     from pathlib import Path
 
-    from . import storage
-    from .config import is_remote
+    from .. import io as storage
+    from ..plan.config import is_remote
 
     log = logging.getLogger("trajsft")
     art = plan.target(target)["export"]
@@ -326,10 +326,11 @@ def run_rule(snakemake) -> None:
     import time
     from pathlib import Path
 
-    from . import logs, signals, storage
-    from .atomic import write_json
-    from .config import Plan
-    from .steps import USER_ERRORS
+    from .. import logs, io as storage
+    from ..observe import signals
+    from ..atomic import write_json
+    from ..plan.config import Plan
+    from ..steps import USER_ERRORS
 
     log = logging.getLogger("trajsft")
     cfg, target = snakemake.config, snakemake.wildcards.target

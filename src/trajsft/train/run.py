@@ -51,7 +51,7 @@ import sys
 import uuid
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
-from .errors import SingleProcessOnPod, TrainingFailed
+from ..errors import SingleProcessOnPod, TrainingFailed
 
 __all__ = [
     "CHAT_FORMAT",
@@ -244,7 +244,7 @@ def _cache_complete(cache_dir: str, splits: Iterable[str]) -> bool:
 _MIN_RAY_CPUS = 8
 
 # how a chat cache is built: "inprocess" (default: ChatProcessor + SerialCacheWriter in this process,
-# trajsft.chat_cache) or "ray" (Levanter's own Ray cache builder). Same cache either way.
+# trajsft.data.chat_cache) or "ray" (Levanter's own Ray cache builder). Same cache either way.
 CACHE_ENGINES = ("inprocess", "ray")
 
 
@@ -328,7 +328,7 @@ def build_chat_cache(
     one assistant turn (Levanter raises otherwise) and the template needs ``{% generation %}`` tags.
 
     ``engine="inprocess"`` (default) streams the shards through that processor into Levanter's
-    ``SerialCacheWriter`` in this process (``trajsft.chat_cache``); ``engine="ray"`` runs
+    ``SerialCacheWriter`` in this process (``trajsft.data.chat_cache``); ``engine="ray"`` runs
     Levanter's own Ray cache builder (``build_lm_dataset_cache``). Both write the same rows in
     shard order with the same ledger metadata.
 
@@ -386,7 +386,7 @@ def build_chat_cache(
             messages_field=messages_field, chat_template=chat_template, pack=True, mask_user_turns=True
         )
         if engine == "inprocess":
-            from . import chat_cache
+            from ..data import chat_cache
 
             # the processor Levanter's builder would use (same ledger metadata)
             processor = preprocessor_for_format(fmt, tok, enforce_bos=True, enforce_eos=True)
@@ -447,7 +447,7 @@ def reorder_chat_cache(src_cache_dir: str, cache_dir: str, orders: Mapping[str, 
     """A copy of the finished cache ``src_cache_dir`` holding, per split, the rows ``orders[split]``
     in that order (no tokenizing). Same kill safety as :func:`build_chat_cache`; an existing finished
     copy is kept. Returns ``chat_cache_stats(cache_dir, seq_len)`` (also written next to it)."""
-    from . import chat_cache
+    from ..data import chat_cache
 
     final_dir = cache_dir if _is_remote(cache_dir) else os.path.abspath(cache_dir)
     if not _cache_complete(final_dir, orders):
@@ -1090,9 +1090,9 @@ _CHILD_PRELUDE = (
 # ``levanter.config.main(main)()``), but imported as a module so train_lm's logger is
 # "levanter.main.train_lm" (INFO, e.g. "Resuming training from step N") instead of "__main__",
 # whose INFO lines Levanter's logging setup drops; and with the end-of-training hooks run once
-# (see trajsft.train_lm_main).
-_TRAIN_LAUNCHER = _CHILD_PRELUDE + "from trajsft.train_lm_main import main\nmain()\n"
-_EXPORT_LAUNCHER = _CHILD_PRELUDE + "from trajsft.levanter_run import _export_main\n_export_main(sys.argv[1])\n"
+# (see trajsft.train.train_lm_main).
+_TRAIN_LAUNCHER = _CHILD_PRELUDE + "from trajsft.train.train_lm_main import main\nmain()\n"
+_EXPORT_LAUNCHER = _CHILD_PRELUDE + "from trajsft.train.run import _export_main\n_export_main(sys.argv[1])\n"
 
 
 def _run_subprocess(cmd: list[str], log_path: str, env: dict, cwd: str, header: str, timeout=None) -> int:
@@ -1404,7 +1404,7 @@ def refuse_single_process_on_pod(env: Optional[Mapping[str, str]] = None) -> Non
         raise SingleProcessOnPod(
             f"this is worker {env.get('TPU_WORKER_ID', '?')} of the {len(hosts)}-host TPU slice "
             f"{env.get('TPU_NAME', '?')} ({env.get('TPU_ACCELERATOR_TYPE', '?')}): one training process alone would wait "
-            "for the other hosts and time out; training runs one process per host through the trajsft.remote_train "
+            "for the other hosts and time out; training runs one process per host through the trajsft.cluster.entrypoint "
             "driver (Levanter's run_on_pod), which must not be pinned to a TPU-<type>-head resource"
         )
 

@@ -1,9 +1,9 @@
 """The cross-teacher matrix: held-out loss of every trained target on every teacher's held-out split.
 
 Rows are trained targets (teachers and mixtures), columns teachers' held-out splits (config
-``eval:``; :meth:`trajsft.config.Plan.eval_cells` says which tokenized artifact each cell reads).
+``eval:``; :meth:`trajsft.plan.config.Plan.eval_cells` says which tokenized artifact each cell reads).
 A cell is the mean next-token loss over the split's loss tokens (the assistant's output, as in
-training) and the number of those tokens, computed by Levanter (:mod:`trajsft.levanter_eval`)
+training) and the number of those tokens, computed by Levanter (:mod:`trajsft.train.eval`)
 from the target's latest HF export or trainer checkpoint. Output: ``matrix.json``, a heatmap
 ``matrix.png`` and ``matrix.html`` (a table for the report).
 
@@ -21,10 +21,10 @@ import os
 import re
 from typing import Mapping
 
-from . import storage
-from .atomic import write_json, write_text
-from .config import Plan, join
-from .errors import ConfigError
+from .. import io as storage
+from ..atomic import write_json, write_text
+from ..plan.config import Plan, join
+from ..errors import ConfigError
 
 log = logging.getLogger("trajsft")
 
@@ -59,7 +59,7 @@ def eval_inputs(plan: Plan) -> dict[str, list[str]]:
 
 
 def _hf_exports(hf_dir: str) -> list[tuple[int, str]]:
-    from .levanter_run import hf_export_complete
+    from ..train.run import hf_export_complete
 
     out = []
     for path in storage.glob(join(hf_dir, "step-*")):
@@ -74,7 +74,7 @@ def model_source(train_cfg: Mapping, choice: str = "latest") -> dict:
 
     ``latest``: the newer (by step) of the latest complete HF export and the latest trainer
     checkpoint, the HF export on a tie (it is the deliverable). Steps are 0-based step indices."""
-    from .levanter_run import latest_checkpoint
+    from ..train.run import latest_checkpoint
 
     if choice not in MODEL_CHOICES:
         raise ValueError(f"model must be one of {MODEL_CHOICES}")
@@ -199,8 +199,8 @@ def plot_heatmap(doc: Mapping, out_png: str) -> str:
 
 def build(plan: Plan, out: Mapping[str, str]) -> dict:
     """Evaluate every row's model on every column and write ``out["json"|"png"|"html"]``."""
-    from . import levanter_eval
-    from .steps_train import tokenized_cache_dir
+    from ..train import eval as levanter_eval
+    from ..train.step import tokenized_cache_dir
 
     if plan.cfg.get("eval") is None:
         raise ConfigError("config: no eval: section (the cross-teacher matrix is opt-in; see README)")
@@ -248,8 +248,9 @@ def rule_eval(snakemake) -> None:
     import sys
     from pathlib import Path
 
-    from . import logs, signals
-    from .steps import USER_ERRORS
+    from .. import logs
+    from ..observe import signals
+    from ..steps import USER_ERRORS
 
     log_path = snakemake.log[0] if snakemake.log else None
     logs.setup(log_path, snakemake.config.get("log_level", "INFO"))

@@ -1,6 +1,6 @@
 """`trajsft status / logs / clusters`: what is running where. This module gathers the facts (done
 markers, manifests, attempts.json, Levanter's log, the Ray job list, checkpoints: all the I/O);
-:mod:`trajsft.status_row` turns them into a row (pure)."""
+:mod:`trajsft.observe.status_row` turns them into a row (pure)."""
 
 from __future__ import annotations
 
@@ -13,11 +13,13 @@ from pathlib import Path
 
 import psutil
 
-from . import config as C
-from . import provenance, storage
+from ..plan import config as C
+from . import provenance
+from .. import io as storage
 from .status_row import (  # noqa: F401  (classify, render, slice_summary ... stay importable from here)
     CAUSES, STATES, Facts, Job, classify, finish_record, needs_resume_point, previous_finished_run, render,
-    render_clusters, row, slice_summary)
+    render_clusters, row, slice_summary,
+)
 
 
 def profile_configfiles(profile: str | None) -> list[str]:
@@ -59,7 +61,7 @@ def _read_json(path: str) -> dict | list | None:
 
 
 def _latest_hf_export(run_dir: str) -> str | None:
-    from . import levanter_run as LR
+    from ..train import run as LR
 
     try:
         found = storage.glob(C.join(run_dir, "hf", "step-*"))
@@ -105,7 +107,7 @@ def resume_checkpoint(checkpoint_dir: str) -> dict | None:
 
 
 def _jobs(address: str, content_hash: str) -> tuple[tuple[Job, ...], str | None]:
-    from . import rayjobs
+    from ..cluster import jobs as rayjobs
 
     try:
         jobs = rayjobs.run_jobs(address, content_hash)
@@ -116,7 +118,7 @@ def _jobs(address: str, content_hash: str) -> tuple[tuple[Job, ...], str | None]
 
 def _training_facts(plan: C.Plan, target: str, p: dict, query_ray: bool, attempts: tuple[dict, ...]) -> dict:
     """The facts of a run that is not finished: data, progress, Ray jobs, the newest attempt, the launcher."""
-    from . import levanter_run as LR
+    from ..train import run as LR
 
     run_dir = p["run_dir"]
     lev = _read_json(C.join(run_dir, "levanter_config.json")) or (
@@ -142,7 +144,7 @@ def _training_facts(plan: C.Plan, target: str, p: dict, query_ray: bool, attempt
 def gather(plan: C.Plan, target: str, query_ray: bool = True) -> Facts:
     """Everything status needs to know about ``target``, reading only what its state needs: nothing
     about training for a finished run, the resume checkpoint only for a resumable state."""
-    from .steps_train import run_paths, wandb_url
+    from ..train.step import run_paths, wandb_url
 
     p = run_paths(plan, target)
     run, run_dir = p["run"], p["run_dir"]
@@ -171,7 +173,7 @@ def target_status(plan: C.Plan, target: str, query_ray: bool = True) -> dict:
 
 
 def clusters(profiles: list[str] | None = None) -> list[dict]:
-    from . import rayjobs
+    from ..cluster import jobs as rayjobs
 
     out = []
     if profiles:  # names under profiles/ or profile directories
