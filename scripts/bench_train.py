@@ -64,7 +64,8 @@ def bench_train_overhead(workdir: Optional[str] = None, unpatched: bool = False,
 
     sys.path.insert(0, str(REPO / "src"))
     from trajsft.plan import config as C
-    from trajsft.train import run as LR
+    from trajsft.train import launch as LL
+    from trajsft.train import levanter_config as LC
     from trajsft.train import step as steps_train
 
     wd = Path(workdir or tempfile.mkdtemp(prefix="trajsft-bench-train-"))
@@ -92,9 +93,9 @@ def bench_train_overhead(workdir: Optional[str] = None, unpatched: bool = False,
         c["trainer"]["jax_compilation_cache_dir"] = str(d / "jax-compilation-cache")  # cold, like the rule's first run
         c["hf_save_path"] = str(d / "hf")
         d.mkdir(parents=True, exist_ok=True)
-        path = LR.write_config(c, str(d / "levanter_config.yaml"))
+        path = LC.write_config(c, str(d / "levanter_config.yaml"))
         log(f"train overhead: {name}")
-        res = _timed([sys.executable, *launcher, "--config_path", path], LR.levanter_env(str(d), env), cwd=str(d), log=logf)
+        res = _timed([sys.executable, *launcher, "--config_path", path], LL.levanter_env(str(d), env), cwd=str(d), log=logf)
         res["hf_exports_written"] = _hf_saves(d / "logs")
         return res
 

@@ -31,7 +31,7 @@ What it does
    (a) our rule's path: ``levanter.data.text.ChatProcessor`` with the project template
        (``tokenizer.apply_chat_template(..., return_assistant_tokens_mask=True)``) in batches of
        128 (Levanter's ``CacheOptions`` batch size); optionally (``--with-cache``) the full
-       ``trajsft.train.run.build_chat_cache`` (Ray, jsonl.gz shards written with
+       ``trajsft.data.cache.build_chat_cache`` (Ray, jsonl.gz shards written with
        ``transform.gzip_jsonl``), timed once including Ray start-up;
    (b) the raw tokenizer batch encode ``tokenizer(texts, add_special_tokens=False)`` of the SAME
        text, rendered once beforehand with ``apply_chat_template(tokenize=False)``
@@ -545,8 +545,8 @@ def packing_from_lengths(lengths: Sequence[int], seq_len: int, assistant_lengths
 
 
 def bench_build_chat_cache(records: Sequence[dict], tokenizer_path: str, seq_len: int) -> dict:
-    """Time ``trajsft.train.run.build_chat_cache`` once (jsonl.gz shards -> cache; starts a local Ray)."""
-    from trajsft.train import run as LR
+    """Time ``trajsft.data.cache.build_chat_cache`` once (jsonl.gz shards -> cache; starts a local Ray)."""
+    from trajsft.data import cache as DC
     from trajsft.data.template import load_template
     from trajsft.data.transform import ShardWriter
 
@@ -565,7 +565,7 @@ def bench_build_chat_cache(records: Sequence[dict], tokenizer_path: str, seq_len
             w.add(r)
         w.close()
         t0 = time.perf_counter()
-        stats = LR.build_chat_cache(urls, [], os.path.join(tmp, "cache"), os.path.abspath(tokenizer_path),
+        stats = DC.build_chat_cache(urls, [], os.path.join(tmp, "cache"), os.path.abspath(tokenizer_path),
                                     load_template(), seq_len=seq_len)
         dt = time.perf_counter() - t0
         tr = stats["train"]
@@ -671,13 +671,13 @@ def _write_shards(records: Sequence[dict], root: str) -> list[str]:
 
 def time_inprocess_build(urls: Sequence[str], tokenizer_path: str, seq_len: int, engine: str = "inprocess") -> dict:
     """``levanter_run.build_chat_cache`` (what the tokenize rule runs) once, in this process."""
-    from trajsft.train import run as LR
+    from trajsft.data import cache as DC
     from trajsft.data.template import load_template
 
     out_dir = tempfile.mkdtemp(prefix="trajsft-bench-cache-")
     try:
         t0 = time.perf_counter()
-        st = LR.build_chat_cache(list(urls), [], os.path.join(out_dir, "cache"), os.path.abspath(tokenizer_path),
+        st = DC.build_chat_cache(list(urls), [], os.path.join(out_dir, "cache"), os.path.abspath(tokenizer_path),
                                  load_template(), seq_len=seq_len, engine=engine)
         dt = time.perf_counter() - t0
         return {"seconds": dt, "tokens": st["train"]["tokens"], "chats": st["train"]["chats"],
@@ -756,10 +756,10 @@ def _run_measured(cmd: Sequence[str], cwd: str, env: dict) -> dict:
 
 _FRESH_BUILD = """
 import json, sys
-from trajsft.train import run as LR
+from trajsft.data import cache as DC
 from trajsft.data.template import load_template
 a = json.loads(sys.argv[1])
-LR.build_chat_cache(a["train"], a["validation"], a["cache"], a["tokenizer"], load_template(), seq_len=a["seq_len"])
+DC.build_chat_cache(a["train"], a["validation"], a["cache"], a["tokenizer"], load_template(), seq_len=a["seq_len"])
 """
 
 

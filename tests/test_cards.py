@@ -312,7 +312,7 @@ def levanter_log_line(event: str, step=None, metrics=None) -> str:
 
 
 def test_curves_from_levanter_log(tmp_path):
-    from trajsft.train.run import read_metrics
+    from trajsft.train.metrics import read_metrics
 
     log = tmp_path / "train.log"
     lines = ["[trajsft.levanter_run] launch train_lm id=x at now (latest checkpoint: None)\n", "noise\n"]

@@ -6,6 +6,7 @@ import time
 
 import pytest
 
+from trajsft import errors
 from trajsft.train import run as LR
 from trajsft.cluster import submit as ray_train, jobs as rayjobs
 from trajsft.cluster import hooks, host, slices
@@ -62,7 +63,7 @@ def test_slice_summary_counts_every_slice_attempt():
 def test_single_process_on_a_multi_host_slice_is_refused():
     env = {"TPU_WORKER_HOSTNAMES": "10.0.0.1,10.0.0.2", "TPU_WORKER_ID": "0", "TPU_NAME": "s-a",
            "TPU_ACCELERATOR_TYPE": "v5p-16"}
-    with pytest.raises(LR.SingleProcessOnPod, match="worker 0 of the 2-host TPU slice s-a .*run_on_pod"):
+    with pytest.raises(errors.SingleProcessOnPod, match="worker 0 of the 2-host TPU slice s-a .*run_on_pod"):
         LR.refuse_single_process_on_pod(env)
     LR.refuse_single_process_on_pod({"TPU_WORKER_HOSTNAMES": "10.0.0.1"})  # a single-host slice is fine
     LR.refuse_single_process_on_pod({})

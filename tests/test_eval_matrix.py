@@ -177,15 +177,15 @@ def test_eval_config_parses_into_levanter(tmp_path):
     from levanter.main.train_lm import TrainLmConfig
 
     from trajsft.train import eval as levanter_eval
-    from trajsft.train import run as LR
+    from trajsft.train import levanter_config as LC
 
     tmpl = "{{ messages }}"
-    train = LR.levanter_config(run_id="r", run_dir=str(tmp_path), tokenizer="tok", chat_template=tmpl,
+    train = LC.levanter_config(run_id="r", run_dir=str(tmp_path), tokenizer="tok", chat_template=tmpl,
                                sources={"a": {"cache_dir": "/c/a", "packed_sequences": 10}}, seq_len=128,
                                train_batch_size=2)
     cfg = levanter_eval.eval_config(train, {"a": "/c/a", "b": "/c/b"}, "demo/tokenizer", max_eval_batches=2)
     assert train["data"]["cache_dir"] == "/c/a"  # the training config is not modified
-    path = LR.write_config(cfg, str(tmp_path / "e.yaml"))
+    path = LC.write_config(cfg, str(tmp_path / "e.yaml"))
     parsed = draccus.parse(config_class=TrainLmConfig, config_path=path, args=[])
     assert isinstance(parsed.data, LMMixtureDatasetConfig) and set(parsed.data.configs) == {"a", "b"}
     assert parsed.data.configs["b"].cache_dir == "/c/b" and parsed.data.configs["b"].tags == ["b"]

@@ -151,17 +151,18 @@ def test_student_revision_is_pinned_hashed_and_passed_on():
 def test_pinned_tokenizer_resolves_to_a_snapshot_of_that_revision(monkeypatch):
     import huggingface_hub
 
-    from trajsft.train import run as LR
+    from trajsft.data import cache as DC
+    from trajsft.train import levanter_config as LC
 
     calls = []
     monkeypatch.setattr(huggingface_hub, "snapshot_download",
                         lambda repo, revision, allow_patterns: calls.append((repo, revision, allow_patterns)) or "/snap")
-    assert LR.resolve_tokenizer(f"Qwen/Qwen3-8B@{QWEN3_8B_REV}") == "/snap"
+    assert DC.resolve_tokenizer(f"Qwen/Qwen3-8B@{QWEN3_8B_REV}") == "/snap"
     assert calls[0][:2] == ("Qwen/Qwen3-8B", QWEN3_8B_REV) and "tokenizer.json" in calls[0][2]
     assert all(not f.endswith(".safetensors") for f in calls[0][2])
-    assert LR.resolve_tokenizer("demo/tokenizer") == "demo/tokenizer" and LR.resolve_tokenizer("gs://b/t@x") == "gs://b/t@x"
+    assert DC.resolve_tokenizer("demo/tokenizer") == "demo/tokenizer" and DC.resolve_tokenizer("gs://b/t@x") == "gs://b/t@x"
     cfg = {"data": {"tokenizer": f"Qwen/Qwen3-8B@{QWEN3_8B_REV}"}, "model": {"tokenizer": "Qwen/Qwen3-8B"}}
-    assert LR.resolve_hub_refs(cfg) == {"data": {"tokenizer": "/snap"}, "model": {"tokenizer": "Qwen/Qwen3-8B"}}
+    assert LC.resolve_hub_refs(cfg) == {"data": {"tokenizer": "/snap"}, "model": {"tokenizer": "Qwen/Qwen3-8B"}}
 
 
 def test_seq_len_is_in_the_tokenized_hash():

@@ -18,8 +18,9 @@ from typing import Callable
 from .observe import signals
 from . import io as storage
 from .data import transform
-from .atomic import write_json, write_text
-from .plan.config import STATE_DIR, Plan, is_remote
+from .io import write_json, write_text
+from .plan.config import STATE_DIR, Plan
+from .io import is_remote
 from .errors import ConfigError, DataError
 
 log = logging.getLogger("trajsft")

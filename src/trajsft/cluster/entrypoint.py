@@ -26,10 +26,12 @@ import socket
 import sys
 import tempfile
 
+from ..train import checkpoints as CK
+from ..train import hf_export as HX
 from ..train import run as LR
 from ..observe import provenance
 from .. import io as storage
-from ..plan.config import is_remote, join
+from ..io import is_remote, join
 
 log = logging.getLogger("trajsft")
 
@@ -110,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     progress = _record(args.run_dir, args.attempt)
 
     def checkpoint_step():
-        ck = LR.latest_checkpoint(run.checkpoint_dir)
+        ck = CK.latest_checkpoint(run.checkpoint_dir)
         return ck["completed_steps"] if ck else None
 
     def make_job(tag: str) -> HostJob:
@@ -132,15 +134,15 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(f"[trajsft.remote_train] run already complete at step {ckpt['completed_steps']}: not relaunched",
               flush=True)
-    if not LR.hf_export_complete(run.final_hf):
+    if not CK.hf_export_complete(run.final_hf):
         # the slice's own export was interrupted: a single-process CPU step here, never one host of a pod
         print(f"[trajsft.remote_train] final HF export {run.final_hf} incomplete: exporting on the driver's CPU",
               flush=True)
-        LR.export_hf(run.cfg, ckpt["path"], run.final_hf, env={"JAX_PLATFORMS": "cpu"},
+        HX.export_hf(run.cfg, ckpt["path"], run.final_hf, env={"JAX_PLATFORMS": "cpu"},
                      log_path=os.path.join(work, "export_hf.log"), cwd=work)
-    tmpl = LR._chat_template_of(run.cfg)
+    tmpl = HX._chat_template_of(run.cfg)
     if tmpl and not is_remote(run.final_hf):
-        LR._write_chat_template(run.final_hf, tmpl)
+        HX._write_chat_template(run.final_hf, tmpl)
     primary = next((h["result"] for h in host_results if "result" in h), None)
     result = primary or {"run_id": run.cfg["trainer"]["id"], "final_loss": None, "launched": False,
                          "resumed_from_step": None, "loss_history": []}

@@ -18,10 +18,11 @@ import logging
 import os
 import shlex
 
-from ..train import run as LR
+from ..train import checkpoints as CK
 from . import jobs as rayjobs
 from .. import io as storage
-from ..plan.config import REPO_DIR, Plan, is_remote, join
+from ..plan.config import REPO_DIR, Plan
+from ..io import is_remote, join
 from ..errors import ConfigError, DataError, PreflightError
 
 log = logging.getLogger("trajsft")
@@ -157,7 +158,7 @@ def train_on_ray(plan: Plan, target: str, lev: dict, paths: dict, attempt: int) 
         result = json.loads(storage.read_bytes(join(run_dir, "training_result.json")))
     except FileNotFoundError:
         raise DataError(f"Ray job {res.job_id} SUCCEEDED but wrote no {run_dir}/training_result.json") from None
-    if not LR.hf_export_complete(result.get("hf_export") or ""):
+    if not CK.hf_export_complete(result.get("hf_export") or ""):
         raise DataError(f"Ray job {res.job_id} SUCCEEDED but the final HF export {result.get('hf_export')} is incomplete")
     result["ray_job_id"] = res.job_id
     result["ray_attached"] = res.attached

@@ -259,7 +259,7 @@ def export(plan, target: str) -> dict:
     from pathlib import Path
 
     from .. import io as storage
-    from ..plan.config import is_remote
+    from ..io import is_remote
 
     log = logging.getLogger("trajsft")
     art = plan.target(target)["export"]
@@ -328,7 +328,7 @@ def run_rule(snakemake) -> None:
 
     from .. import logs, io as storage
     from ..observe import signals
-    from ..atomic import write_json
+    from ..io import write_json
     from ..plan.config import Plan
     from ..steps import USER_ERRORS
 

@@ -61,7 +61,7 @@ def _read_json(path: str) -> dict | list | None:
 
 
 def _latest_hf_export(run_dir: str) -> str | None:
-    from ..train import run as LR
+    from ..train import checkpoints as CK
 
     try:
         found = storage.glob(C.join(run_dir, "hf", "step-*"))
@@ -69,7 +69,7 @@ def _latest_hf_export(run_dir: str) -> str | None:
         return None
     steps = sorted(found, key=lambda p: int(p.rsplit("step-", 1)[1]) if p.rsplit("step-", 1)[1].isdigit() else -1)
     for p in reversed(steps):
-        if LR.hf_export_complete(p):
+        if CK.hf_export_complete(p):
             return p
     return None
 
@@ -118,7 +118,7 @@ def _jobs(address: str, content_hash: str) -> tuple[tuple[Job, ...], str | None]
 
 def _training_facts(plan: C.Plan, target: str, p: dict, query_ray: bool, attempts: tuple[dict, ...]) -> dict:
     """The facts of a run that is not finished: data, progress, Ray jobs, the newest attempt, the launcher."""
-    from ..train import run as LR
+    from ..train import metrics as TM
 
     run_dir = p["run_dir"]
     lev = _read_json(C.join(run_dir, "levanter_config.json")) or (
@@ -132,7 +132,7 @@ def _training_facts(plan: C.Plan, target: str, p: dict, query_ray: bool, attempt
     return {
         "data_ready": all(Path(a.manifest).exists() for a in plan.target(target)["tokenized"]),
         "steps_total": lev["trainer"]["num_train_steps"] if lev else None,
-        "metrics": LR.read_metrics(p["log"])["steps"],
+        "metrics": TM.read_metrics(p["log"])["steps"],
         "hf_export": _latest_hf_export(run_dir),
         "log_tail": "\n".join(tail(p["log"], 60)),
         "jobs": jobs, "cluster_error": err,

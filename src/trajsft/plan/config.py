@@ -18,6 +18,7 @@ import yaml
 
 from . import hashing
 from ..errors import ConfigError
+from ..io import is_remote, join
 
 PACKAGE_DIR = Path(__file__).resolve().parent.parent  # src/trajsft
 REPO_DIR = PACKAGE_DIR.parent.parent  # src/trajsft -> repo root (editable install)
@@ -196,16 +197,6 @@ def load(paths: list[str | os.PathLike] | None = None, overrides: dict | None = 
         except yaml.YAMLError as e:
             raise ConfigError(f"{p}: not valid YAML: {' '.join(str(e).split())}") from None
     return validate(deep_merge(cfg, overrides))
-
-
-def is_remote(path: str) -> bool:
-    return "://" in path
-
-
-def join(root: str, *parts: str) -> str:
-    if is_remote(root):
-        return "/".join([root.rstrip("/"), *parts])
-    return str(Path(root, *parts))
 
 
 @dataclass

@@ -32,7 +32,7 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
-from ..atomic import atomic_path, write_json
+from ..io import atomic_path, write_json
 
 log = logging.getLogger("trajsft")
 
@@ -851,7 +851,7 @@ def build_target_card(target: str, shards_paths: list[str], tokenized_paths: lis
 
 
 def build_table(card_paths: list[str], out_html: str, out_md: str | None = None, out_tsv: str | None = None) -> None:
-    from ..atomic import write_text
+    from ..io import write_text
 
     cards = {}
     for p in card_paths:

@@ -22,8 +22,9 @@ import re
 from typing import Mapping
 
 from .. import io as storage
-from ..atomic import write_json, write_text
-from ..plan.config import Plan, join
+from ..io import write_json, write_text
+from ..plan.config import Plan
+from ..io import join
 from ..errors import ConfigError
 
 log = logging.getLogger("trajsft")
@@ -59,7 +60,7 @@ def eval_inputs(plan: Plan) -> dict[str, list[str]]:
 
 
 def _hf_exports(hf_dir: str) -> list[tuple[int, str]]:
-    from ..train.run import hf_export_complete
+    from ..train.checkpoints import hf_export_complete
 
     out = []
     for path in storage.glob(join(hf_dir, "step-*")):
@@ -74,7 +75,7 @@ def model_source(train_cfg: Mapping, choice: str = "latest") -> dict:
 
     ``latest``: the newer (by step) of the latest complete HF export and the latest trainer
     checkpoint, the HF export on a tie (it is the deliverable). Steps are 0-based step indices."""
-    from ..train.run import latest_checkpoint
+    from ..train.checkpoints import latest_checkpoint
 
     if choice not in MODEL_CHOICES:
         raise ValueError(f"model must be one of {MODEL_CHOICES}")

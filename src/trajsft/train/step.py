@@ -7,13 +7,16 @@ import logging
 import os
 from pathlib import Path
 
+from ..data import cache as DC
+from . import levanter_config as LC
 from . import run as LR
 from ..observe import provenance
 from ..plan import schedule
 from .. import io as storage
 from ..data import template
-from ..atomic import write_json
-from ..plan.config import STATE_DIR, Plan, is_remote, join
+from ..io import write_json
+from ..plan.config import STATE_DIR, Plan
+from ..io import is_remote, join
 from ..errors import ConfigError, DataError, TrainingFailed
 
 log = logging.getLogger("trajsft")
@@ -53,7 +56,7 @@ def _traj_ids(urls: list[str]) -> list:
 def tokenize(plan: Plan, name: str) -> dict:
     """Levanter chat cache of a shard set, in packing order, keeping only chats that train on ``seq_len`` windows.
 
-    1. ``cache/``: every chat of the shards, in shard order (``LR.build_chat_cache``: in this
+    1. ``cache/``: every chat of the shards, in shard order (``trajsft.data.cache.build_chat_cache``: in this
        process by default, ``tokenize_engine: ray`` for Levanter's Ray builder).
     2. Chats with no assistant token in their first ``seq_len`` tokens, and with ``long_chats:
        drop`` chats longer than ``seq_len``, are dropped (``window`` counts every choice, ``dropped``
@@ -74,14 +77,14 @@ def tokenize(plan: Plan, name: str) -> dict:
     loc = art.location if is_remote(art.location) else os.path.abspath(art.location)
 
     engine = plan.cfg.get("tokenize_engine", "inprocess")
-    stats = LR.build_chat_cache(urls["train"], urls.get("validation", []), join(loc, "cache"), tokenizer=spec["tokenizer"],
+    stats = DC.build_chat_cache(urls["train"], urls.get("validation", []), join(loc, "cache"), tokenizer=spec["tokenizer"],
                                 chat_template=template.load_template(), seq_len=seq_len, engine=engine)
     window, dropped, orders, bins, report = {"seq_len": seq_len, "long_chats": policy}, [], {}, {}, {}
     for split in ("train", "validation"):
         if not stats.get(split):
             continue
         st = stats[split]
-        wp = LR.window_plan(st, seq_len, policy)
+        wp = DC.window_plan(st, seq_len, policy)
         window[split] = wp["counts"]
         if wp["dropped"]:
             ids = _traj_ids(urls[split])
@@ -108,7 +111,7 @@ def tokenize(plan: Plan, name: str) -> dict:
         log.warning("%s: every validation chat was dropped: no eval loss", spec["teacher"])
     final_dir = join(loc, "cache-packed")
     first = stats
-    stats = LR.reorder_chat_cache(join(loc, "cache"), final_dir, orders, seq_len=seq_len)
+    stats = DC.reorder_chat_cache(join(loc, "cache"), final_dir, orders, seq_len=seq_len)
     for split, order in orders.items():
         st = stats[split]
         if st["lengths"] != [first[split]["lengths"][i] for i in order]:
@@ -144,11 +147,11 @@ def tokenized_cache_dir(plan: Plan, tokenized_name: str) -> str:
 
 def _model_args(student_name: str, student: dict) -> dict:
     if student["init"] == "random":
-        return {"model": {**LR.MODEL_PRESETS["tiny"], **student["model"]}}
+        return {"model": {**LC.MODEL_PRESETS["tiny"], **student["model"]}}
     if student.get("model"):
-        model = {**LR.MODEL_PRESETS.get(student_name, {}), **student["model"]}
-    elif student_name in LR.MODEL_PRESETS:
-        model = dict(LR.MODEL_PRESETS[student_name])
+        model = {**LC.MODEL_PRESETS.get(student_name, {}), **student["model"]}
+    elif student_name in LC.MODEL_PRESETS:
+        model = dict(LC.MODEL_PRESETS[student_name])
     else:
         raise ConfigError(f"students.{student_name}: give model dimensions (no built-in preset of that name)")
     # "repo@revision": Levanter's RepoRef loads the pinned revision (weights, config, reference for export)
@@ -210,7 +213,7 @@ def levanter_config(plan: Plan, target: str) -> dict:
     ck = cfg["checkpointing"]
     B = int(tr["batch_size"])
     wandb_project, wandb_entity = wandb_names(cfg)
-    return LR.levanter_config(
+    return LC.levanter_config(
         run_id=run.hash,  # W&B run id and trainer id: a retry continues the same run
         run_dir=p["run_dir"],
         tokenizer=_tokenizer_ref(plan, spec["student"]["tokenizer"], spec["student"].get("tokenizer_revision")),
