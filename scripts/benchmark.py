@@ -670,7 +670,7 @@ def _write_shards(records: Sequence[dict], root: str) -> list[str]:
 
 
 def time_inprocess_build(urls: Sequence[str], tokenizer_path: str, seq_len: int, engine: str = "inprocess") -> dict:
-    """``levanter_run.build_chat_cache`` (what the tokenize rule runs) once, in this process."""
+    """``trajsft.data.cache.build_chat_cache`` (what the tokenize rule runs) once, in this process."""
     from trajsft.data import cache as DC
     from trajsft.data.template import load_template
 
@@ -820,7 +820,7 @@ _SHARD_MEMORY = """
 import json, sys
 from pathlib import Path
 import pyarrow as pa, pyarrow.parquet as pq
-from trajsft import steps
+from trajsft.data import download, shard
 from trajsft.plan import config as C
 copies, root, demo = int(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
 (root / "ds/data").mkdir(parents=True)
@@ -833,8 +833,8 @@ del parts, base
 over = {"storage_root": str(root / "store"), "teachers": {"demo": {"dataset": str(root / "ds"), "rows": 60 * copies}}}
 plan = C.Plan(C.load(None, over), base_dir=C.REPO_DIR, state_dir=str(root / "state"))
 names = {a.kind: a.name for a in plan.chain("demo")}
-steps.download(plan, names["raw"])
-res = steps.shards(plan, names["shards"])
+download.download(plan, names["raw"])
+res = shard.shards(plan, names["shards"])
 # VmHWM, not ru_maxrss: a forked child inherits its parent's ru_maxrss across exec
 hwm = next(int(x.split()[1]) for x in open("/proc/self/status") if x.startswith("VmHWM:"))
 print(json.dumps({"rows": 60 * copies, "kept": res["kept_total"], "peak_rss_bytes": hwm * 1024}))

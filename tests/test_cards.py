@@ -149,13 +149,14 @@ def test_card_without_tokens_and_without_seq_len():
 def test_real_demo_manifest(tmp_path):
     """A shard manifest of the bundled demo dataset, built by the real data steps."""
     from trajsft.plan import config as C
-    from trajsft import steps
+    from trajsft.data import download
+    from trajsft.data import shard
 
     plan = C.Plan(C.load(None, {"storage_root": str(tmp_path / "store")}), base_dir=C.REPO_DIR,
                   state_dir=str(tmp_path / "state"))
     names = {a.kind: a.name for a in plan.chain("demo")}
-    steps.download(plan, names["raw"])
-    m = steps.shards(plan, names["shards"])
+    download.download(plan, names["raw"])
+    m = shard.shards(plan, names["shards"])
     c = cards.dataset_card(m, None, 1024)
     assert (c["rows_in"], c["kept"], c["kept_total"]) == (m["rows_in"], m["kept"], m["kept_total"])
     assert c["skipped"] == m["skipped"] and c["skipped_total"] == m["skipped_total"]

@@ -8,7 +8,8 @@ import pytest
 
 from trajsft import errors
 from trajsft.train import run as LR
-from trajsft.cluster import submit as ray_train, jobs as rayjobs
+from trajsft.cluster import preflight as ray_preflight
+from trajsft.cluster import submit as ray_train
 from trajsft.cluster import hooks, host, slices
 from trajsft.plan.config import ConfigError
 from trajsft.observe.status import slice_summary
@@ -125,13 +126,13 @@ def test_runtime_env_of_the_driver():
 def test_preflight_refuses_in_seconds_without_network(tmp_path, monkeypatch):
     monkeypatch.delenv("TRAJSFT_TEST_MISSING", raising=False)
     t0 = time.monotonic()
-    probs = rayjobs.preflight("http://127.0.0.1:9", ["TRAJSFT_TEST_MISSING"], {"TPU-v5p-32-head": 1},
+    probs = ray_preflight.preflight("http://127.0.0.1:9", ["TRAJSFT_TEST_MISSING"], {"TPU-v5p-32-head": 1},
                               str(tmp_path / "store"), timeout_s=3)
     assert time.monotonic() - t0 < 10
     assert [p.split(" ", 1)[0] for p in probs] == ["env", "unreachable:"]
-    if not rayjobs._resolves("storage.googleapis.com", 3):  # no network here (CI): a bucket fails in seconds
+    if not ray_preflight._resolves("storage.googleapis.com", 3):  # no network here (CI): a bucket fails in seconds
         t0 = time.monotonic()
-        probs = rayjobs.preflight("http://127.0.0.1:9", [], {}, "gs://marin-us-east5/trajsft", timeout_s=3)
+        probs = ray_preflight.preflight("http://127.0.0.1:9", [], {}, "gs://marin-us-east5/trajsft", timeout_s=3)
         assert time.monotonic() - t0 < 10, probs
         assert any("cannot resolve storage.googleapis.com" in p for p in probs), probs
 

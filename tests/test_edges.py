@@ -200,12 +200,12 @@ def test_exit_reason_of_a_signal():
 
 # ---- download staging -----------------------------------------------------------------------
 def test_download_stages_under_storage_root_and_removes_stale_staging(tmp_path, monkeypatch):
-    from trajsft import steps
+    from trajsft.data import download
 
     monkeypatch.chdir(tmp_path)
     plan = C.Plan(C.load(None, {"storage_root": str(tmp_path / "store")}), base_dir=C.REPO_DIR)
     [raw] = [a for a in plan.chain("demo") if a.kind == "raw"]
-    staging = steps.staging_root(plan)
+    staging = download.staging_root(plan)
     assert staging == tmp_path / "store" / "raw" / ".staging"
     killed = staging / f"{raw.name}.{dead_run_id()}"  # what a killed download leaves
     (killed / "data").mkdir(parents=True)
@@ -215,7 +215,7 @@ def test_download_stages_under_storage_root_and_removes_stale_staging(tmp_path, 
         running = staging / f"other.{signals.run_id(psutil.Process(live.pid))}"
         running.mkdir()
         before = set(os.listdir(tempfile.gettempdir()))
-        res = steps.download(plan, raw.name)
+        res = download.download(plan, raw.name)
         assert not killed.exists() and running.exists()  # only dead downloads are removed
         assert set(os.listdir(staging)) == {running.name}
     finally:

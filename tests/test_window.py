@@ -1,6 +1,6 @@
 """Nothing trains on an empty window; long chats are truncated or dropped, counted and hashed.
 
-Unit: ``levanter_run.window_plan`` and the hashing/card bookkeeping. Integration: the real
+Unit: ``data.cache.window_plan`` and the hashing/card bookkeeping. Integration: the real
 tokenize step (Levanter's ChatProcessor + SerialCacheWriter, the demo tokenizer) drops chats whose first
 ``seq_len`` tokens hold no assistant token, honours ``long_chats``, and fails with one line when
 nothing is left.
@@ -18,6 +18,8 @@ import pytest
 from trajsft.report import cards
 from trajsft.plan import config as C
 from trajsft.data import cache as DC
+from trajsft.data import download
+from trajsft.data import shard
 from trajsft import steps
 
 STATS = {"chats": 5, "lengths": [10, 100, 40, 300, 64], "empty_windows": [3]}
@@ -96,7 +98,7 @@ def _dataset(root: Path) -> dict:
 
 
 def _run(tmp_path, long_chats: str, seq_len: int = 96):
-    from trajsft.train import step as steps_train
+    from trajsft.data import tokenize as tokenize_step
 
     ds = tmp_path / "ds"
     if not ds.exists():
@@ -104,16 +106,16 @@ def _run(tmp_path, long_chats: str, seq_len: int = 96):
     plan = _plan(tmp_path / long_chats, teachers={"demo": {"dataset": str(ds), "rows": 6, "transform": {
         "heldout_fraction": 0.0, "long_chats": long_chats}, "training": {"seq_len": seq_len}}})
     names = {a.kind: a.name for a in plan.chain("demo")}
-    steps.download(plan, names["raw"])
-    shards = steps.shards(plan, names["shards"])
+    download.download(plan, names["raw"])
+    shards = shard.shards(plan, names["shards"])
     Path(plan.get("shards", names["shards"]).manifest).parent.mkdir(parents=True, exist_ok=True)
     Path(plan.get("shards", names["shards"]).manifest).write_text(json.dumps(shards))
-    return plan, steps_train.tokenize(plan, names["tokenized"])
+    return plan, tokenize_step.tokenize(plan, names["tokenized"])
 
 
 @pytest.mark.integration
 def test_tokenize_drops_empty_windows_and_honours_long_chats(tmp_path):
-    from trajsft.train import step as steps_train
+    from trajsft.data import tokenize as tokenize_step
 
     plan, m = _run(tmp_path, "truncate")
     tr = m["window"]["train"]
@@ -128,7 +130,7 @@ def test_tokenize_drops_empty_windows_and_honours_long_chats(tmp_path):
     mpath = Path(plan.get("tokenized", tok_name).manifest)
     mpath.parent.mkdir(parents=True, exist_ok=True)
     mpath.write_text(json.dumps(m))
-    assert steps_train.tokenized_cache_dir(plan, tok_name) == m["cache_dir"]
+    assert tokenize_step.tokenized_cache_dir(plan, tok_name) == m["cache_dir"]
     assert DC.chat_cache_stats(m["cache_dir"], 96)["train"]["lengths"] == st["lengths"]
     # the kept chats are in first-fit-decreasing order: Levanter packs them into the FFD bins
     pk = m["packing"]["train"]

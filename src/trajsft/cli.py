@@ -8,8 +8,8 @@ import os
 import sys
 from pathlib import Path
 
+from . import io
 from .plan import config as C
-from . import io as storage
 
 
 def _load(args) -> C.Plan:
@@ -137,7 +137,7 @@ def cmd_preflight(args) -> int:
 
 def _exists(path: str) -> bool:
     try:
-        return storage.exists(path)
+        return io.exists(path)
     except Exception:  # unreachable bucket: say so rather than guess
         return False
 

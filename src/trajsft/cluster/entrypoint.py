@@ -12,7 +12,7 @@ export (written on the slice by Levanter's own hook) and, if a kill interrupted 
 here as a single-process CPU step. The driver alone writes ``<run_dir>/training_result.json``.
 
 Secrets arrive in this process's environment through the secret bundle (see
-:mod:`trajsft.cluster.jobs`); the driver deletes the bundle from the cluster's KV store at once and
+:mod:`trajsft.cluster.secrets`); the driver deletes the bundle from the cluster's KV store at once and
 hands the values to the hosts through an actor on its own node.
 """
 
@@ -26,12 +26,10 @@ import socket
 import sys
 import tempfile
 
-from ..train import checkpoints as CK
-from ..train import hf_export as HX
-from ..train import run as LR
-from ..observe import provenance
-from .. import io as storage
+from .. import io
 from ..io import is_remote, join
+from ..observe import provenance
+from ..train import checkpoints as CK, hf_export as HX, run as LR
 
 log = logging.getLogger("trajsft")
 
@@ -105,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     delete_secret_bundle()
     channel = slices.driver_channel(forwarded_secrets())
 
-    cfg = json.loads(storage.read_bytes(args.config))
+    cfg = json.loads(io.read_bytes(args.config))
     _absolute_local_refs(cfg)
     work = args.run_dir if not is_remote(args.run_dir) else tempfile.mkdtemp(prefix="trajsft-driver-")
     run = LR.prepare_run(cfg, work)
@@ -150,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
                   hosts=[{k: h[k] for k in ("slice", "worker", "slice_id", "seconds")} for h in host_results])
     result["wandb_mode"] = next((t.get("mode") for t in run.cfg["trainer"].get("tracker") or []
                                  if t.get("type") == "wandb"), None)
-    storage.write_bytes(join(args.run_dir, "training_result.json"), json.dumps(result, indent=2).encode())
+    io.write_bytes(join(args.run_dir, "training_result.json"), json.dumps(result, indent=2).encode())
     print("[trajsft.remote_train] result " + json.dumps(
         {k: result.get(k) for k in ("steps", "final_loss", "hf_export", "resumed_from_step")}), flush=True)
     return 0

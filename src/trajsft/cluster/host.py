@@ -29,13 +29,9 @@ import time
 from typing import Any, Optional
 
 from .. import io
-from ..train import checkpoints as CK
-from ..train import launch as LL
-from ..train import levanter_config as LC
-from ..train import metrics as TM
-from ..train import run as LR
 from ..errors import HostLost, TrainingFailed
 from ..observe.status import tail
+from ..train import checkpoints as CK, launch as LL, levanter_config as LC, metrics as TM, run as LR
 
 ALLOW_CPU_ENV = "TRAJSFT_ALLOW_CPU_TRAINING"  # set on emulated/test Ray nodes only, never by a profile
 

@@ -18,12 +18,12 @@ import logging
 import os
 import shlex
 
-from ..train import checkpoints as CK
-from . import jobs as rayjobs
-from .. import io as storage
-from ..plan.config import REPO_DIR, Plan
-from ..io import is_remote, join
+from .. import io
 from ..errors import ConfigError, DataError, PreflightError
+from ..io import is_remote, join
+from ..plan.config import REPO_DIR, Plan
+from ..train import checkpoints as CK
+from . import jobs as rayjobs, preflight as ray_preflight, run_job as ray_run
 
 log = logging.getLogger("trajsft")
 
@@ -91,7 +91,7 @@ def preflight(cfg: dict, notes: list[str] | None = None) -> list[str]:
         ray = ray_settings(cfg)
     except ConfigError as e:
         return [str(e)]
-    return rayjobs.preflight(ray["address"], required_env(cfg), {slice_head_resource(ray): ray["num_slices"]},
+    return ray_preflight.preflight(ray["address"], required_env(cfg), {slice_head_resource(ray): ray["num_slices"]},
                              cfg["storage_root"], notes=notes)
 
 
@@ -129,7 +129,7 @@ def train_on_ray(plan: Plan, target: str, lev: dict, paths: dict, attempt: int) 
     run = paths["run"]
     run_dir = _abs(run.location)
     cfg_url = join(run_dir, "levanter_config.json")
-    storage.write_bytes(cfg_url, json.dumps(lev, indent=2, sort_keys=True).encode())
+    io.write_bytes(cfg_url, json.dumps(lev, indent=2, sort_keys=True).encode())
     entrypoint = " ".join([
         "python -m trajsft.cluster.entrypoint", f"--config {shlex.quote(cfg_url)}", f"--run-dir {shlex.quote(run_dir)}",
         f"--attempt {int(attempt)}", f"--tpu-type {shlex.quote(str(ray['tpu_type']))}",
@@ -139,7 +139,7 @@ def train_on_ray(plan: Plan, target: str, lev: dict, paths: dict, attempt: int) 
                 "trajsft_run_dir": run_dir}
     log.info("submitting %s to Ray cluster %s (%s)", run.name, ray.get("cluster", ""), ray["address"])
     try:
-        res = rayjobs.run_job(
+        res = ray_run.run_job(
             ray["address"], entrypoint, run.hash, paths["log"],
             runtime_env=runtime_env(cfg),
             entrypoint_resources=None,  # the driver runs on a CPU node; it schedules the slice itself
@@ -155,7 +155,7 @@ def train_on_ray(plan: Plan, target: str, lev: dict, paths: dict, attempt: int) 
         raise DataError(f"Ray: {e}") from None
     log.info("Ray job %s %s (attached=%s)", res.job_id, res.status, res.attached)
     try:
-        result = json.loads(storage.read_bytes(join(run_dir, "training_result.json")))
+        result = json.loads(io.read_bytes(join(run_dir, "training_result.json")))
     except FileNotFoundError:
         raise DataError(f"Ray job {res.job_id} SUCCEEDED but wrote no {run_dir}/training_result.json") from None
     if not CK.hf_export_complete(result.get("hf_export") or ""):

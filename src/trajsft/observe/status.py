@@ -7,15 +7,12 @@ from __future__ import annotations
 import datetime
 import json
 import os
-import socket
 from dataclasses import replace
 from pathlib import Path
 
-import psutil
-
 from ..plan import config as C
 from . import provenance
-from .. import io as storage
+from .. import io
 from .status_row import (  # noqa: F401  (classify, render, slice_summary ... stay importable from here)
     CAUSES, STATES, Facts, Job, classify, finish_record, needs_resume_point, previous_finished_run, render,
     render_clusters, row, slice_summary,
@@ -55,7 +52,7 @@ def tail(path: str | Path, n: int = 20) -> list[str]:
 
 def _read_json(path: str) -> dict | list | None:
     try:
-        return json.loads(storage.read_bytes(path))
+        return json.loads(io.read_bytes(path))
     except (FileNotFoundError, OSError, ValueError):
         return None
 
@@ -64,7 +61,7 @@ def _latest_hf_export(run_dir: str) -> str | None:
     from ..train import checkpoints as CK
 
     try:
-        found = storage.glob(C.join(run_dir, "hf", "step-*"))
+        found = io.glob(C.join(run_dir, "hf", "step-*"))
     except (OSError, ValueError):
         return None
     steps = sorted(found, key=lambda p: int(p.rsplit("step-", 1)[1]) if p.rsplit("step-", 1)[1].isdigit() else -1)
@@ -74,22 +71,13 @@ def _latest_hf_export(run_dir: str) -> str | None:
     return None
 
 
-def _pid_alive(attempt: dict) -> bool:
-    if attempt.get("hostname") != socket.gethostname():
-        return False
-    try:
-        return psutil.Process(int(attempt.get("pid", -1))).status() != psutil.STATUS_ZOMBIE
-    except (TypeError, ValueError, psutil.NoSuchProcess, psutil.AccessDenied):
-        return False
-
-
 def resume_checkpoint(checkpoint_dir: str) -> dict | None:
     """The checkpoint Levanter resumes from, chosen by the rule of
     ``levanter.checkpoint.discover_latest_checkpoint`` (the dir itself or a subdir with
     ``metadata.json``; the newest by (timestamp, step); the first listed of equals), in the shape of
-    ``levanter_run.latest_checkpoint``. That module imports jax (~10 s of CPU), which status cannot
+    ``train.checkpoints.latest_checkpoint``. That module imports jax (~10 s of CPU), which status cannot
     afford for a 10-line rule; tests/test_status.py checks both choose the same checkpoint."""
-    fs, root = storage.fs_and_path(checkpoint_dir)
+    fs, root = io.fs_and_path(checkpoint_dir)
     if not fs.exists(root):
         return None
     proto = checkpoint_dir.split("://", 1)[0] + "://" if C.is_remote(checkpoint_dir) else ""
@@ -136,7 +124,7 @@ def _training_facts(plan: C.Plan, target: str, p: dict, query_ray: bool, attempt
         "hf_export": _latest_hf_export(run_dir),
         "log_tail": "\n".join(tail(p["log"], 60)),
         "jobs": jobs, "cluster_error": err,
-        "attempt_alive": last.get("outcome") == "running" and _pid_alive(last),
+        "attempt_alive": last.get("outcome") == "running" and provenance.attempt_alive(last),
         "launcher_tail": tuple(tail(launcher, 20)) if launcher.exists() else (),
     }
 
@@ -157,7 +145,7 @@ def gather(plan: C.Plan, target: str, query_ray: bool = True) -> Facts:
         done=done if isinstance(done, dict) else None,
         kept=_read_json(str(Path(p["state_dir"], "manifest.json"))),
         manifests=tuple(_read_json(str(m)) for m in Path(C.STATE_DIR, "checkpoints").glob(f"{target}-*/manifest.json")),
-        attempts=tuple(provenance.read_attempts(run_dir)) if storage.exists(run_dir) else (),
+        attempts=tuple(provenance.read_attempts(run_dir)) if io.exists(run_dir) else (),
     )
     if finish_record(facts) is not None:
         return facts
@@ -173,7 +161,7 @@ def target_status(plan: C.Plan, target: str, query_ray: bool = True) -> dict:
 
 
 def clusters(profiles: list[str] | None = None) -> list[dict]:
-    from ..cluster import jobs as rayjobs
+    from ..cluster import preflight as ray_preflight
 
     out = []
     if profiles:  # names under profiles/ or profile directories
@@ -188,7 +176,7 @@ def clusters(profiles: list[str] | None = None) -> list[dict]:
         ray = plan_cfg.get("ray") or {}
         if plan_cfg["executor"] != "ray" or not ray.get("address"):
             continue
-        s = rayjobs.cluster_summary(ray["address"])
+        s = ray_preflight.cluster_summary(ray["address"])
         s.update(profile=pdir.name if pdir.parent == C.REPO_DIR / "profiles" else str(pdir), cluster=ray.get("cluster"), tpu_type=ray.get("tpu_type"))
         out.append(s)
     return out

@@ -32,7 +32,7 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
-from ..io import atomic_path, write_json
+from ..io import atomic_path, read_json, write_json
 
 log = logging.getLogger("trajsft")
 
@@ -377,11 +377,6 @@ def mixture_card(cards: Mapping[str, Mapping], weights: Mapping[str, float], nam
 
 def write_card(card: Mapping, path: str | os.PathLike) -> None:
     write_json(path, card)
-
-
-def read_json(path: str | os.PathLike) -> dict:
-    with open(path) as f:
-        return json.load(f)
 
 
 # ---- plots ---------------------------------------------------------------------------------

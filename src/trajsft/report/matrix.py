@@ -21,11 +21,10 @@ import os
 import re
 from typing import Mapping
 
-from .. import io as storage
-from ..io import write_json, write_text
-from ..plan.config import Plan
-from ..io import join
+from .. import io
 from ..errors import ConfigError
+from ..io import join, read_json, write_json, write_text
+from ..plan.config import Plan
 
 log = logging.getLogger("trajsft")
 
@@ -63,7 +62,7 @@ def _hf_exports(hf_dir: str) -> list[tuple[int, str]]:
     from ..train.checkpoints import hf_export_complete
 
     out = []
-    for path in storage.glob(join(hf_dir, "step-*")):
+    for path in io.glob(join(hf_dir, "step-*")):
         m = _STEP_RE.match(os.path.basename(path.rstrip("/")))
         if m and hf_export_complete(path):
             out.append((int(m.group(1)), path))
@@ -91,10 +90,6 @@ def model_source(train_cfg: Mapping, choice: str = "latest") -> dict:
     if hf and tc:
         return hf if hf["step"] >= tc["step"] else tc
     return hf or tc
-
-
-def _read_json(path: str) -> dict:
-    return json.loads(storage.read_bytes(path))
 
 
 def _fmt_tokens(n: int) -> str:
@@ -201,14 +196,14 @@ def plot_heatmap(doc: Mapping, out_png: str) -> str:
 def build(plan: Plan, out: Mapping[str, str]) -> dict:
     """Evaluate every row's model on every column and write ``out["json"|"png"|"html"]``."""
     from ..train import eval as levanter_eval
-    from ..train.step import tokenized_cache_dir
+    from ..data.tokenize import tokenized_cache_dir
 
     if plan.cfg.get("eval") is None:
         raise ConfigError("config: no eval: section (the cross-teacher matrix is opt-in; see README)")
     spec = matrix_spec(plan)
     models, scores, chats = {}, {}, {}
     for tok in {a.name for a in plan.eval_cells.values()}:
-        man = _read_json(plan.get("tokenized", tok).manifest)
+        man = read_json(plan.get("tokenized", tok).manifest)
         val = (man.get("stats") or {}).get("validation")
         if not val:
             raise ConfigError(f"tokenized/{tok}: no held-out chat is left (every validation chat was dropped or none "
@@ -218,7 +213,7 @@ def build(plan: Plan, out: Mapping[str, str]) -> dict:
         run = plan.target(row)["run"]
         prov = join(run.location, "provenance", "config.json")
         try:
-            train_cfg = _read_json(prov)["levanter"]
+            train_cfg = read_json(prov)["levanter"]
         except FileNotFoundError:
             raise ConfigError(f"{row}: {prov} is missing: train it first (snakemake {plan.done_path(row)})") from None
         src = model_source(train_cfg, spec["model"])

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 if __name__ == "__main__":  # the child process export_hf launches
-    from trajsft.train.launch import child_prelude
+    from .launch import child_prelude
 
     child_prelude()
 

@@ -22,14 +22,14 @@ import datetime as _dt
 import os
 from typing import Mapping, Optional
 
-from ..errors import SingleProcessOnPod, TrainingFailed
-from .metrics import _LAUNCH_MARK, _eval_losses, _loss_history, read_metrics
-from .launch import TRAIN_CHILD, _exit_reason, _run_subprocess, levanter_env
-from .hf_export import _chat_template_of, _write_chat_template, export_hf
-from ..io import is_remote, write_json
-from .levanter_config import _plain, resolve_hub_refs, write_config
 from ..data.cache import _split_finished
+from ..errors import SingleProcessOnPod, TrainingFailed
+from ..io import is_remote, write_json
 from .checkpoints import hf_export_complete, latest_checkpoint
+from .hf_export import _chat_template_of, _write_chat_template, export_hf
+from .launch import TRAIN_CHILD, _exit_reason, _run_subprocess, levanter_env
+from .levanter_config import _plain, resolve_hub_refs, write_config
+from .metrics import _eval_losses, _LAUNCH_MARK, _loss_history, read_metrics
 
 
 __all__ = [

@@ -11,7 +11,7 @@ switch for this; our thin layer is a ``Trainer`` subclass, put in ``train_lm``'s
 from __future__ import annotations
 
 if __name__ == "__main__":  # the child process run_training launches
-    from trajsft.train.launch import child_prelude
+    from .launch import child_prelude
 
     child_prelude()
 
