@@ -13,7 +13,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from trajsft.report import cards, curves
+from trajsft.report import cards
+from trajsft.report import plots
+from trajsft.report import tables
+from trajsft.report import curves
 from trajsft.plan.config import REPO_DIR
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -195,16 +198,16 @@ def test_plot_card(tmp_path):
     m, tok = shards_manifest(), tokenized_manifest()
     c = cards.dataset_card(m, tok, 250)
     out = tmp_path / "cards" / "alpha" / "card.png"
-    assert cards.plot_card(c, m, tok, out) == str(out)
+    assert plots.plot_card(c, m, tok, out) == str(out)
     w, h = assert_png(out)
     assert (w, h) == (1700, 900)
     # wide length range -> log x axis path; no tokens -> placeholder panels
     tok_wide = tokenized_manifest(scale=1)
     tok_wide["stats"]["train"] = split_stats([10, 100, 1000, 10000, 100000], [1, 10, 100, 1000, 10000])
     tok_wide["stats"]["validation"] = split_stats([5], [1])
-    cards.plot_card(cards.dataset_card(m, tok_wide, 32768), m, tok_wide, tmp_path / "wide.png")
+    plots.plot_card(cards.dataset_card(m, tok_wide, 32768), m, tok_wide, tmp_path / "wide.png")
     assert_png(tmp_path / "wide.png")
-    cards.plot_card(cards.dataset_card(m, None, None), m, None, tmp_path / "notok.png")
+    plots.plot_card(cards.dataset_card(m, None, None), m, None, tmp_path / "notok.png")
     assert_png(tmp_path / "notok.png")
 
 
@@ -212,9 +215,9 @@ def test_plot_mixture(tmp_path):
     mans = {t: (shards_manifest(t), tokenized_manifest(t, scale=s)) for t, s in (("alpha", 1), ("beta", 3))}
     cs = {t: cards.dataset_card(s, tok, 250) for t, (s, tok) in mans.items()}
     mc = cards.mixture_card(cs, {"alpha": 1, "beta": 1}, name="mix")
-    cards.plot_mixture(mc, mans, tmp_path / "mix.png")
+    plots.plot_mixture(mc, mans, tmp_path / "mix.png")
     assert_png(tmp_path / "mix.png")
-    cards.plot_mixture(mc, None, tmp_path / "mix_nomanifests.png")
+    plots.plot_mixture(mc, None, tmp_path / "mix_nomanifests.png")
     assert_png(tmp_path / "mix_nomanifests.png")
 
 
@@ -230,7 +233,7 @@ def test_plot_writes_atomically(tmp_path, monkeypatch):
 
     monkeypatch.setattr(matplotlib.figure.Figure, "savefig", boom)
     with pytest.raises(RuntimeError):
-        cards.plot_card(c, m, None, out)
+        plots.plot_card(c, m, None, out)
     assert out.read_bytes() == b"old"
     assert [p.name for p in tmp_path.iterdir()] == ["card.png"]
 
@@ -241,7 +244,7 @@ def test_comparison_table():
     b = cards.dataset_card(shards_manifest("b<eta>"), None, 250)
     b["skipped"] = {"unknown_role": 4}
     mc = cards.mixture_card({"alpha": a, "alpha2": a}, {"alpha": 1, "alpha2": 1}, name="mix")
-    html, md = cards.comparison_table({"alpha": a, "b<eta>": b, "mix": mc})
+    html, md = tables.comparison_table({"alpha": a, "b<eta>": b, "mix": mc})
     assert '<table id="teachers">' in html and "<th>alpha</th>" in html and "b&lt;eta&gt;" in html
     assert "<th>mix</th>" in html and "mixture: alpha 0.50, alpha2 0.50" in html
     lines = md.strip().splitlines()
@@ -253,7 +256,7 @@ def test_comparison_table():
     assert rows["skipped: unknown_role"] == "| skipped: unknown_role | 0 | 4 | 0 |"
     assert rows["chats beyond seq_len"] == "| chats beyond seq_len | 50.0% | – | 50.0% |"
     assert "tokens beyond seq_len" in rows and "63.9%" in rows["tokens beyond seq_len"]
-    tsv = cards.comparison_tsv({"alpha": a, "mix": mc})
+    tsv = tables.comparison_tsv({"alpha": a, "mix": mc})
     assert tsv.splitlines()[0] == "metric\talpha\tmix"
     assert len({len(r.split("\t")) for r in tsv.splitlines()}) == 1
 

@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from .jobs import (
-    ACTIVE_STATUSES, SUBMISSION_PREFIX, _Conn, _one_line, ClusterUnauthorized, ClusterUnreachable, RayJobsError,
+    ACTIVE_STATUSES, SUBMISSION_PREFIX, _Conn, _one_line, ClusterUnauthorized, ClusterUnreachable,
+    RayJobsError,
 )
 
 

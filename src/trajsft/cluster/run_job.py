@@ -13,7 +13,8 @@ from typing import Any
 
 from .follow import _LogWriter, follow
 from .jobs import (
-    MAX_ATTEMPTS, STOP_WAIT_S, _Conn, FollowInterrupted, JobAlreadyTerminal, JobFailed, JobInterrupted, JobNotFound, JobResult, RayJobsError, stop, submission_id, submit_or_attach,
+    MAX_ATTEMPTS, STOP_WAIT_S, _Conn, FollowInterrupted, JobAlreadyTerminal, JobFailed, JobInterrupted,
+    JobNotFound, JobResult, RayJobsError, stop, submission_id, submit_or_attach,
 )
 from .secrets import SECRET_NAME_RE
 

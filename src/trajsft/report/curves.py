@@ -111,7 +111,7 @@ def plot_curves(metrics: Mapping, out_png: str | os.PathLike, title: str) -> dic
 
     Works with train loss only, eval only, or no metrics at all (a placeholder figure saying so).
     Writes atomically; returns :func:`summary`."""
-    from .cards import _plt, save_figure
+    from .plots import _plt, save_figure
 
     plt = _plt()
     s = series(metrics)

@@ -167,7 +167,7 @@ def render_text(doc: Mapping) -> str:
 def plot_heatmap(doc: Mapping, out_png: str) -> str:
     import numpy as np
 
-    from .cards import _plt, save_figure
+    from .plots import _plt, save_figure
 
     plt = _plt()
     rows, cols = doc["rows"], doc["columns"]
