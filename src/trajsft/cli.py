@@ -171,7 +171,7 @@ def cmd_plan(args) -> int:
         done_hash = _done_hash(done)
         entry = {
             "target": t, "done": done, "done_exists": done_hash == run.hash, "done_hash": done_hash,
-            "checkpoint_dir": run.location, "hf_export": C.join(run.location, "hf"),
+            "checkpoint_dir": run.location, "hf_export": io.join(run.location, "hf"),
             "artifacts": rows,
         }
         if args.explain:

@@ -61,7 +61,7 @@ def _latest_hf_export(run_dir: str) -> str | None:
     from ..train import checkpoints as CK
 
     try:
-        found = io.glob(C.join(run_dir, "hf", "step-*"))
+        found = io.glob(io.join(run_dir, "hf", "step-*"))
     except (OSError, ValueError):
         return None
     steps = sorted(found, key=lambda p: int(p.rsplit("step-", 1)[1]) if p.rsplit("step-", 1)[1].isdigit() else -1)
@@ -80,7 +80,7 @@ def resume_checkpoint(checkpoint_dir: str) -> dict | None:
     fs, root = io.fs_and_path(checkpoint_dir)
     if not fs.exists(root):
         return None
-    proto = checkpoint_dir.split("://", 1)[0] + "://" if C.is_remote(checkpoint_dir) else ""
+    proto = checkpoint_dir.split("://", 1)[0] + "://" if io.is_remote(checkpoint_dir) else ""
     found = []
     for d in [*(d for d in fs.glob(os.path.join(root, "*")) if fs.isdir(d)), root]:
         if fs.exists(os.path.join(d, "metadata.json")):
@@ -109,8 +109,8 @@ def _training_facts(plan: C.Plan, target: str, p: dict, query_ray: bool, attempt
     from ..train import metrics as TM
 
     run_dir = p["run_dir"]
-    lev = _read_json(C.join(run_dir, "levanter_config.json")) or (
-        _read_json(C.join(run_dir, "provenance", "config.json")) or {}).get("levanter")
+    lev = _read_json(io.join(run_dir, "levanter_config.json")) or (
+        _read_json(io.join(run_dir, "provenance", "config.json")) or {}).get("levanter")
     ray_cfg = plan.cfg.get("ray") or {}
     jobs, err = ((), None)
     if plan.cfg["executor"] == "ray" and query_ray and ray_cfg.get("address"):
@@ -151,7 +151,7 @@ def gather(plan: C.Plan, target: str, query_ray: bool = True) -> Facts:
         return facts
     facts = replace(facts, **_training_facts(plan, target, p, query_ray, facts.attempts))
     if needs_resume_point(facts):
-        ck = resume_checkpoint(C.join(run_dir, "checkpoints"))
+        ck = resume_checkpoint(io.join(run_dir, "checkpoints"))
         facts = replace(facts, resume_step=ck["completed_steps"] if ck else None)
     return facts
 
