@@ -4,7 +4,7 @@ import sys
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import min_version
 
-from trajsft.config import STATE_DIR, ConfigError, Plan, validate
+from trajsft.plan.config import STATE_DIR, ConfigError, Plan, validate
 
 min_version("9.0")
 
@@ -103,7 +103,7 @@ def run_name(wildcards):
 
 def eval_matrix_inputs(wildcards):
     """Input function of the eval_matrix rule: each row's done marker, each cell's tokenized manifest."""
-    from trajsft.eval_matrix import eval_inputs
+    from trajsft.report.matrix import eval_inputs
 
     if config.get("eval") is None:
         print(
@@ -116,7 +116,7 @@ def eval_matrix_inputs(wildcards):
 
 
 def forward_signals_to_jobs():
-    from trajsft.signals import forward_to_rule_jobs
+    from trajsft.observe.signals import forward_to_rule_jobs
 
     forward_to_rule_jobs()
 
@@ -125,7 +125,7 @@ def preflight_or_exit():
     """On a Ray cluster profile: refuse to start (in seconds) if training could not run."""
     if config["executor"] != "ray":
         return
-    from trajsft.ray_train import preflight
+    from trajsft.cluster.submit import preflight
 
     notes = []
     problems = preflight(config, notes)
@@ -141,7 +141,7 @@ def preflight_or_exit():
 
 def register_run():
     """Export this run id (pid + start time) to the jobs: they die with this Snakemake."""
-    from trajsft.signals import register_run
+    from trajsft.observe.signals import register_run
 
     register_run()
 

@@ -50,7 +50,7 @@ rule tokenize:
     resources:
         mem_mb=8000,
         # Levanter's local Ray advertises >= 8 logical CPUs (a scheduling resource, not cores; see
-        # levanter_run._MIN_RAY_CPUS): told to cluster executors, never a rerun trigger
+        # data.cache._MIN_RAY_CPUS): told to cluster executors, never a rerun trigger
         ray_logical_cpus=RAY_LOGICAL_CPUS,
     script:
         "../scripts/rule_tokenize.py"

@@ -1,9 +1,9 @@
 # The cross-teacher matrix (opt-in: config `eval:`): held-out loss of every trained target on every
-# teacher's held-out split. Logic in trajsft.eval_matrix (Levanter's own evaluator).
+# teacher's held-out split. Logic in trajsft.report.matrix (Levanter's own evaluator).
 #
 # Needs from rules/common.smk: PLAN, STATE_DIR, eval_matrix_inputs. For `rule all`: EVAL_OUTPUTS.
 
-from trajsft import eval_matrix
+from trajsft.report import matrix as eval_matrix
 
 # the matrix outputs when the config has an `eval:` section, else nothing
 EVAL_OUTPUTS = (

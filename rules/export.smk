@@ -1,4 +1,4 @@
-# Export a target's validated shards for other trainers (trajsft.export_data): a LLaMA-Factory
+# Export a target's validated shards for other trainers (trajsft.data.export): a LLaMA-Factory
 # sharegpt dataset (dataset_info.json + jsonl) and a TRL / HF datasets `messages` jsonl.
 # The payload is content-addressed (<storage_root>/exports/<target>-<hash>/, Plan._export); the
 # local manifest is per target, and `params.name` reruns the rule when that hash changes.

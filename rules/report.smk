@@ -1,26 +1,27 @@
 # Report rules: dataset cards, the teacher comparison table and training curves.
-# Logic lives in trajsft.cards / trajsft.curves (run via scripts/report_rule.py).
+# Logic lives in trajsft.report (build: helpers and entry points; cards, plots, tables, curves),
+# run via scripts/report_rule.py.
 # `snakemake --report report.html` includes every output marked report(...) below.
 #
 # Needs from rules/common.smk: PLAN, STATE_DIR. For `rule all`: REPORT_OUTPUTS.
 
-from trajsft import cards as report_cards
+from trajsft.report import build as report_build
 
 
 report: "../report/workflow.rst"
 
 
 # targets compared in results/cards/teachers.html: config `report_targets`, else `default_targets`
-REPORT_TARGETS = report_cards.report_targets(PLAN, config)
+REPORT_TARGETS = report_build.report_targets(PLAN, config)
 # table + cards of the report targets and default targets + curves of the default targets
-REPORT_OUTPUTS = report_cards.report_outputs(
+REPORT_OUTPUTS = report_build.report_outputs(
     PLAN, REPORT_TARGETS, config["default_targets"], STATE_DIR
 )
 
 
 rule report_card:
     input:
-        unpack(lambda w: report_cards.card_inputs(PLAN, w.target)),
+        unpack(lambda w: report_build.card_inputs(PLAN, w.target)),
     output:
         json=report(
             f"{STATE_DIR}/cards/{{target}}/card.json",
@@ -42,10 +43,10 @@ rule report_card:
     resources:
         mem_mb=2000,
     params:
-        seq_len=lambda w: report_cards.card_params(PLAN, w.target)["seq_len"],
-        weights=lambda w: report_cards.card_params(PLAN, w.target)["weights"],
-        mixture=lambda w: report_cards.card_params(PLAN, w.target)["mixture"],
-        native_seq_len=lambda w: report_cards.card_params(PLAN, w.target)[
+        seq_len=lambda w: report_build.card_params(PLAN, w.target)["seq_len"],
+        weights=lambda w: report_build.card_params(PLAN, w.target)["weights"],
+        mixture=lambda w: report_build.card_params(PLAN, w.target)["mixture"],
+        native_seq_len=lambda w: report_build.card_params(PLAN, w.target)[
             "native_seq_len"
         ],
     script:
@@ -54,7 +55,7 @@ rule report_card:
 
 rule report_table:
     input:
-        cards=[report_cards.card_paths(t, STATE_DIR)["json"] for t in REPORT_TARGETS],
+        cards=[report_build.card_paths(t, STATE_DIR)["json"] for t in REPORT_TARGETS],
     output:
         html=report(
             f"{STATE_DIR}/cards/teachers.html",

@@ -12,7 +12,7 @@ On the bundled demo (tiny Qwen3 on CPU), in a scratch Snakemake workdir:
    the ``train_lm`` child it launches (CPU of the whole process tree, from ``getrusage``);
 4. bare ``train_lm`` on the identical config (the rule's own ``levanter_config.yaml``; fresh checkpoint,
    export, log and JAX-compilation-cache dirs so it compiles cold like step 3), launched exactly as the
-   rule launches it (``trajsft.train_lm_main``: train_lm with the end-of-training hooks run once);
+   rule launches it (``trajsft.train.train_lm_main``: train_lm with the end-of-training hooks run once);
 5. with ``--unpatched``, also Levanter's own ``python -m levanter.main.train_lm`` (final hooks twice).
 
 Ratios: ``rule_over_bare = (3 - 2) / 4`` (the rule's own overhead, the <= 1.05x target) and
@@ -63,9 +63,10 @@ def bench_train_overhead(workdir: Optional[str] = None, unpatched: bool = False,
     import yaml
 
     sys.path.insert(0, str(REPO / "src"))
-    from trajsft import config as C
-    from trajsft import levanter_run as LR
-    from trajsft import steps_train
+    from trajsft.plan import config as C
+    from trajsft.train import launch as LL
+    from trajsft.train import levanter_config as LC
+    from trajsft.train import step as steps_train
 
     wd = Path(workdir or tempfile.mkdtemp(prefix="trajsft-bench-train-"))
     wd.mkdir(parents=True, exist_ok=True)
@@ -92,14 +93,14 @@ def bench_train_overhead(workdir: Optional[str] = None, unpatched: bool = False,
         c["trainer"]["jax_compilation_cache_dir"] = str(d / "jax-compilation-cache")  # cold, like the rule's first run
         c["hf_save_path"] = str(d / "hf")
         d.mkdir(parents=True, exist_ok=True)
-        path = LR.write_config(c, str(d / "levanter_config.yaml"))
+        path = LC.write_config(c, str(d / "levanter_config.yaml"))
         log(f"train overhead: {name}")
-        res = _timed([sys.executable, *launcher, "--config_path", path], LR.levanter_env(str(d), env), cwd=str(d), log=logf)
+        res = _timed([sys.executable, *launcher, "--config_path", path], LL.levanter_env(str(d), env), cwd=str(d), log=logf)
         res["hf_exports_written"] = _hf_saves(d / "logs")
         return res
 
     out = {"workdir": str(wd), "snakemake_dry_run": dry, "rule": rule}
-    out["bare"] = bare("bare-train_lm", ["-c", "from trajsft.train_lm_main import main; main()"])
+    out["bare"] = bare("bare-train_lm", ["-c", "from trajsft.train.train_lm_main import main; main()"])
     if unpatched:
         out["bare_unpatched"] = bare("bare-levanter-train_lm", ["-m", "levanter.main.train_lm"])
     out["rule"]["hf_exports_written"] = _hf_saves(run_dir / "logs")

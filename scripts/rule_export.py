@@ -1,5 +1,5 @@
-"""Snakemake script for rule `export`: thin wrapper, logic in trajsft.export_data."""
+"""Snakemake script for rule `export`: thin wrapper, logic in trajsft.data.export."""
 
-from trajsft.export_data import run_rule
+from trajsft.data.export import run_rule
 
 run_rule(snakemake)  # noqa: F821 (injected by Snakemake)

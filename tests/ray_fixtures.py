@@ -50,7 +50,7 @@ import requests
 DEFAULT_RESOURCES = {"TPU-v5p-32-head": 2, "TPU": 4}  # two v5p-32 slice heads
 MARKER_ENV = "TRAJSFT_TEST_RAY_HEAD"
 # The test head stands in for a TPU slice head on a machine with no TPU and no internet:
-# jobs may train on CPU and W&B logs offline (see trajsft.remote_train).
+# jobs may train on CPU and W&B logs offline (see trajsft.cluster.entrypoint).
 TEST_HEAD_ENV = {"TRAJSFT_ALLOW_CPU_TRAINING": "1", "WANDB_MODE": "offline", "JAX_PLATFORMS": "cpu",
                  "HF_HUB_OFFLINE": "1", "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0"}
 # Never let these reach the head (tests check the job gets them only via our

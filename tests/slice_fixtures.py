@@ -143,7 +143,7 @@ class EmulatedCluster:
         with contextlib.suppress(psutil.Error):
             for p in psutil.Process(host.pid).children(recursive=True):
                 with contextlib.suppress(psutil.Error):
-                    if "trajsft.train_lm_main" in " ".join(p.cmdline()):
+                    if "trajsft.train.train_lm_main" in " ".join(p.cmdline()):
                         out.append(p.pid)
         return out
 

@@ -63,7 +63,7 @@ def test_benchmark_smoke(capsys):
     d, t, p = r["dataset"], r["tokenize"], r["packing"]
 
     assert r["chats"] == 20 and p["chats"] == 20
-    # the default tokenizer is the real Qwen3 one (fetched with npm and cached by trajsft.qwen3_tokenizer)
+    # the default tokenizer is the real Qwen3 one (fetched with npm and cached by trajsft.data.qwen3_tokenizer)
     assert r["tokenizer_is_qwen3"] and r["tokenizer_vocab"] == 151_669 and "Qwen3" in r["tokenizer_note"]
     # length profile: thousands to tens of thousands of tokens, 10-80 tool-calling turns
     assert 1000 < d["length_p5"] < d["length_p50"] < d["length_max"]

@@ -1,4 +1,4 @@
-"""Dataset cards, comparison table and training curves (trajsft.cards / trajsft.curves)."""
+"""Dataset cards, comparison table and training curves (trajsft.report.cards / trajsft.report.curves)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from trajsft import cards, curves
-from trajsft.config import REPO_DIR
+from trajsft.report import cards
+from trajsft.report import plots
+from trajsft.report import tables
+from trajsft.report import curves
+from trajsft.plan.config import REPO_DIR
 
 sys.path.insert(0, str(Path(__file__).parent))
 import chromium  # noqa: E402
@@ -148,14 +151,15 @@ def test_card_without_tokens_and_without_seq_len():
 
 def test_real_demo_manifest(tmp_path):
     """A shard manifest of the bundled demo dataset, built by the real data steps."""
-    from trajsft import config as C
-    from trajsft import steps
+    from trajsft.plan import config as C
+    from trajsft.data import download
+    from trajsft.data import shard
 
     plan = C.Plan(C.load(None, {"storage_root": str(tmp_path / "store")}), base_dir=C.REPO_DIR,
                   state_dir=str(tmp_path / "state"))
     names = {a.kind: a.name for a in plan.chain("demo")}
-    steps.download(plan, names["raw"])
-    m = steps.shards(plan, names["shards"])
+    download.download(plan, names["raw"])
+    m = shard.shards(plan, names["shards"])
     c = cards.dataset_card(m, None, 1024)
     assert (c["rows_in"], c["kept"], c["kept_total"]) == (m["rows_in"], m["kept"], m["kept_total"])
     assert c["skipped"] == m["skipped"] and c["skipped_total"] == m["skipped_total"]
@@ -194,16 +198,16 @@ def test_plot_card(tmp_path):
     m, tok = shards_manifest(), tokenized_manifest()
     c = cards.dataset_card(m, tok, 250)
     out = tmp_path / "cards" / "alpha" / "card.png"
-    assert cards.plot_card(c, m, tok, out) == str(out)
+    assert plots.plot_card(c, m, tok, out) == str(out)
     w, h = assert_png(out)
     assert (w, h) == (1700, 900)
     # wide length range -> log x axis path; no tokens -> placeholder panels
     tok_wide = tokenized_manifest(scale=1)
     tok_wide["stats"]["train"] = split_stats([10, 100, 1000, 10000, 100000], [1, 10, 100, 1000, 10000])
     tok_wide["stats"]["validation"] = split_stats([5], [1])
-    cards.plot_card(cards.dataset_card(m, tok_wide, 32768), m, tok_wide, tmp_path / "wide.png")
+    plots.plot_card(cards.dataset_card(m, tok_wide, 32768), m, tok_wide, tmp_path / "wide.png")
     assert_png(tmp_path / "wide.png")
-    cards.plot_card(cards.dataset_card(m, None, None), m, None, tmp_path / "notok.png")
+    plots.plot_card(cards.dataset_card(m, None, None), m, None, tmp_path / "notok.png")
     assert_png(tmp_path / "notok.png")
 
 
@@ -211,9 +215,9 @@ def test_plot_mixture(tmp_path):
     mans = {t: (shards_manifest(t), tokenized_manifest(t, scale=s)) for t, s in (("alpha", 1), ("beta", 3))}
     cs = {t: cards.dataset_card(s, tok, 250) for t, (s, tok) in mans.items()}
     mc = cards.mixture_card(cs, {"alpha": 1, "beta": 1}, name="mix")
-    cards.plot_mixture(mc, mans, tmp_path / "mix.png")
+    plots.plot_mixture(mc, mans, tmp_path / "mix.png")
     assert_png(tmp_path / "mix.png")
-    cards.plot_mixture(mc, None, tmp_path / "mix_nomanifests.png")
+    plots.plot_mixture(mc, None, tmp_path / "mix_nomanifests.png")
     assert_png(tmp_path / "mix_nomanifests.png")
 
 
@@ -229,7 +233,7 @@ def test_plot_writes_atomically(tmp_path, monkeypatch):
 
     monkeypatch.setattr(matplotlib.figure.Figure, "savefig", boom)
     with pytest.raises(RuntimeError):
-        cards.plot_card(c, m, None, out)
+        plots.plot_card(c, m, None, out)
     assert out.read_bytes() == b"old"
     assert [p.name for p in tmp_path.iterdir()] == ["card.png"]
 
@@ -240,7 +244,7 @@ def test_comparison_table():
     b = cards.dataset_card(shards_manifest("b<eta>"), None, 250)
     b["skipped"] = {"unknown_role": 4}
     mc = cards.mixture_card({"alpha": a, "alpha2": a}, {"alpha": 1, "alpha2": 1}, name="mix")
-    html, md = cards.comparison_table({"alpha": a, "b<eta>": b, "mix": mc})
+    html, md = tables.comparison_table({"alpha": a, "b<eta>": b, "mix": mc})
     assert '<table id="teachers">' in html and "<th>alpha</th>" in html and "b&lt;eta&gt;" in html
     assert "<th>mix</th>" in html and "mixture: alpha 0.50, alpha2 0.50" in html
     lines = md.strip().splitlines()
@@ -252,7 +256,7 @@ def test_comparison_table():
     assert rows["skipped: unknown_role"] == "| skipped: unknown_role | 0 | 4 | 0 |"
     assert rows["chats beyond seq_len"] == "| chats beyond seq_len | 50.0% | – | 50.0% |"
     assert "tokens beyond seq_len" in rows and "63.9%" in rows["tokens beyond seq_len"]
-    tsv = cards.comparison_tsv({"alpha": a, "mix": mc})
+    tsv = tables.comparison_tsv({"alpha": a, "mix": mc})
     assert tsv.splitlines()[0] == "metric\talpha\tmix"
     assert len({len(r.split("\t")) for r in tsv.splitlines()}) == 1
 
@@ -312,7 +316,7 @@ def levanter_log_line(event: str, step=None, metrics=None) -> str:
 
 
 def test_curves_from_levanter_log(tmp_path):
-    from trajsft.levanter_run import read_metrics
+    from trajsft.train.metrics import read_metrics
 
     log = tmp_path / "train.log"
     lines = ["[trajsft.levanter_run] launch train_lm id=x at now (latest checkpoint: None)\n", "noise\n"]
@@ -355,7 +359,7 @@ def _report_workflow(tmp_path: Path) -> Path:
     Report targets: the demo teacher and a mixture of two (fake) teachers."""
     import yaml
 
-    from trajsft import config as C
+    from trajsft.plan import config as C
 
     wd = tmp_path / "wf"
     (wd / "config").mkdir(parents=True)
@@ -440,7 +444,7 @@ def test_report_rules_and_html_report(tmp_path):
 
 
 def test_seq_len_advice_is_one_line_against_the_native_length():
-    from trajsft.cards import seq_len_advice
+    from trajsft.report.cards import seq_len_advice
 
     lengths = [10_000, 30_000, 40_000, 50_000]  # 130k tokens; beyond 32768: 7232 + 17232; beyond 40960: 9040
     line = seq_len_advice(lengths, 32768, 40960)

@@ -6,11 +6,13 @@ import time
 
 import pytest
 
-from trajsft import levanter_run as LR
-from trajsft import ray_train, rayjobs
+from trajsft import errors
+from trajsft.train import run as LR
+from trajsft.cluster import preflight as ray_preflight
+from trajsft.cluster import submit as ray_train
 from trajsft.cluster import hooks, host, slices
-from trajsft.config import ConfigError
-from trajsft.status import slice_summary
+from trajsft.plan.config import ConfigError
+from trajsft.observe.status import slice_summary
 
 
 def test_classify_our_host_outcomes():
@@ -62,7 +64,7 @@ def test_slice_summary_counts_every_slice_attempt():
 def test_single_process_on_a_multi_host_slice_is_refused():
     env = {"TPU_WORKER_HOSTNAMES": "10.0.0.1,10.0.0.2", "TPU_WORKER_ID": "0", "TPU_NAME": "s-a",
            "TPU_ACCELERATOR_TYPE": "v5p-16"}
-    with pytest.raises(LR.SingleProcessOnPod, match="worker 0 of the 2-host TPU slice s-a .*run_on_pod"):
+    with pytest.raises(errors.SingleProcessOnPod, match="worker 0 of the 2-host TPU slice s-a .*run_on_pod"):
         LR.refuse_single_process_on_pod(env)
     LR.refuse_single_process_on_pod({"TPU_WORKER_HOSTNAMES": "10.0.0.1"})  # a single-host slice is fine
     LR.refuse_single_process_on_pod({})
@@ -124,19 +126,19 @@ def test_runtime_env_of_the_driver():
 def test_preflight_refuses_in_seconds_without_network(tmp_path, monkeypatch):
     monkeypatch.delenv("TRAJSFT_TEST_MISSING", raising=False)
     t0 = time.monotonic()
-    probs = rayjobs.preflight("http://127.0.0.1:9", ["TRAJSFT_TEST_MISSING"], {"TPU-v5p-32-head": 1},
+    probs = ray_preflight.preflight("http://127.0.0.1:9", ["TRAJSFT_TEST_MISSING"], {"TPU-v5p-32-head": 1},
                               str(tmp_path / "store"), timeout_s=3)
     assert time.monotonic() - t0 < 10
     assert [p.split(" ", 1)[0] for p in probs] == ["env", "unreachable:"]
-    if not rayjobs._resolves("storage.googleapis.com", 3):  # no network here (CI): a bucket fails in seconds
+    if not ray_preflight._resolves("storage.googleapis.com", 3):  # no network here (CI): a bucket fails in seconds
         t0 = time.monotonic()
-        probs = rayjobs.preflight("http://127.0.0.1:9", [], {}, "gs://marin-us-east5/trajsft", timeout_s=3)
+        probs = ray_preflight.preflight("http://127.0.0.1:9", [], {}, "gs://marin-us-east5/trajsft", timeout_s=3)
         assert time.monotonic() - t0 < 10, probs
         assert any("cannot resolve storage.googleapis.com" in p for p in probs), probs
 
 
 def test_status_render_shows_the_slice_story():
-    from trajsft.status import render
+    from trajsft.observe.status import render
 
     row = {"target": "minimax-m2.5", "state": "training running", "hash": "abc", "cluster": "us-east5-a",
            "ray_job_id": "trajsft-abc-a0", "attempt": 1, "step": 1250, "steps_total": 2298, "loss": 0.5,

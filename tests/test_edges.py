@@ -21,8 +21,8 @@ import pytest
 import yaml
 
 from pipeline_utils import REPO, SNAKEMAKE
-from trajsft import config as C
-from trajsft import signals
+from trajsft.plan import config as C
+from trajsft.observe import signals
 
 
 def py(code: str, *, env: dict | None = None, cwd=None, **kw) -> subprocess.Popen:
@@ -45,7 +45,7 @@ def dead_run_id() -> str:
 def is_stopping(rid: str | None, workdir: Path) -> bool:
     env = {signals.RUN_ENV: signals.run_env(rid)} if rid else {}
     env_clean = {k: v for k, v in os.environ.items() if k != signals.RUN_ENV}
-    out = subprocess.run([sys.executable, "-c", "from trajsft import signals; print(signals.snakemake_is_stopping())"],
+    out = subprocess.run([sys.executable, "-c", "from trajsft.observe import signals; print(signals.snakemake_is_stopping())"],
                          env={**env_clean, **env}, cwd=workdir, capture_output=True, text=True, check=True)
     return out.stdout.strip() == "True"
 
@@ -54,7 +54,7 @@ def is_stopping(rid: str | None, workdir: Path) -> bool:
 def test_stop_marker_names_pid_and_start_time_and_goes_away_when_its_run_exits(tmp_path):
     fake_snakemake = py("""
         import sys, time
-        from trajsft import signals
+        from trajsft.observe import signals
         print(signals.mark_stopping(), flush=True)
         sys.stdin.readline()
     """, cwd=tmp_path, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -69,7 +69,7 @@ def test_stop_marker_names_pid_and_start_time_and_goes_away_when_its_run_exits(t
 
 
 def test_marker_of_a_killed_run_is_removed_by_the_next_run(tmp_path):
-    p = py("from trajsft import signals; signals.mark_stopping(); import time; time.sleep(120)", cwd=tmp_path)
+    p = py("from trajsft.observe import signals; signals.mark_stopping(); import time; time.sleep(120)", cwd=tmp_path)
     rid = signals.run_id(psutil.Process(p.pid))
     marker = signals.stop_marker(rid, tmp_path)
     deadline = time.time() + 30
@@ -78,7 +78,7 @@ def test_marker_of_a_killed_run_is_removed_by_the_next_run(tmp_path):
     os.kill(p.pid, signal.SIGKILL)  # no atexit: the marker stays behind ...
     p.wait()
     assert marker.exists()
-    live = py("from trajsft import signals; signals.register_run(); print('ok')", cwd=tmp_path,
+    live = py("from trajsft.observe import signals; signals.register_run(); print('ok')", cwd=tmp_path,
               stdout=subprocess.PIPE, text=True)
     assert live.communicate(timeout=30)[0].strip() == "ok"
     assert not marker.exists()  # ... until the next Snakemake run starts
@@ -125,7 +125,7 @@ def test_rule_job_stops_and_cleans_up_when_its_snakemake_is_killed(tmp_path):
     job = py(f"""
         import time
         from pathlib import Path
-        from trajsft import signals
+        from trajsft.observe import signals
         signals.install_stop_handler()
         signals.watch_snakemake(poll_s=0.2)
         Path("started").touch()
@@ -147,7 +147,7 @@ def test_rule_job_stops_and_cleans_up_when_its_snakemake_is_killed(tmp_path):
 def test_rule_job_of_a_run_that_is_already_gone_stops_at_once(tmp_path):
     job = py("""
         import time
-        from trajsft import signals
+        from trajsft.observe import signals
         signals.install_stop_handler()
         signals.watch_snakemake(poll_s=0.2)
         time.sleep(120)
@@ -160,7 +160,7 @@ def test_run_of_another_host_is_not_watched(tmp_path):
     """A cluster executor may forward the env var to another node: that pid means nothing there."""
     job = py("""
         import time
-        from trajsft import signals
+        from trajsft.observe import signals
         assert signals.current_run() is None and not signals.snakemake_is_stopping()
         assert signals.watch_snakemake(poll_s=0.1) is None
         time.sleep(1)
@@ -170,7 +170,7 @@ def test_run_of_another_host_is_not_watched(tmp_path):
 
 # ---- attempts.json stays true ---------------------------------------------------------------
 def test_attempt_of_a_live_process_is_not_marked_interrupted(tmp_path):
-    from trajsft import provenance
+    from trajsft.observe import provenance
 
     live = sleeper()
     try:
@@ -191,7 +191,7 @@ def test_attempt_of_a_live_process_is_not_marked_interrupted(tmp_path):
 
 
 def test_exit_reason_of_a_signal():
-    from trajsft.levanter_run import _exit_reason
+    from trajsft.train.launch import _exit_reason
 
     assert _exit_reason(-9) == "train_lm was killed by signal 9 (SIGKILL; out of memory?)"
     assert _exit_reason(-15) == "train_lm was killed by signal 15 (SIGTERM)"
@@ -200,12 +200,12 @@ def test_exit_reason_of_a_signal():
 
 # ---- download staging -----------------------------------------------------------------------
 def test_download_stages_under_storage_root_and_removes_stale_staging(tmp_path, monkeypatch):
-    from trajsft import steps
+    from trajsft.data import download
 
     monkeypatch.chdir(tmp_path)
     plan = C.Plan(C.load(None, {"storage_root": str(tmp_path / "store")}), base_dir=C.REPO_DIR)
     [raw] = [a for a in plan.chain("demo") if a.kind == "raw"]
-    staging = steps.staging_root(plan)
+    staging = download.staging_root(plan)
     assert staging == tmp_path / "store" / "raw" / ".staging"
     killed = staging / f"{raw.name}.{dead_run_id()}"  # what a killed download leaves
     (killed / "data").mkdir(parents=True)
@@ -215,7 +215,7 @@ def test_download_stages_under_storage_root_and_removes_stale_staging(tmp_path, 
         running = staging / f"other.{signals.run_id(psutil.Process(live.pid))}"
         running.mkdir()
         before = set(os.listdir(tempfile.gettempdir()))
-        res = steps.download(plan, raw.name)
+        res = download.download(plan, raw.name)
         assert not killed.exists() and running.exists()  # only dead downloads are removed
         assert set(os.listdir(staging)) == {running.name}
     finally:
@@ -375,7 +375,7 @@ def test_secret_files_are_not_packaged_with_the_working_dir(tmp_path):
 
     from ray._private.runtime_env.packaging import create_package
 
-    from trajsft.ray_train import runtime_env
+    from trajsft.cluster.submit import runtime_env
 
     work = tmp_path / "repo"
     shutil.copytree(REPO, work, ignore=shutil.ignore_patterns(".venv", ".git", "results", "checkpoints", "logs",
@@ -389,7 +389,7 @@ def test_secret_files_are_not_packaged_with_the_working_dir(tmp_path):
     pkg = tmp_path / "pkg.zip"
     create_package(str(work), pkg, include_gitignore=True, excludes=env["excludes"])
     names = zipfile.ZipFile(pkg).namelist()
-    assert "Snakefile" in names and "src/trajsft/remote_train.py" in names and "demo/tokenizer/tokenizer.json" in names
+    assert "Snakefile" in names and "src/trajsft/cluster/entrypoint.py" in names and "demo/tokenizer/tokenizer.json" in names
     for rel in planted:
         assert rel not in names, rel
     assert not [n for n in names if any(part.startswith(".") for part in n.split("/"))], names

@@ -1,4 +1,4 @@
-"""The opt-in `eval:` section and the cross-teacher matrix (trajsft.eval_matrix / levanter_eval):
+"""The opt-in `eval:` section and the cross-teacher matrix (trajsft.report.matrix / levanter_eval):
 what the plan evaluates, which model of a run, the matrix document, heatmap and HTML. The Levanter
 evaluation itself runs on the real demo in tests/test_pipeline.py."""
 
@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from test_cards import assert_png
-from trajsft import config as C
-from trajsft import eval_matrix as E
+from trajsft.plan import config as C
+from trajsft.report import matrix as E
 
 REAL = ["gpt-5-mini", "minimax-m2.5", "gemini-3-flash"]
 
@@ -176,16 +176,16 @@ def test_eval_config_parses_into_levanter(tmp_path):
     from levanter.data.text import LMMixtureDatasetConfig
     from levanter.main.train_lm import TrainLmConfig
 
-    from trajsft import levanter_eval
-    from trajsft import levanter_run as LR
+    from trajsft.train import eval as levanter_eval
+    from trajsft.train import levanter_config as LC
 
     tmpl = "{{ messages }}"
-    train = LR.levanter_config(run_id="r", run_dir=str(tmp_path), tokenizer="tok", chat_template=tmpl,
+    train = LC.levanter_config(run_id="r", run_dir=str(tmp_path), tokenizer="tok", chat_template=tmpl,
                                sources={"a": {"cache_dir": "/c/a", "packed_sequences": 10}}, seq_len=128,
                                train_batch_size=2)
     cfg = levanter_eval.eval_config(train, {"a": "/c/a", "b": "/c/b"}, "demo/tokenizer", max_eval_batches=2)
     assert train["data"]["cache_dir"] == "/c/a"  # the training config is not modified
-    path = LR.write_config(cfg, str(tmp_path / "e.yaml"))
+    path = LC.write_config(cfg, str(tmp_path / "e.yaml"))
     parsed = draccus.parse(config_class=TrainLmConfig, config_path=path, args=[])
     assert isinstance(parsed.data, LMMixtureDatasetConfig) and set(parsed.data.configs) == {"a", "b"}
     assert parsed.data.configs["b"].cache_dir == "/c/b" and parsed.data.configs["b"].tags == ["b"]

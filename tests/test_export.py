@@ -1,4 +1,4 @@
-"""Rule `export` (trajsft.export_data): LLaMA-Factory sharegpt + TRL/HF messages jsonl.
+"""Rule `export` (trajsft.data.export): LLaMA-Factory sharegpt + TRL/HF messages jsonl.
 
 Loaded back with `datasets` and checked turn by turn, tool call by tool call, against the
 shards. LLaMA-Factory itself cannot be installed here (its PyPI wheel pulls torch with the CUDA
@@ -19,10 +19,11 @@ import pytest
 
 import hostile_corpus as H
 from test_steps import build_shards, make_plan
-from trajsft import config as C
-from trajsft import export_data as E
-from trajsft import steps
-from trajsft import transform as T
+from trajsft.plan import config as C
+from trajsft.data import export as E
+from trajsft.data import download
+from trajsft.data import shard
+from trajsft.data import transform as T
 
 SEP = "\n</tool_response>\n<tool_response>\n"
 
@@ -222,8 +223,8 @@ def test_mixture_export_has_every_teacher_and_the_weights(tmp_path):
     plan = make_plan(tmp_path, teachers={"demo2": demo}, mixtures={"mix-demo": {"teachers": {"demo": 3, "demo2": 1}, "student": "tiny"}})
     build_shards(plan)
     names = {a.kind: a.name for a in plan.chain("demo2")}
-    steps.download(plan, names["raw"])
-    steps.shards(plan, names["shards"])
+    download.download(plan, names["raw"])
+    shard.shards(plan, names["shards"])
     res = E.export(plan, "mix-demo")
     out = Path(plan.target("mix-demo")["export"].location)
     info = json.loads((out / "llamafactory" / "dataset_info.json").read_text())

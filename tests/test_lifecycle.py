@@ -18,7 +18,7 @@ import psutil
 import pytest
 
 from pipeline_utils import REPO, alive, attempts, kill9_snakemake_only, plan, procs, run, start, wait_for
-from trajsft import levanter_run as LR
+from trajsft.train import checkpoints as CK
 
 pytestmark = pytest.mark.integration
 
@@ -80,7 +80,7 @@ def test_rule_jobs_die_with_a_kill9ed_snakemake_and_the_rerun_finishes(tmp_path)
     #    then the trainer is SIGKILLed as the OOM killer would: one line, no traceback
     run(wd, "--unlock", config=OVER_BIG)
     p = start(wd, "checkpoints/demo/done", config=OVER_BIG, log=wd / "run2.log")
-    [trainer] = wait_for(lambda: procs(p, "trajsft.train_lm_main"), 600, "train_lm to start", p)
+    [trainer] = wait_for(lambda: procs(p, "trajsft.train.train_lm_main"), 600, "train_lm to start", p)
     assert tok_manifest.exists()
     trainer.send_signal(signal.SIGKILL)
     assert p.wait(timeout=300) != 0
@@ -95,7 +95,7 @@ def test_rule_jobs_die_with_a_kill9ed_snakemake_and_the_rerun_finishes(tmp_path)
     # 3. SIGTERM to Snakemake mid-training: the trainer stops, the attempt says so, and the
     #    stop marker of that run is gone once it has ended (a later run is not refused)
     p = start(wd, "checkpoints/demo/done", config=OVER_BIG, log=wd / "run3.log")
-    wait_for(lambda: procs(p, "trajsft.train_lm_main"), 300, "train_lm to start", p)
+    wait_for(lambda: procs(p, "trajsft.train.train_lm_main"), 300, "train_lm to start", p)
     tree = psutil.Process(p.pid).children(recursive=True)
     os.kill(p.pid, signal.SIGTERM)
     assert p.wait(timeout=180) != 0
@@ -107,13 +107,13 @@ def test_rule_jobs_die_with_a_kill9ed_snakemake_and_the_rerun_finishes(tmp_path)
     # 4. kill -9 Snakemake after the trainer wrote a checkpoint: the train job and the trainer
     #    die with it; nothing writes `done` behind the user's back; the attempt is recorded
     p = start(wd, "checkpoints/demo/done", config=OVER_BIG, log=wd / "run4.log")
-    wait_for(lambda: procs(p, "trajsft.train_lm_main") and LR.latest_checkpoint(ckpts), 600,
+    wait_for(lambda: procs(p, "trajsft.train.train_lm_main") and CK.latest_checkpoint(ckpts), 600,
              "a trainer checkpoint", p)
     tree = kill9_snakemake_only(p)
     wait_for(lambda: not alive(tree), 120, "the train job and train_lm to die with Snakemake")
     time.sleep(3)
     assert not done.exists()
-    ck = LR.latest_checkpoint(ckpts)
+    ck = CK.latest_checkpoint(ckpts)
     assert 1 <= ck["completed_steps"] < 12
     last = attempts(run_dir)[-1]
     assert last["outcome"] == "interrupted" and "Snakemake (run" in last["error"] and last.get("ended"), last

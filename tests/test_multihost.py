@@ -24,11 +24,13 @@ import pytest
 from pipeline_utils import REPO, kill_group, wait_for
 from slice_fixtures import start_emulated_cluster
 from tpu_utils import (HF, WK, data_rules, jobs, make_profile, run_hash, sm_cmd, sm_env, snakemake, status, workdir)
-from trajsft import levanter_run as LR
-from trajsft import config as C
-from trajsft import rayjobs
-from trajsft.steps_train import levanter_config
-from trajsft.remote_train import _absolute_local_refs
+from trajsft.train import checkpoints as CK
+from trajsft.train import metrics as TM
+from trajsft.train import run as LR
+from trajsft.plan import config as C
+from trajsft.cluster import jobs as rayjobs
+from trajsft.train.step import levanter_config
+from trajsft.cluster.entrypoint import _absolute_local_refs
 
 pytestmark = pytest.mark.integration
 
@@ -66,7 +68,7 @@ def slice_attempts(run_dir: Path) -> list[dict]:
 
 
 def logged_steps(run_dir: Path, run_id: str) -> list[int]:
-    return sorted(LR.read_metrics(str(run_dir / "logs" / f"{run_id}.log.log"))["steps"])
+    return sorted(TM.read_metrics(str(run_dir / "logs" / f"{run_id}.log.log"))["steps"])
 
 
 def test_trains_on_every_host_and_matches_a_single_process(data, cluster, tmp_path):
@@ -78,9 +80,9 @@ def test_trains_on_every_host_and_matches_a_single_process(data, cluster, tmp_pa
     wall = time.time() - t0
     done = json.loads((wd / "checkpoints/demo/done").read_text())
     run_dir = Path(done["checkpoint_dir"])
-    assert done["steps"] == 6 and LR.hf_export_complete(done["hf_export"])
+    assert done["steps"] == 6 and CK.hf_export_complete(done["hf_export"])
     [job] = jobs(cluster.head, h)
-    assert job["status"] == "SUCCEEDED" and job["entrypoint"].find("trajsft.remote_train") >= 0
+    assert job["status"] == "SUCCEEDED" and job["entrypoint"].find("trajsft.cluster.entrypoint") >= 0
     # one training process per host of the slice, all in one slice attempt
     [sa] = slice_attempts(run_dir)
     assert sa["outcome"] == "succeeded" and sa["slices"] == ["slice-a"]
@@ -91,7 +93,7 @@ def test_trains_on_every_host_and_matches_a_single_process(data, cluster, tmp_pa
     assert "train_lm" in host1_log.read_text()  # host 1 ran its own process, logging locally
     lev = (run_dir / "logs" / f"{h}.log.log").read_text()
     assert "Process count: 2" in lev or "process_count" in lev or '"num_hosts": 2' in lev or "2 processes" in lev \
-        or LR.read_metrics(str(run_dir / "logs" / f"{h}.log.log"))["steps"]
+        or TM.read_metrics(str(run_dir / "logs" / f"{h}.log.log"))["steps"]
     # secrets: nowhere in files, logs, job metadata
     for root in (wd, data[1]):
         for f in root.rglob("*"):
@@ -161,7 +163,7 @@ def test_host_process_host_and_slice_losses_resume_without_snakemake_retry(data,
         t0 = time.time()
         sa = _wait_running(run_dir, 0, p)
         at = _wait_step_after(run_dir, h, 4, p)
-        wait_for(lambda: LR.latest_checkpoint(ckdir), 300, "a checkpoint", p)
+        wait_for(lambda: CK.latest_checkpoint(ckdir), 300, "a checkpoint", p)
         # 1. one host's training process dies (SIGKILL, as the OOM killer would)
         [pid] = cluster.trainer_pids("slice-a", 1)
         at = logged_steps(run_dir, h)[-1]
@@ -206,7 +208,7 @@ def test_host_process_host_and_slice_losses_resume_without_snakemake_retry(data,
     for prev, s in zip(sas, sas[1:]):
         assert s["resumed_from_step"] >= 1 and s["resumed_from_step"] >= prev["resumed_from_step"], shown
     done = json.loads((wd / "checkpoints/demo/done").read_text())
-    assert done["steps"] == 24 and LR.hf_export_complete(done["hf_export"])
+    assert done["steps"] == 24 and CK.hf_export_complete(done["hf_export"])
     row = status(wd, prof, cluster.head)
     n = len(sas) - 1
     assert row["state"] == "done" and row["preemptions"] == n
@@ -236,7 +238,7 @@ def test_old_shape_pinned_to_the_slice_head_fails_fast(data, cluster, tmp_path, 
     cfg = tmp_path / "levanter_config.json"
     cfg.write_text(json.dumps(levanter_config(plan, "demo")))
     # the old entrypoint ran trajsft's local training (run_training) as the one process of the job
-    entry = ("python -c 'import json, sys; from trajsft import levanter_run as LR; "
+    entry = ("python -c 'import json, sys; from trajsft.train import run as LR; "
              "LR.run_training(json.load(open(sys.argv[1])), sys.argv[2], sys.argv[3])' "
              f"{cfg} {tmp_path / 'old'} {tmp_path / 'old.log'}")
     t0 = time.time()

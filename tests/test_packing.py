@@ -1,4 +1,4 @@
-"""First-fit-decreasing packing order (trajsft.packing), checked against Levanter's own packer.
+"""First-fit-decreasing packing order (trajsft.data.packing), checked against Levanter's own packer.
 
 Pure unit tests on length lists, plus one on a real in-process chat cache (demo tokenizer):
 the cache written in FFD order is packed by Levanter's ``GreedyPrepackedDataset`` into exactly the
@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from trajsft import packing as P
+from trajsft.data import packing as P
 
 DEMO_TOKENIZER = str(Path(__file__).resolve().parents[1] / "demo" / "tokenizer")
 
@@ -87,8 +87,9 @@ def test_a_cache_written_in_ffd_order_is_packed_into_the_ffd_bins(tmp_path):
     """Real files: the in-process cache writer and the reorder copy, read back with Levanter's packer."""
     from levanter.data.packing import GreedyPrepackedDataset
 
-    from trajsft import chat_cache, levanter_run as LR
-    from trajsft.transform import gzip_jsonl
+    from trajsft.data import chat_cache
+    from trajsft.data import cache as DC
+    from trajsft.data.transform import gzip_jsonl
 
     rng = random.Random(3)
     chats = [{"messages": [{"role": "user", "content": " ".join(["word"] * rng.randint(1, 60))},
@@ -96,16 +97,16 @@ def test_a_cache_written_in_ffd_order_is_packed_into_the_ffd_bins(tmp_path):
              for _ in range(40)]
     shard = tmp_path / "train-00000.jsonl.gz"
     shard.write_bytes(gzip_jsonl(chats))
-    from trajsft.template import load_template
+    from trajsft.data.template import load_template
 
     seq_len = 160
-    first = LR.build_chat_cache([str(shard)], [], str(tmp_path / "cache"), DEMO_TOKENIZER, load_template(),
+    first = DC.build_chat_cache([str(shard)], [], str(tmp_path / "cache"), DEMO_TOKENIZER, load_template(),
                                 seq_len=seq_len)
     lengths = first["train"]["lengths"]
     assert first["engine"] == "inprocess" and len(lengths) == 40
     bins = P.first_fit_decreasing(lengths, seq_len)
     order = P.cache_order(bins)
-    st = LR.reorder_chat_cache(str(tmp_path / "cache"), str(tmp_path / "packed"), {"train": order}, seq_len=seq_len)
+    st = DC.reorder_chat_cache(str(tmp_path / "cache"), str(tmp_path / "packed"), {"train": order}, seq_len=seq_len)
     tr = st["train"]
     assert tr["lengths"] == [lengths[i] for i in order]
     pos, expect = 0, []
@@ -114,13 +115,13 @@ def test_a_cache_written_in_ffd_order_is_packed_into_the_ffd_bins(tmp_path):
         pos += len(b)
     assert tr["packed_ranges"] == expect and tr["packed_sequences"] == len(bins)
     # the non-pad share in the stats is what the packed examples Levanter yields hold
-    cache = LR._open_chat_split(str(tmp_path / "packed" / "train"))
+    cache = DC._open_chat_split(str(tmp_path / "packed" / "train"))
     ds = GreedyPrepackedDataset(cache.store.tree, seq_len, max_segments_per_example=64, pad_with_zeros=True,
                                 slice_strategy="left").as_sync_dataset()
     non_pad = sum(int((seg["input_ids"] >= 0).sum()) for data, seg in ds.get_batch(range(len(bins))))
     assert tr["packed_non_pad"] == pytest.approx(non_pad / (len(bins) * seq_len))
     # rows are copied, not re-tokenized: identical arrays, ledger metadata kept
-    src = LR._open_chat_split(str(tmp_path / "cache" / "train"))
+    src = DC._open_chat_split(str(tmp_path / "cache" / "train"))
     a = src.store.get_batch_sync(order[:5])
     b = cache.store.get_batch_sync(list(range(5)))
     for x, y in zip(a, b):

@@ -1,4 +1,4 @@
-"""Tests for trajsft.rayjobs against a real local Ray head (see ray_fixtures)."""
+"""Tests for the Ray job client (trajsft.cluster: jobs, follow, secrets, run_job, preflight) against a real local Ray head (see ray_fixtures)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,11 @@ import pytest
 import requests
 
 from ray_fixtures import ray_client_env, ray_head  # noqa: F401  (pytest fixtures)
-from trajsft import rayjobs as rj
+from trajsft.cluster import follow as ray_follow
+from trajsft.cluster import jobs as rj
+from trajsft.cluster import preflight as ray_preflight
+from trajsft.cluster import run_job as ray_run
+from trajsft.cluster import secrets as ray_secrets
 
 PY = "python"  # resolved on the head's PATH (ray_fixtures puts the venv first)
 
@@ -92,13 +96,13 @@ def test_resolve_auth_token_precedence(monkeypatch, tmp_path):
 
 def test_log_writer_dedup_partial_lines_and_redaction(tmp_path):
     log = tmp_path / "job.log"
-    w = rj._LogWriter(log, "job@1", {"HF_TOKEN": "s3cr3tvalue"})
+    w = ray_follow._LogWriter(log, "job@1", {"HF_TOKEN": "s3cr3tvalue"})
     pos = w.feed(0, "a\nb")  # "b" is held back until its newline
     pos = w.feed(pos, "\nkey=s3cr3tvalue\n")
     w.close()
     assert log.read_text() == "a\nb\nkey=<redacted:HF_TOKEN>\n"
     # Re-attach: the stream is replayed from the start; only new text is appended.
-    w = rj._LogWriter(log, "job@1", {"HF_TOKEN": "s3cr3tvalue"})
+    w = ray_follow._LogWriter(log, "job@1", {"HF_TOKEN": "s3cr3tvalue"})
     assert w.committed == len("a\nb\nkey=s3cr3tvalue\n")
     pos = w.feed(0, "a\nb\nkey=s3cr3tvalue\nc\n")
     w.feed(0, "a\nb\nkey=s3cr3tvalue\nc\nd")  # polling style (full text again)
@@ -106,21 +110,21 @@ def test_log_writer_dedup_partial_lines_and_redaction(tmp_path):
     w.close()
     assert log.read_text() == "a\nb\nkey=<redacted:HF_TOKEN>\nc\nd"
     # Another job (or the same id on a restarted cluster) starts at 0.
-    w = rj._LogWriter(log, "job@2", None)
+    w = ray_follow._LogWriter(log, "job@2", None)
     assert w.committed == 0
     w.close()
 
 
 def test_log_writer_cuts_unrecorded_tail_after_crash(tmp_path):
     log = tmp_path / "job.log"
-    w = rj._LogWriter(log, "job@1", None)
+    w = ray_follow._LogWriter(log, "job@1", None)
     w.marker("start")
     w.feed(0, "one\ntwo\n")
     w.close()
     good = log.read_bytes()
     with open(log, "a") as f:  # written, but killed before the sidecar update
         f.write("three\n")
-    w = rj._LogWriter(log, "job@1", None)
+    w = ray_follow._LogWriter(log, "job@1", None)
     assert log.read_bytes() == good
     w.feed(0, "one\ntwo\nthree\nfour\n")
     w.close()
@@ -130,14 +134,14 @@ def test_log_writer_cuts_unrecorded_tail_after_crash(tmp_path):
 def test_secret_names_are_moved_out_of_runtime_env(monkeypatch):
     monkeypatch.setenv("HF_TOKEN", "hfvalue")
     renv = {"env_vars": {"WANDB_API_KEY": "wv", "PLAIN": "1"}, "pip": []}
-    got = rj._collect_secrets(["HF_TOKEN"], renv)
+    got = ray_secrets._collect_secrets(["HF_TOKEN"], renv)
     assert got == {"HF_TOKEN": "hfvalue", "WANDB_API_KEY": "wv"}
     assert renv["env_vars"] == {"PLAIN": "1"}
     monkeypatch.delenv("HF_TOKEN")
     with pytest.raises(ValueError, match="export HF_TOKEN"):
-        rj._collect_secrets(["HF_TOKEN"], {})
+        ray_secrets._collect_secrets(["HF_TOKEN"], {})
     with pytest.raises(ValueError, match="HF_TOKEN") as ei:
-        rj._assert_not_leaked({"HF_TOKEN": "hfvalue"}, entrypoint="echo hfvalue")
+        ray_secrets._assert_not_leaked({"HF_TOKEN": "hfvalue"}, entrypoint="echo hfvalue")
     assert "hfvalue" not in str(ei.value)
 
 
@@ -146,7 +150,7 @@ def test_secret_bundles_get_distinct_package_uris():
 
     uris, names = set(), set()
     for _ in range(2):
-        with rj._secret_bundle({"HF_TOKEN": "same"}) as (name, path):
+        with ray_secrets._secret_bundle({"HF_TOKEN": "same"}) as (name, path):
             assert oct(Path(path, "secrets.json").stat().st_mode & 0o777) == "0o600"
             uris.add(get_uri_for_directory(path, include_gitignore=True))
             names.add(name)
@@ -159,11 +163,11 @@ def test_preflight_unreachable_is_fast_and_one_line(tmp_path):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     t0 = time.monotonic()
-    probs = rj.preflight(f"http://127.0.0.1:{port}", [], {"TPU": 1}, str(tmp_path))
+    probs = ray_preflight.preflight(f"http://127.0.0.1:{port}", [], {"TPU": 1}, str(tmp_path))
     assert time.monotonic() - t0 < 6
     assert len(probs) == 1, probs
     assert "unreachable" in probs[0] and "refused" in probs[0] and "\n" not in probs[0]
-    summary = rj.cluster_summary(f"127.0.0.1:{port}")
+    summary = ray_preflight.cluster_summary(f"127.0.0.1:{port}")
     assert summary["reachable"] is False and "refused" in summary["error"]
 
 
@@ -173,7 +177,7 @@ def test_preflight_unwritable_storage_root(tmp_path, monkeypatch):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    probs = rj.preflight(f"http://127.0.0.1:{port}", [], {}, str(f / "sub"))
+    probs = ray_preflight.preflight(f"http://127.0.0.1:{port}", [], {}, str(f / "sub"))
     storage = [p for p in probs if "storage root" in p]
     assert len(storage) == 1 and "not writable" in storage[0]
 
@@ -208,9 +212,9 @@ def test_success_with_custom_resource_logs_and_attach(ray_head, tmp_path):  # no
         return log.exists() and "line 1\n" in log.read_text()
 
     with pytest.raises(rj.FollowInterrupted):
-        rj.follow(ray_head.address, sid, log, 0.3, should_stop=seen_line1, auth_token=tok)
+        ray_follow.follow(ray_head.address, sid, log, 0.3, should_stop=seen_line1, auth_token=tok)
     # ... and re-attach: no line may be duplicated.
-    assert rj.follow(ray_head.address, sid, log, 0.3, auth_token=tok) == "SUCCEEDED"
+    assert ray_follow.follow(ray_head.address, sid, log, 0.3, auth_token=tok) == "SUCCEEDED"
     text = log.read_text()
     assert text.count("[trajsft] following Ray job") == 2
     for i in range(8):
@@ -218,7 +222,7 @@ def test_success_with_custom_resource_logs_and_attach(ray_head, tmp_path):  # no
     assert "DONE\n" in text
     assert text.count("Running entrypoint for job") == 1
     # Following a finished job again writes nothing new but the markers.
-    assert rj.follow(ray_head.address, sid, log, 0.3, auth_token=tok) == "SUCCEEDED"
+    assert ray_follow.follow(ray_head.address, sid, log, 0.3, auth_token=tok) == "SUCCEEDED"
     assert log.read_text().count("line 0\n") == 1
     # submit_or_attach reports a SUCCEEDED job as attached.
     assert rj.submit_or_attach(ray_head.address, ep, sid, auth_token=tok) == (sid, True)
@@ -234,7 +238,7 @@ def test_stop_and_cluster_summary(ray_client_env, tmp_path):  # noqa: F811
     _wait_status(head.address, sid, {"RUNNING"})
     deadline = time.monotonic() + 20  # resource usage comes from a periodic report
     while True:
-        s = rj.cluster_summary(head.address)
+        s = ray_preflight.cluster_summary(head.address)
         if s["tpu"].get("TPU", {}).get("free") == 3.0 or time.monotonic() > deadline:
             break
         time.sleep(0.5)
@@ -245,9 +249,9 @@ def test_stop_and_cluster_summary(ray_client_env, tmp_path):  # noqa: F811
     t0 = time.monotonic()
     assert rj.stop(head.address, sid, wait_s=60) == "STOPPED"
     stop_s = time.monotonic() - t0
-    assert rj.follow(head.address, sid, tmp_path / "stopped.log", 0.3) == "STOPPED"
+    assert ray_follow.follow(head.address, sid, tmp_path / "stopped.log", 0.3) == "STOPPED"
     assert "started" in (tmp_path / "stopped.log").read_text()
-    s = rj.cluster_summary(head.address)
+    s = ray_preflight.cluster_summary(head.address)
     assert sid not in s["jobs"]["ours_running"]
     print(f"stop took {stop_s:.1f}s")
     # A job needing a resource the cluster lacks stays PENDING.
@@ -255,7 +259,7 @@ def test_stop_and_cluster_summary(ray_client_env, tmp_path):  # noqa: F811
     rj.submit_or_attach(head.address, "echo never", sid2, entrypoint_resources={"TPU-v4-8-head": 1})
     time.sleep(2)
     assert rj._Conn(head.address).status(sid2) == "PENDING"
-    assert sid2 in rj.cluster_summary(head.address)["jobs"]["ours_pending"]
+    assert sid2 in ray_preflight.cluster_summary(head.address)["jobs"]["ours_pending"]
     # Documented Ray behaviour: the stop is queued until the job gets scheduled.
     assert rj.stop(head.address, sid2, wait_s=2) == "PENDING"
 
@@ -270,19 +274,19 @@ def test_failed_job_then_next_attempt(ray_head, tmp_path):  # noqa: F811
     sid0 = rj.submission_id(h, 0)
     rj.submit_or_attach(ray_head.address, ep, sid0, entrypoint_resources={"TPU": 1}, auth_token=tok)
     log = tmp_path / "run.log"
-    assert rj.follow(ray_head.address, sid0, log, 0.3, auth_token=tok) == "FAILED"
+    assert ray_follow.follow(ray_head.address, sid0, log, 0.3, auth_token=tok) == "FAILED"
     with pytest.raises(rj.JobAlreadyTerminal) as ei:
         rj.submit_or_attach(ray_head.address, ep, sid0, auth_token=tok)
     assert ei.value.status == "FAILED"
     # run_job skips the FAILED attempt and submits a1.
-    res = rj.run_job(ray_head.address, ep, h, log, entrypoint_resources={"TPU": 1}, poll_s=0.3,
+    res = ray_run.run_job(ray_head.address, ep, h, log, entrypoint_resources={"TPU": 1}, poll_s=0.3,
                      auth_token=tok, handle_signals=False)
     assert (res.job_id, res.status, res.attempt, res.attached) == (rj.submission_id(h, 1), "SUCCEEDED", 1, False)
     text = log.read_text()
     assert "first-run-fails" in text and "second-run-ok" in text
     # A job that exits non-zero -> JobFailed from run_job.
     with pytest.raises(rj.JobFailed) as ei:
-        rj.run_job(ray_head.address, "echo about-to-fail; exit 3", _uid(), tmp_path / "fail.log",
+        ray_run.run_job(ray_head.address, "echo about-to-fail; exit 3", _uid(), tmp_path / "fail.log",
                    entrypoint_resources={"TPU": 1}, poll_s=0.3, auth_token=tok, handle_signals=False)
     assert ei.value.status == "FAILED"
     assert "about-to-fail" in (tmp_path / "fail.log").read_text()
@@ -292,7 +296,7 @@ def _start_run_child(head, h, log):
     env = {**os.environ, **head.client_env()}
     code = "import time\nfor i in range(10000):\n    print('tick', i, flush=True)\n    time.sleep(0.3)"
     return subprocess.Popen(
-        [sys.executable, "-m", "trajsft.rayjobs", "run", "--address", head.address, "--hash", h,
+        [sys.executable, "-m", "trajsft.cluster.cli", "run", "--address", head.address, "--hash", h,
          "--log", str(log), "--resource", "TPU=1", "--poll", "0.3", "--", _py(code)],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
     )
@@ -360,29 +364,29 @@ def test_preflight_against_cluster(ray_head, tmp_path, monkeypatch):  # noqa: F8
     monkeypatch.delenv("TRAJSFT_TEST_MISSING", raising=False)
     store = str(tmp_path / "store")
     res = {"TPU-v5p-32-head": 1, "TPU": 4}
-    assert rj.preflight(addr, ["TRAJSFT_TEST_PRESENT"], res, store, auth_token=tok) == []
+    assert ray_preflight.preflight(addr, ["TRAJSFT_TEST_PRESENT"], res, store, auth_token=tok) == []
     assert not list((tmp_path / "store").iterdir())  # probe object removed
 
-    probs = rj.preflight(addr, ["TRAJSFT_TEST_PRESENT", "TRAJSFT_TEST_MISSING"], res, store, auth_token=tok)
+    probs = ray_preflight.preflight(addr, ["TRAJSFT_TEST_PRESENT", "TRAJSFT_TEST_MISSING"], res, store, auth_token=tok)
     assert len(probs) == 1 and "TRAJSFT_TEST_MISSING" in probs[0] and "export TRAJSFT_TEST_MISSING=" in probs[0]
 
     # no live slice of that type (autoscaler at min_workers 0, or right after a preemption): a note, not a problem
     notes: list[str] = []
-    assert rj.preflight(addr, [], {"TPU-v4-8-head": 1}, store, auth_token=tok, notes=notes) == []
+    assert ray_preflight.preflight(addr, [], {"TPU-v4-8-head": 1}, store, auth_token=tok, notes=notes) == []
     assert len(notes) == 1 and "no live TPU-v4-8-head" in notes[0] and "waiting for a slice" in notes[0]
     notes = []
-    assert rj.preflight(addr, [], {"TPU": 8}, store, auth_token=tok, notes=notes) == []
+    assert ray_preflight.preflight(addr, [], {"TPU": 8}, store, auth_token=tok, notes=notes) == []
     assert len(notes) == 1 and "waiting for a slice" in notes[0]
 
     (tmp_path / "file").write_text("")
-    probs = rj.preflight(addr, [], res, str(tmp_path / "file" / "sub"), auth_token=tok)
+    probs = ray_preflight.preflight(addr, [], res, str(tmp_path / "file" / "sub"), auth_token=tok)
     assert len(probs) == 1 and "not writable" in probs[0]
 
     if ray_head.auth_mode == "token":
-        probs = rj.preflight(addr, [], res, store, auth_token="wrong-token")
+        probs = ray_preflight.preflight(addr, [], res, store, auth_token="wrong-token")
         assert len(probs) == 1 and "rejected the auth token" in probs[0], probs
         monkeypatch.setenv("RAY_AUTH_MODE", "disabled")  # -> we send no token
-        probs = rj.preflight(addr, [], res, store)
+        probs = ray_preflight.preflight(addr, [], res, store)
         assert len(probs) == 1 and "requires token auth" in probs[0] and "RAY_AUTH_TOKEN" in probs[0], probs
         monkeypatch.delenv("RAY_AUTH_MODE")
         # Token from a file via RAY_AUTH_TOKEN_PATH.
@@ -390,7 +394,7 @@ def test_preflight_against_cluster(ray_head, tmp_path, monkeypatch):  # noqa: F8
         tf.write_text(tok + "\n")
         monkeypatch.delenv("RAY_AUTH_TOKEN", raising=False)
         monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(tf))
-        assert rj.preflight(addr, [], res, store) == []
+        assert ray_preflight.preflight(addr, [], res, store) == []
 
 
 @pytest.mark.integration
@@ -418,7 +422,7 @@ def test_secrets_reach_job_but_are_not_leaked(ray_head, tmp_path, monkeypatch): 
     )
     log = tmp_path / "secret-job.log"
     h_ = _uid()
-    res = rj.run_job(
+    res = ray_run.run_job(
         ray_head.address, _py(code), h_, log,
         runtime_env={"env_vars": {"EXTRA_TOKEN": extra, "PLAIN_SETTING": "visible"}},
         entrypoint_resources={"TPU": 1}, env_vars=["HF_TOKEN", "WANDB_API_KEY"],

@@ -10,8 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from trajsft import cli, schedule, steps_train
-from trajsft import config as C
+from trajsft import cli
+from trajsft.plan import schedule
+from trajsft.train import step as steps_train
+from trajsft.plan import config as C
 
 
 def plan(**over):
@@ -153,7 +155,7 @@ import json, os, sys
 os.chdir({str(tmp_path)!r})
 sys.path.insert(0, {str(Path(__file__).parent)!r})
 from test_schedule import plan, _fake_tokenized
-from trajsft import steps_train
+from trajsft.train import step as steps_train
 p = plan()
 _fake_tokenized(p, "demo", packed=27)
 lev = steps_train.levanter_config(p, "demo")
@@ -165,7 +167,7 @@ print(json.dumps({{"steps": lev["trainer"]["num_train_steps"],
 
 
 def test_forced_hooks_run_once_per_step():
-    from trajsft.train_lm_main import final_hooks_once
+    from trajsft.train.train_lm_main import final_hooks_once
 
     class FakeTrainer:
         def __init__(self):

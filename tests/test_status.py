@@ -12,9 +12,10 @@ import socket
 import fsspec
 import pytest
 
-from trajsft import config as C
-from trajsft import rayjobs, status
-from trajsft.status_row import Facts, Job, needs_resume_point, render, row
+from trajsft.plan import config as C
+from trajsft.cluster import jobs as rayjobs
+from trajsft.observe import status
+from trajsft.observe.status_row import Facts, Job, needs_resume_point, render, row
 
 H = "abc1234567"
 RUN = f"demo-{H}"
@@ -400,7 +401,7 @@ def _layout(root, entries, fs=None):
 def test_resume_checkpoint_is_the_one_levanter_discovers(tmp_path, layout):
     from levanter.checkpoint import discover_latest_checkpoint
 
-    from trajsft import levanter_run as LR
+    from trajsft.train import checkpoints as CK
 
     root = str(tmp_path / "checkpoints")
     os.makedirs(root)
@@ -408,7 +409,7 @@ def test_resume_checkpoint_is_the_one_levanter_discovers(tmp_path, layout):
     (tmp_path / "checkpoints" / "notes.txt").write_text("a file, not a checkpoint")
     ours, theirs = status.resume_checkpoint(root), discover_latest_checkpoint(root)
     assert (ours and os.path.realpath(ours["path"])) == (theirs and os.path.realpath(theirs))
-    assert ours == LR.latest_checkpoint(root)
+    assert ours == CK.latest_checkpoint(root)
     if layout == "temporary newer than permanent":
         assert ours["completed_steps"] == 14 and ours["is_temporary"]
     assert status.resume_checkpoint(str(tmp_path / "missing")) is None

@@ -11,7 +11,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from trajsft import config as C
+from trajsft.plan import config as C
+from trajsft.data import download
+from trajsft.data import shard
 from trajsft import steps
 
 DEMO = C.REPO_DIR / "demo" / "dataset"
@@ -27,8 +29,8 @@ def name(plan, kind, teacher="demo"):
 
 
 def build_shards(plan) -> tuple[dict, Path]:
-    steps.download(plan, name(plan, "raw"))
-    res = steps.shards(plan, name(plan, "shards"))
+    download.download(plan, name(plan, "raw"))
+    res = shard.shards(plan, name(plan, "shards"))
     return res, Path(plan.get("shards", name(plan, "shards")).location)
 
 
@@ -46,16 +48,16 @@ def test_shards_are_byte_identical_across_runs(tmp_path):
 def test_row_count_mismatch_is_one_line(tmp_path):
     plan = make_plan(tmp_path, teachers={"demo": {"rows": 61}})
     with pytest.raises(steps.DataError) as e:
-        steps.download(plan, name(plan, "raw"))
+        download.download(plan, name(plan, "raw"))
     assert str(e.value) == ("demo: demo/dataset@local has 60 rows, config says 61 (teachers.demo.rows): "
                             "wrong revision or changed dataset")
 
 
 def test_strict_mode_fails_on_first_bad_row(tmp_path):
     plan = make_plan(tmp_path, transform={"strict": True})
-    steps.download(plan, name(plan, "raw"))
+    download.download(plan, name(plan, "raw"))
     with pytest.raises(Exception) as e:
-        steps.shards(plan, name(plan, "shards"))
+        shard.shards(plan, name(plan, "shards"))
     assert "\n" not in str(e.value)
     assert str(e.value).startswith("data/train-00000-of-00002.parquet row 0 (traj_id=")
     assert "field messages" in str(e.value) and "not valid JSON" in str(e.value)
@@ -66,9 +68,9 @@ def test_missing_messages_column(tmp_path):
     ds.mkdir(parents=True)
     pq.write_table(pa.table({"traj_id": ["a"], "text": ["x"]}), ds / "train-00000-of-00001.parquet")
     plan = make_plan(tmp_path, teachers={"demo": {"dataset": str(tmp_path / "ds"), "rows": 1}})
-    steps.download(plan, name(plan, "raw"))
+    download.download(plan, name(plan, "raw"))
     with pytest.raises(steps.DataError, match=r"data/train-00000-of-00001.parquet: missing column 'messages'"):
-        steps.shards(plan, name(plan, "shards"))
+        shard.shards(plan, name(plan, "shards"))
 
 
 def test_hub_download_pins_revision_and_keeps_token_secret(tmp_path, monkeypatch, caplog):
@@ -98,7 +100,7 @@ def test_hub_download_pins_revision_and_keeps_token_secret(tmp_path, monkeypatch
     monkeypatch.setenv("HF_TOKEN", secret)
     plan = make_plan(tmp_path, teachers={"gpt-5-mini": {"rows": 60}})
     with caplog.at_level(logging.DEBUG):
-        res = steps.download(plan, name(plan, "raw", "gpt-5-mini"))
+        res = download.download(plan, name(plan, "raw", "gpt-5-mini"))
     assert calls["info"] == ("AlienKevin/SWE-smith-rs-gpt-5-mini-trajectories", "de3bb10")
     assert calls["snapshot"][:3] == ("AlienKevin/SWE-smith-rs-gpt-5-mini-trajectories", "dataset", "de3bb10" + "0" * 33)
     assert calls["snapshot"][3] == secret and calls["api_token"] == secret
@@ -128,7 +130,7 @@ def test_hub_errors_are_one_line(tmp_path, monkeypatch):
     monkeypatch.delenv("HF_TOKEN", raising=False)
     plan = make_plan(tmp_path)
     with pytest.raises(steps.DataError) as e:
-        steps.download(plan, name(plan, "raw", "minimax-m2.5"))
+        download.download(plan, name(plan, "raw", "minimax-m2.5"))
     assert str(e.value) == ("AlienKevin/SWE-smith-rs-minimax-m2.5-trajectories@dfd98db: Hugging Face Hub answered "
                             "HTTP 401 (set HF_TOKEN for gated/private datasets)")
 
@@ -148,6 +150,6 @@ def test_missing_local_dataset_names_the_path_and_never_asks_the_hub(tmp_path, m
     monkeypatch.setattr(huggingface_hub, "HfApi", None)  # any Hub call would fail loudly
     plan = make_plan(tmp_path, teachers={"demo": {"dataset": dataset}})
     with pytest.raises(steps.DataError) as e:
-        steps.download(plan, name(plan, "raw"))
+        download.download(plan, name(plan, "raw"))
     assert str(e.value).startswith("demo: local dataset ")
     assert str(e.value).endswith(f"{dataset.lstrip('./') if not dataset.startswith('/') else dataset} does not exist (teachers.demo.dataset)")

@@ -8,18 +8,19 @@ import os
 import fsspec
 import pytest
 
-from trajsft import status, storage
+from trajsft.observe import status
+from trajsft import io
 
 
 def test_local_write_is_atomic_and_round_trips(tmp_path):
     p = tmp_path / "deep" / "dir" / "f.bin"
-    storage.write_bytes(str(p), b"one")
-    assert storage.exists(str(p)) and storage.read_bytes(str(p)) == b"one"
-    storage.write_bytes(str(p), b"two")  # replaced whole, no temp file left next to it
+    io.write_bytes(str(p), b"one")
+    assert io.exists(str(p)) and io.read_bytes(str(p)) == b"one"
+    io.write_bytes(str(p), b"two")  # replaced whole, no temp file left next to it
     assert p.read_bytes() == b"two" and os.listdir(p.parent) == ["f.bin"]
-    assert not storage.exists(str(tmp_path / "nope"))
+    assert not io.exists(str(tmp_path / "nope"))
     with pytest.raises(FileNotFoundError):
-        storage.read_bytes(str(tmp_path / "nope"))
+        io.read_bytes(str(tmp_path / "nope"))
 
 
 def test_put_tree_and_glob_on_a_bucket_keep_the_protocol(tmp_path):
@@ -29,14 +30,14 @@ def test_put_tree_and_glob_on_a_bucket_keep_the_protocol(tmp_path):
     (src / "sub" / "model.safetensors").write_bytes(b"\0" * 10)
     dest = "memory://trajsft-test-bucket/run/hf/"
     try:
-        storage.put_tree(src, dest)
-        found = storage.glob("memory://trajsft-test-bucket/run/hf/**")
+        io.put_tree(src, dest)
+        found = io.glob("memory://trajsft-test-bucket/run/hf/**")
         files = [f for f in found if not fsspec.filesystem("memory").isdir(f.split("://", 1)[1])]
         files = [f.replace(":///", "://") for f in files]  # fsspec's memory fs roots its paths at "/"
         assert sorted(files) == ["memory://trajsft-test-bucket/run/hf/config.json",
                                  "memory://trajsft-test-bucket/run/hf/sub/model.safetensors"]
-        assert storage.read_bytes("memory://trajsft-test-bucket/run/hf/sub/model.safetensors") == b"\0" * 10
-        assert storage.exists("memory://trajsft-test-bucket/run/hf/config.json")
+        assert io.read_bytes("memory://trajsft-test-bucket/run/hf/sub/model.safetensors") == b"\0" * 10
+        assert io.exists("memory://trajsft-test-bucket/run/hf/config.json")
     finally:
         fsspec.filesystem("memory").rm("/trajsft-test-bucket", recursive=True)
 
@@ -44,7 +45,7 @@ def test_put_tree_and_glob_on_a_bucket_keep_the_protocol(tmp_path):
 def test_local_glob_is_sorted_plain_paths(tmp_path):
     for n in ("b.json", "a.json", "c.txt"):
         (tmp_path / n).write_text("x")
-    assert storage.glob(str(tmp_path / "*.json")) == [str(tmp_path / "a.json"), str(tmp_path / "b.json")]
+    assert io.glob(str(tmp_path / "*.json")) == [str(tmp_path / "a.json"), str(tmp_path / "b.json")]
 
 
 @pytest.mark.parametrize("text,cause", [
@@ -90,7 +91,7 @@ class _FakeConn:
 
 
 def test_stop_polls_until_terminal_and_gives_up_after_wait():
-    from trajsft import rayjobs
+    from trajsft.cluster import jobs as rayjobs
 
     conn = _FakeConn(["RUNNING", "RUNNING", "RUNNING", "STOPPED"])
     assert rayjobs.stop("http://127.0.0.1:1", "j", wait_s=5, poll_s=0.01, _conn=conn) == "STOPPED"

@@ -27,7 +27,7 @@ import pyarrow.parquet as pq
 import pytest
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from trajsft.template import TEMPLATE_PATH, load_template, strip_generation_tags, template_sha256
+from trajsft.data.template import TEMPLATE_PATH, load_template, strip_generation_tags, template_sha256
 
 REPO = Path(__file__).resolve().parents[1]
 OFFICIAL_PATH = REPO / "tests" / "data" / "qwen3_chat_template.official.jinja"

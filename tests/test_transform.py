@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from trajsft import transform as T
+from trajsft.data import transform as T
 
 SYS = {"role": "system", "content": "You are an agent."}
 USER = {"role": "user", "content": "Fix the bug."}

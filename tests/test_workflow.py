@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from pipeline_utils import REPO, SNAKEMAKE
-from trajsft import config as C
+from trajsft.plan import config as C
 
 NO_NET = {"HF_HUB_OFFLINE": "1", "HTTPS_PROXY": "http://127.0.0.1:9", "HTTP_PROXY": "http://127.0.0.1:9"}
 

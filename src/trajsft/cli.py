@@ -8,12 +8,12 @@ import os
 import sys
 from pathlib import Path
 
-from . import config as C
-from . import storage
+from . import io
+from .plan import config as C
 
 
 def _load(args) -> C.Plan:
-    from .status import profile_configfiles
+    from .observe.status import profile_configfiles
 
     overrides = {}
     if getattr(args, "storage_root", None):
@@ -39,7 +39,7 @@ def _targets(plan: C.Plan, names: list[str] | None) -> list[str]:
 
 
 def cmd_status(args) -> int:
-    from . import status
+    from .observe import status
 
     plan = _load(args)
     rows = [status.target_status(plan, t, query_ray=not args.offline) for t in _targets(plan, args.targets)]
@@ -50,15 +50,15 @@ def cmd_status(args) -> int:
 def cmd_logs(args) -> int:
     import time
 
-    from . import status
-    from .steps_train import run_paths
+    from .observe import status
+    from .train.step import run_paths
 
     plan = _load(args)
     [t] = _targets(plan, [args.target])
     p = run_paths(plan, t)
     path = Path(p["log"])
     if not path.exists() and plan.cfg["executor"] == "ray":
-        from . import rayjobs
+        from .cluster import jobs as rayjobs
 
         jobs = rayjobs.run_jobs(plan.cfg["ray"]["address"], p["run"].hash)
         if not jobs:
@@ -89,7 +89,7 @@ def cmd_logs(args) -> int:
 
 
 def cmd_clusters(args) -> int:
-    from . import status
+    from .observe import status
 
     rows = status.clusters(args.profiles or None)
     print(json.dumps(rows, indent=2) if args.json else status.render_clusters(rows))
@@ -97,7 +97,7 @@ def cmd_clusters(args) -> int:
 
 
 def cmd_stop(args) -> int:
-    from . import rayjobs
+    from .cluster import jobs as rayjobs
 
     plan = _load(args)
     if plan.cfg["executor"] != "ray":
@@ -118,7 +118,7 @@ def cmd_stop(args) -> int:
 
 
 def cmd_preflight(args) -> int:
-    from .ray_train import preflight
+    from .cluster.submit import preflight
 
     plan = _load(args)
     if plan.cfg["executor"] != "ray":
@@ -137,7 +137,7 @@ def cmd_preflight(args) -> int:
 
 def _exists(path: str) -> bool:
     try:
-        return storage.exists(path)
+        return io.exists(path)
     except Exception:  # unreachable bucket: say so rather than guess
         return False
 
@@ -171,11 +171,11 @@ def cmd_plan(args) -> int:
         done_hash = _done_hash(done)
         entry = {
             "target": t, "done": done, "done_exists": done_hash == run.hash, "done_hash": done_hash,
-            "checkpoint_dir": run.location, "hf_export": C.join(run.location, "hf"),
+            "checkpoint_dir": run.location, "hf_export": io.join(run.location, "hf"),
             "artifacts": rows,
         }
         if args.explain:
-            from .steps_train import explain
+            from .train.step import explain
 
             entry["training"] = explain(plan, t)
         out.append(entry)
@@ -193,7 +193,7 @@ def cmd_plan(args) -> int:
             if args.explain:
                 print("              hash inputs: " + json.dumps(a["hash_inputs"], sort_keys=True))
         if args.explain:
-            from .schedule import render
+            from .plan.schedule import render
 
             for line in render(t["target"], t["training"]):
                 print(line)
@@ -203,7 +203,8 @@ def cmd_plan(args) -> int:
 def cmd_eval(args) -> int:
     """The cross-teacher matrix of the config's ``eval:`` section (rows and columns may be narrowed),
     from the targets' latest HF exports or checkpoints; the same code as rule ``eval_matrix``."""
-    from . import eval_matrix, logs
+    from .report import matrix as eval_matrix
+    from . import logs
 
     overrides = {}
     if args.targets:
@@ -304,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"trajsft: {line}", file=sys.stderr)
         return 2
     except Exception as e:  # a cluster that is not up / rejects us: one line, not a traceback
-        from . import rayjobs
+        from .cluster import jobs as rayjobs
 
         if not isinstance(e, rayjobs.RayJobsError):
             raise

@@ -28,9 +28,10 @@ import threading
 import time
 from typing import Any, Optional
 
-from .. import levanter_run as LR
+from .. import io
 from ..errors import HostLost, TrainingFailed
-from ..status import tail
+from ..observe.status import tail
+from ..train import checkpoints as CK, launch as LL, levanter_config as LC, metrics as TM, run as LR
 
 ALLOW_CPU_ENV = "TRAJSFT_ALLOW_CPU_TRAINING"  # set on emulated/test Ray nodes only, never by a profile
 
@@ -102,7 +103,7 @@ def distributed_args(host: HostInfo, job: HostJob, env=None) -> list[str]:
 
 def local_dir(job: HostJob, host: HostInfo) -> str:
     """This host's own directory for logs, W&B files and the launch config."""
-    if LR._is_remote(job.run_dir):
+    if io.is_remote(job.run_dir):
         import tempfile
 
         return os.path.join(tempfile.gettempdir(), "trajsft-runs", job.levanter["trainer"]["id"],
@@ -185,15 +186,15 @@ def run_host(job: HostJob) -> dict:
         for t in cfg["trainer"].get("tracker") or []:
             if t.get("type") == "wandb":
                 t["mode"] = node_wandb_mode
-    config_path = LR.write_config(LR.resolve_hub_refs(cfg), os.path.join(work, f"levanter_config.{job.attempt_tag}.yaml"))
+    config_path = LC.write_config(LC.resolve_hub_refs(cfg), os.path.join(work, f"levanter_config.{job.attempt_tag}.yaml"))
     LR._ensure_reference_checkpoint(cfg)
     env = dict(secrets)
     if emulated():
         chips = len(ray.get_runtime_context().get_accelerator_ids().get("TPU") or [])
         env.update({"JAX_NUM_CPU_DEVICES": str(max(1, chips)), "JAX_CPU_COLLECTIVES_IMPLEMENTATION": "gloo"})
     log_path = os.path.join(work, "train.log" if host.primary else f"train-{host.slice_id}-{host.worker_id}.log")
-    ckpt = LR.latest_checkpoint(run.checkpoint_dir)
-    header = (f"{LR._LAUNCH_MARK} train_lm id={cfg['trainer']['id']} at {dt.datetime.now().isoformat()} "
+    ckpt = CK.latest_checkpoint(run.checkpoint_dir)
+    header = (f"{TM._LAUNCH_MARK} train_lm id={cfg['trainer']['id']} at {dt.datetime.now().isoformat()} "
               f"on {host} ({job.attempt_tag}; latest checkpoint: {ckpt['path'] if ckpt else None})")
     stop = threading.Event()
     tee = threading.Thread(target=_tee, args=(log_path, stop), daemon=True) if host.primary else None
@@ -202,9 +203,9 @@ def run_host(job: HostJob) -> dict:
             pass
         tee.start()
     try:
-        rc = LR._run_subprocess(
-            [sys.executable, "-c", LR._TRAIN_LAUNCHER, "--config_path", config_path, *distributed_args(host, job)],
-            log_path, LR.levanter_env(work, env), work, header)
+        rc = LL._run_subprocess(
+            [*LL.TRAIN_CHILD, "--config_path", config_path, *distributed_args(host, job)],
+            log_path, LL.levanter_env(work, env), work, header)
     finally:
         stop.set()
         if tee:
@@ -220,7 +221,7 @@ def run_host(job: HostJob) -> dict:
     out = {"slice": host.slice_name, "worker": host.worker_id, "slice_id": host.slice_id, "returncode": rc,
            "seconds": round(time.time() - started, 1)}
     if host.primary:
-        ckpt = LR.latest_checkpoint(run.checkpoint_dir)
+        ckpt = CK.latest_checkpoint(run.checkpoint_dir)
         if ckpt is not None:
             out["result"] = LR.collect_result(run, log_path, ckpt, launched=True, returncode=rc,
                                               config_path=config_path)

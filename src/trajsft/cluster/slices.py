@@ -27,9 +27,9 @@ import re
 import time
 from typing import Any, Callable, Optional
 
-from ..rayjobs import _one_line
 from ..errors import HostLost, SliceLimitExceeded, TrainingFailed
 from .host import HostJob, run_host
+from .jobs import _one_line
 
 log = logging.getLogger("trajsft")
 

@@ -1,4 +1,6 @@
-"""Steps that need Levanter (imported lazily by :func:`trajsft.steps.run_rule`)."""
+"""Step ``train`` and the plan-to-Levanter-config mapping (``levanter_config``); needs Levanter, so
+:func:`trajsft.steps.run_rule` imports it lazily. ``STEPS`` holds the Levanter steps (``tokenize`` is
+:mod:`trajsft.data.tokenize`)."""
 
 from __future__ import annotations
 
@@ -7,145 +9,27 @@ import logging
 import os
 from pathlib import Path
 
-from . import levanter_run as LR
-from . import provenance, schedule, storage, template
-from .atomic import write_json
-from .config import STATE_DIR, Plan, is_remote, join
-from .errors import ConfigError, DataError, TrainingFailed
+from .. import io
+from ..data import template
+from ..data.tokenize import _read_manifest, cache_dir, tokenize
+from ..errors import ConfigError, DataError, TrainingFailed
+from ..io import is_remote, join, write_json
+from ..observe import provenance
+from ..plan import schedule
+from ..plan.config import STATE_DIR, Plan
+from . import levanter_config as LC, run as LR
+
 
 log = logging.getLogger("trajsft")
-
-# share of chats / tokens beyond these lengths is reported for every teacher
-LENGTH_THRESHOLDS = (1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
-
-
-def _read_manifest(plan: Plan, kind: str, name: str) -> dict:
-    art = plan.get(kind, name)
-    try:
-        return json.loads(Path(art.manifest).read_text())
-    except FileNotFoundError:
-        raise DataError(f"{art.manifest} is missing: build {kind}/{name} first") from None
-
-
-def cache_dir(plan: Plan, tokenized_name: str) -> str:
-    loc = plan.get("tokenized", tokenized_name).location
-    return join(loc if is_remote(loc) else os.path.abspath(loc), "cache")
-
-
-def length_shares(lengths: list[int]) -> dict:
-    total = sum(lengths) or 1
-    out = {}
-    for t in LENGTH_THRESHOLDS:
-        over = [n for n in lengths if n > t]
-        out[str(t)] = {"chats": len(over) / max(1, len(lengths)), "tokens_beyond": sum(n - t for n in over) / total}
-    return out
-
-
-def _traj_ids(urls: list[str]) -> list:
-    from .chat_cache import iter_records
-
-    return [r.get("traj_id") for r in iter_records(urls)]
-
-
-def tokenize(plan: Plan, name: str) -> dict:
-    """Levanter chat cache of a shard set, in packing order, keeping only chats that train on ``seq_len`` windows.
-
-    1. ``cache/``: every chat of the shards, in shard order (``LR.build_chat_cache``: in this
-       process by default, ``tokenize_engine: ray`` for Levanter's Ray builder).
-    2. Chats with no assistant token in their first ``seq_len`` tokens, and with ``long_chats:
-       drop`` chats longer than ``seq_len``, are dropped (``window`` counts every choice, ``dropped``
-       lists every dropped chat).
-    3. ``cache-packed/``: the kept chats copied (not tokenized again) in first-fit-decreasing bin
-       order (``trajsft.packing``), so Levanter's next-fit packer makes the FFD sequences; the
-       sequences Levanter makes of it are read back and must be exactly those bins. This is the
-       manifest's ``cache_dir``, the cache training reads; ``packing`` has the figures.
-    """
-    from . import packing
-
-    art = plan.get("tokenized", name)
-    spec = art.spec
-    seq_len, policy = int(spec["seq_len"]), spec["long_chats"]
-    shards_art = plan.get("shards", spec["shards"])
-    shards = _read_manifest(plan, "shards", shards_art.name)
-    urls = {s: [join(shards_art.location, f) for f in files] for s, files in shards["files"].items()}
-    loc = art.location if is_remote(art.location) else os.path.abspath(art.location)
-
-    engine = plan.cfg.get("tokenize_engine", "inprocess")
-    stats = LR.build_chat_cache(urls["train"], urls.get("validation", []), join(loc, "cache"), tokenizer=spec["tokenizer"],
-                                chat_template=template.load_template(), seq_len=seq_len, engine=engine)
-    window, dropped, orders, bins, report = {"seq_len": seq_len, "long_chats": policy}, [], {}, {}, {}
-    for split in ("train", "validation"):
-        if not stats.get(split):
-            continue
-        st = stats[split]
-        wp = LR.window_plan(st, seq_len, policy)
-        window[split] = wp["counts"]
-        if wp["dropped"]:
-            ids = _traj_ids(urls[split])
-            if len(ids) != st["chats"]:
-                raise RuntimeError(f"{split}: {len(ids)} shard records but {st['chats']} cached chats")
-            dropped += [{"split": split, "traj_id": ids[i], "reason": r, "tokens": st["lengths"][i]} for i, r in wp["dropped"]]
-        keep = wp["keep"]
-        if not keep:
-            continue
-        kept_lengths = [st["lengths"][i] for i in keep]
-        split_bins = packing.first_fit_decreasing(kept_lengths, seq_len)
-        orders[split] = [keep[j] for j in packing.cache_order(split_bins)]
-        bins[split] = split_bins
-        report[split] = packing.summary(kept_lengths, seq_len)
-    for d in dropped:
-        log.warning("%s: dropped %s chat %s (%s, %d tokens; seq_len %d)", spec["teacher"], d["split"], d["traj_id"],
-                    d["reason"], d["tokens"], seq_len)
-    if "train" not in orders:
-        c = window["train"]
-        raise DataError(f"{spec['teacher']}: no training chat is left at seq_len {seq_len}: "
-                        f"{c['dropped_empty_window']['chats']} have no assistant token within the first {seq_len} tokens, "
-                        f"{c['dropped_longer_than_seq_len']['chats']} are longer (long_chats: {policy})")
-    if "validation" in window and "validation" not in orders:
-        log.warning("%s: every validation chat was dropped: no eval loss", spec["teacher"])
-    final_dir = join(loc, "cache-packed")
-    first = stats
-    stats = LR.reorder_chat_cache(join(loc, "cache"), final_dir, orders, seq_len=seq_len)
-    for split, order in orders.items():
-        st = stats[split]
-        if st["lengths"] != [first[split]["lengths"][i] for i in order]:
-            raise RuntimeError(f"{split}: the packed cache does not hold the kept chats in packing order")
-        expect, pos = [], 0
-        for b in bins[split]:
-            expect.append([pos, pos + len(b)])
-            pos += len(b)
-        if st["packed_ranges"] != expect:
-            raise RuntimeError(f"{split}: Levanter packed {st['packed_sequences']} sequences, not the "
-                               f"{len(expect)} first-fit-decreasing bins the cache order was written for")
-        report[split]["levanter_packed"] = {"sequences": st["packed_sequences"], "non_pad": st["packed_non_pad"]}
-        st["longer_than"] = length_shares(st["lengths"])
-        del st["packed_ranges"]
-    tr = stats["train"]
-    log.info("%s: %d chats, %d tokens, assistant fraction %.3f; %d packed sequences of %d tokens (%.2f%% non-pad; "
-             "next-fit in shard order: %d, lower bound %d)", spec["teacher"], tr["chats"], tr["tokens"],
-             tr["assistant_fraction"], tr["packed_sequences"], seq_len, 100 * tr["packed_non_pad"],
-             report["train"]["next_fit_in_shard_order"]["sequences"], report["train"]["lower_bound"])
-    return {"teacher": spec["teacher"], "cache_dir": final_dir, "tokenizer": spec["tokenizer"],
-            "template_sha256": template.template_sha256(), "engine": engine, "window": window, "dropped": dropped,
-            "packing": report, "stats": stats}
-
-
-def tokenized_cache_dir(plan: Plan, tokenized_name: str) -> str:
-    """The cache training reads: the tokenized manifest's ``cache_dir`` (``cache`` or
-    ``cache-packed``; older manifests: ``cache-windowed``), else ``<location>/cache``."""
-    try:
-        return _read_manifest(plan, "tokenized", tokenized_name)["cache_dir"]
-    except (DataError, KeyError):
-        return cache_dir(plan, tokenized_name)
 
 
 def _model_args(student_name: str, student: dict) -> dict:
     if student["init"] == "random":
-        return {"model": {**LR.MODEL_PRESETS["tiny"], **student["model"]}}
+        return {"model": {**LC.MODEL_PRESETS["tiny"], **student["model"]}}
     if student.get("model"):
-        model = {**LR.MODEL_PRESETS.get(student_name, {}), **student["model"]}
-    elif student_name in LR.MODEL_PRESETS:
-        model = dict(LR.MODEL_PRESETS[student_name])
+        model = {**LC.MODEL_PRESETS.get(student_name, {}), **student["model"]}
+    elif student_name in LC.MODEL_PRESETS:
+        model = dict(LC.MODEL_PRESETS[student_name])
     else:
         raise ConfigError(f"students.{student_name}: give model dimensions (no built-in preset of that name)")
     # "repo@revision": Levanter's RepoRef loads the pinned revision (weights, config, reference for export)
@@ -207,7 +91,7 @@ def levanter_config(plan: Plan, target: str) -> dict:
     ck = cfg["checkpointing"]
     B = int(tr["batch_size"])
     wandb_project, wandb_entity = wandb_names(cfg)
-    return LR.levanter_config(
+    return LC.levanter_config(
         run_id=run.hash,  # W&B run id and trainer id: a retry continues the same run
         run_dir=p["run_dir"],
         tokenizer=_tokenizer_ref(plan, spec["student"]["tokenizer"], spec["student"].get("tokenizer_revision")),
@@ -290,7 +174,7 @@ def train(plan: Plan, target: str, done_path: str | None = None) -> dict:
     provenance.write(p["run_dir"], {"target": target, "run": run.name, "hash": run.hash, "hash_inputs": run.inputs,
                                      "config": plan.cfg, "levanter": lev})
     executor = plan.cfg["executor"]
-    from .signals import snakemake_is_stopping
+    from ..observe.signals import snakemake_is_stopping
 
     if snakemake_is_stopping():
         raise DataError("Snakemake is shutting down (got SIGINT/SIGTERM): not starting another training attempt")
@@ -303,7 +187,7 @@ def train(plan: Plan, target: str, done_path: str | None = None) -> dict:
     log.info("training %s -> %s (attempt %d, %s)", target, p["run_dir"], attempt["attempt"], executor)
     try:
         if executor == "ray":
-            from . import ray_train
+            from ..cluster import submit as ray_train
 
             result = ray_train.train_on_ray(plan, target, lev, p, attempt["attempt"])
         else:
@@ -320,7 +204,7 @@ def train(plan: Plan, target: str, done_path: str | None = None) -> dict:
     provenance.finish_attempt(p["run_dir"], attempt["attempt"], "succeeded", steps=result.get("steps"),
                               resumed_from_step=result.get("resumed_from_step"), ray_job_id=result.get("ray_job_id"))
     hf = result.get("hf_export")
-    if not hf or not storage.exists(join(hf, "config.json")):
+    if not hf or not io.exists(join(hf, "config.json")):
         raise DataError(f"training of {target} ended without a final HF export at {hf}")
     done = {
         "target": target,
@@ -344,7 +228,7 @@ def train(plan: Plan, target: str, done_path: str | None = None) -> dict:
     }
     write_json(Path(p["state_dir"], "manifest.json"), done)
     if is_remote(p["run_dir"]):
-        storage.write_bytes(join(p["run_dir"], "done.json"), json.dumps(done, indent=2).encode())
+        io.write_bytes(join(p["run_dir"], "done.json"), json.dumps(done, indent=2).encode())
     if done_path:
         write_json(done_path, done)
     return done

@@ -10,8 +10,8 @@ import socket
 import subprocess
 from importlib import metadata
 
-from . import storage
-from .config import REPO_DIR
+from .. import io
+from ..plan.config import REPO_DIR
 
 PACKAGES = ("trajsft", "levanter", "haliax", "jax", "jaxlib", "transformers", "tokenizers", "datasets",
             "huggingface_hub", "ray", "snakemake", "wandb", "gcsfs", "pyarrow", "pandas")
@@ -58,16 +58,16 @@ def write(run_dir: str, resolved: dict) -> None:
     """Write (or refresh) <run_dir>/provenance/: config, code, packages, host."""
     base = f"{run_dir.rstrip('/')}/provenance"
     code = code_version()
-    storage.write_bytes(f"{base}/config.json", json.dumps(resolved, indent=2, sort_keys=True).encode())
-    storage.write_bytes(f"{base}/code.json", json.dumps({k: v for k, v in code.items() if k != "git_diff"}, indent=2).encode())
-    storage.write_bytes(f"{base}/uncommitted.diff", code["git_diff"].encode())
-    storage.write_bytes(f"{base}/packages.json", json.dumps(package_versions(), indent=2, sort_keys=True).encode())
+    io.write_bytes(f"{base}/config.json", json.dumps(resolved, indent=2, sort_keys=True).encode())
+    io.write_bytes(f"{base}/code.json", json.dumps({k: v for k, v in code.items() if k != "git_diff"}, indent=2).encode())
+    io.write_bytes(f"{base}/uncommitted.diff", code["git_diff"].encode())
+    io.write_bytes(f"{base}/packages.json", json.dumps(package_versions(), indent=2, sort_keys=True).encode())
 
 
 def read_attempts(run_dir: str) -> list[dict]:
     path = f"{run_dir.rstrip('/')}/attempts.json"
     try:
-        return json.loads(storage.read_bytes(path))
+        return json.loads(io.read_bytes(path))
     except FileNotFoundError:
         return []
 
@@ -102,7 +102,7 @@ def record_attempt(run_dir: str, **fields) -> dict:
             a.update(outcome="interrupted", error=a.get("error") or "killed (no end recorded)")
     attempt = {"attempt": len(attempts) + 1, "started": now(), "outcome": "running", **host(), **fields}
     attempts.append(attempt)
-    storage.write_bytes(f"{run_dir.rstrip('/')}/attempts.json", json.dumps(attempts, indent=2).encode())
+    io.write_bytes(f"{run_dir.rstrip('/')}/attempts.json", json.dumps(attempts, indent=2).encode())
     return attempt
 
 
@@ -112,7 +112,7 @@ def update_attempt(run_dir: str, number: int, **fields) -> None:
     for a in attempts:
         if a["attempt"] == number:
             a.update(**fields)
-    storage.write_bytes(f"{run_dir.rstrip('/')}/attempts.json", json.dumps(attempts, indent=2).encode())
+    io.write_bytes(f"{run_dir.rstrip('/')}/attempts.json", json.dumps(attempts, indent=2).encode())
 
 
 def finish_attempt(run_dir: str, number: int, outcome: str, **fields) -> None:
@@ -120,4 +120,4 @@ def finish_attempt(run_dir: str, number: int, outcome: str, **fields) -> None:
     for a in attempts:
         if a["attempt"] == number:
             a.update(ended=now(), outcome=outcome, **fields)
-    storage.write_bytes(f"{run_dir.rstrip('/')}/attempts.json", json.dumps(attempts, indent=2).encode())
+    io.write_bytes(f"{run_dir.rstrip('/')}/attempts.json", json.dumps(attempts, indent=2).encode())

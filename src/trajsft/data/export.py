@@ -203,18 +203,18 @@ EXAMPLES = 20
 def _read_split(location: str, files: list[str]) -> list[dict]:
     import gzip
 
-    from . import storage
+    from .. import io
 
-    return [json.loads(line) for f in files for line in gzip.decompress(storage.read_bytes(f"{location}/{f}")).splitlines()]
+    return [json.loads(line) for f in files for line in gzip.decompress(io.read_bytes(f"{location}/{f}")).splitlines()]
 
 
 def _shard_files(location: str) -> dict[str, list[str]]:
     """{split: [file names]} of a shard set (train-00000.jsonl.gz, ...)."""
-    from . import storage
-    from .errors import DataError
+    from .. import io
+    from ..errors import DataError
 
     files: dict[str, list[str]] = {}
-    for f in storage.glob(f"{location.rstrip('/')}/*.jsonl.gz"):
+    for f in io.glob(f"{location.rstrip('/')}/*.jsonl.gz"):
         name = f.rsplit("/", 1)[-1]
         files.setdefault(name.split("-", 1)[0], []).append(name)
     if "train" not in files:
@@ -224,12 +224,12 @@ def _shard_files(location: str) -> dict[str, list[str]]:
 
 def _write_chunks(dest: str, split: str, rows: list[dict]) -> list[str]:
     """``<split>-00000.jsonl``, ... of ``ROWS_PER_FILE`` rows each (at least one file per split)."""
-    from . import storage
+    from .. import io
 
     names = []
     for i, a in enumerate(range(0, max(len(rows), 1), ROWS_PER_FILE)):
         fname = f"{split}-{i:05d}.jsonl"
-        storage.write_bytes(f"{dest}/{fname}", jsonl(rows[a:a + ROWS_PER_FILE]))
+        io.write_bytes(f"{dest}/{fname}", jsonl(rows[a:a + ROWS_PER_FILE]))
         names.append(fname)
     return names
 
@@ -246,7 +246,7 @@ def convert_split(records: list[dict]) -> tuple[list[dict], Counter, list[dict]]
             continue
         if messages_from_sharegpt(row) != sharegpt_view(rec["messages"]):
             raise RuntimeError(f"export: traj_id {rec['traj_id']!r}: the sharegpt row does not read back to its chat "
-                               "(a bug in trajsft.export_data)")
+                               "(a bug in trajsft.data.export)")
         rows.append(row)
         events.update(ev)
     return rows, events, skipped
@@ -258,8 +258,8 @@ def export(plan, target: str) -> dict:
     import shutil
     from pathlib import Path
 
-    from . import storage
-    from .config import is_remote
+    from .. import io
+    from ..io import is_remote
 
     log = logging.getLogger("trajsft")
     art = plan.target(target)["export"]
@@ -287,8 +287,8 @@ def export(plan, target: str) -> dict:
                 skipped.append({"teacher": teacher, "split": split, **s})
             events.update(ev)
         teachers[teacher] = entry
-    storage.write_bytes(f"{out}/llamafactory/dataset_info.json", json.dumps(dataset_info(info), indent=2).encode())
-    storage.write_bytes(f"{out}/llamafactory/skipped.jsonl", jsonl(skipped))
+    io.write_bytes(f"{out}/llamafactory/dataset_info.json", json.dumps(dataset_info(info), indent=2).encode())
+    io.write_bytes(f"{out}/llamafactory/skipped.jsonl", jsonl(skipped))
     lossy = {k: v for k, v in sorted(events.items()) if k in LOSSY or k.startswith("names_dropped:")}
     for k, v in lossy.items():
         log.warning("%s: llamafactory export: %d x %s", target, v, k)
@@ -315,7 +315,7 @@ def export(plan, target: str) -> dict:
                                   "interleave_probs": ",".join(f"{weights[t]:.6g}" for t in sorted(weights))},
         },
     }
-    storage.write_bytes(f"{out}/manifest.json", json.dumps(result, indent=2).encode())
+    io.write_bytes(f"{out}/manifest.json", json.dumps(result, indent=2).encode())
     return result
 
 
@@ -326,10 +326,11 @@ def run_rule(snakemake) -> None:
     import time
     from pathlib import Path
 
-    from . import logs, signals, storage
-    from .atomic import write_json
-    from .config import Plan
-    from .steps import USER_ERRORS
+    from .. import io, logs
+    from ..observe import signals
+    from ..io import write_json
+    from ..plan.config import Plan
+    from ..steps import USER_ERRORS
 
     log = logging.getLogger("trajsft")
     cfg, target = snakemake.config, snakemake.wildcards.target
@@ -348,8 +349,8 @@ def run_rule(snakemake) -> None:
         sys.exit(1)
     skipped = result["llamafactory"]["skipped_examples"]
     # every row the sharegpt export could not hold, next to the manifest (like the shard rule's)
-    storage.write_bytes(str(Path(snakemake.output[0]).parent / "skipped.jsonl"),
-                        storage.read_bytes(f"{art.location}/llamafactory/skipped.jsonl"))
+    io.write_bytes(str(Path(snakemake.output[0]).parent / "skipped.jsonl"),
+                        io.read_bytes(f"{art.location}/llamafactory/skipped.jsonl"))
     write_json(snakemake.output[0], {"kind": art.kind, "name": art.name, "hash": art.hash, "location": art.location,
                                      "hash_inputs": art.inputs, "seconds": round(time.time() - started, 3), **result})
     log.info("export %s done in %.1fs (%d llamafactory skip(s): %s)", target, time.time() - started,

@@ -1,6 +1,6 @@
 """Training curves: train / eval loss vs step and the learning rate, from Levanter's metrics.
 
-Input is what :func:`trajsft.levanter_run.read_metrics` returns: ``{"steps": {step: {metric:
+Input is what :func:`trajsft.train.metrics.read_metrics` returns: ``{"steps": {step: {metric:
 value}}, ...}``. Metric names are Levanter's: ``train/loss`` (every step), ``optim/learning_rate``
 (every step, from the optimizer's injected hyperparameters), and eval losses ``eval/loss``
 (micro average over all validation sets) plus ``eval/<tag>/loss`` per tagged set (a mixture
@@ -23,7 +23,7 @@ import math
 import os
 from typing import Mapping
 
-from .atomic import write_json
+from ..io import write_json
 
 log = logging.getLogger("trajsft")
 
@@ -111,7 +111,7 @@ def plot_curves(metrics: Mapping, out_png: str | os.PathLike, title: str) -> dic
 
     Works with train loss only, eval only, or no metrics at all (a placeholder figure saying so).
     Writes atomically; returns :func:`summary`."""
-    from .cards import _plt, save_figure
+    from .plots import _plt, save_figure
 
     plt = _plt()
     s = series(metrics)
@@ -171,7 +171,7 @@ def plot_curves(metrics: Mapping, out_png: str | os.PathLike, title: str) -> dic
 
 def rule_curves(snakemake) -> None:
     """``results/curves/{target}.png`` (+ ``.json`` summary) from the training log."""
-    from .levanter_run import read_metrics
+    from ..train.metrics import read_metrics
 
     target = snakemake.wildcards.target
     log_path = snakemake.input.log

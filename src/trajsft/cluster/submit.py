@@ -3,7 +3,7 @@
 Design: a launcher called by the train rule (not a Snakemake executor plugin). Data rules
 run where Snakemake runs and write to the region's storage root; only training, the one
 step that needs TPU slices, becomes a Ray job. The job's entrypoint is a light driver
-(:mod:`trajsft.remote_train`) on a CPU node, pinned to nothing: it gets a slice through
+(:mod:`trajsft.cluster.entrypoint`) on a CPU node, pinned to nothing: it gets a slice through
 Levanter's ``run_on_pod`` and runs one training process on every host of it, and it rides
 out preemptions itself (new slice, resume from the latest checkpoint). Snakemake stays the
 single source of truth: the `done` marker is written only after the Ray job SUCCEEDED *and*
@@ -18,10 +18,12 @@ import logging
 import os
 import shlex
 
-from . import levanter_run as LR
-from . import rayjobs, storage
-from .config import REPO_DIR, Plan, is_remote, join
-from .errors import ConfigError, DataError, PreflightError
+from .. import io
+from ..errors import ConfigError, DataError, PreflightError
+from ..io import is_remote, join
+from ..plan.config import REPO_DIR, Plan
+from ..train import checkpoints as CK
+from . import jobs as rayjobs, preflight as ray_preflight, run_job as ray_run
 
 log = logging.getLogger("trajsft")
 
@@ -89,7 +91,7 @@ def preflight(cfg: dict, notes: list[str] | None = None) -> list[str]:
         ray = ray_settings(cfg)
     except ConfigError as e:
         return [str(e)]
-    return rayjobs.preflight(ray["address"], required_env(cfg), {slice_head_resource(ray): ray["num_slices"]},
+    return ray_preflight.preflight(ray["address"], required_env(cfg), {slice_head_resource(ray): ray["num_slices"]},
                              cfg["storage_root"], notes=notes)
 
 
@@ -127,9 +129,9 @@ def train_on_ray(plan: Plan, target: str, lev: dict, paths: dict, attempt: int) 
     run = paths["run"]
     run_dir = _abs(run.location)
     cfg_url = join(run_dir, "levanter_config.json")
-    storage.write_bytes(cfg_url, json.dumps(lev, indent=2, sort_keys=True).encode())
+    io.write_bytes(cfg_url, json.dumps(lev, indent=2, sort_keys=True).encode())
     entrypoint = " ".join([
-        "python -m trajsft.remote_train", f"--config {shlex.quote(cfg_url)}", f"--run-dir {shlex.quote(run_dir)}",
+        "python -m trajsft.cluster.entrypoint", f"--config {shlex.quote(cfg_url)}", f"--run-dir {shlex.quote(run_dir)}",
         f"--attempt {int(attempt)}", f"--tpu-type {shlex.quote(str(ray['tpu_type']))}",
         f"--num-slices {int(ray['num_slices'])}", f"--max-preemptions {int(ray['max_preemptions'])}",
         f"--max-failures {int(ray['max_failures'])}", f"--failure-grace {float(ray['failure_grace_seconds']):g}"])
@@ -137,7 +139,7 @@ def train_on_ray(plan: Plan, target: str, lev: dict, paths: dict, attempt: int) 
                 "trajsft_run_dir": run_dir}
     log.info("submitting %s to Ray cluster %s (%s)", run.name, ray.get("cluster", ""), ray["address"])
     try:
-        res = rayjobs.run_job(
+        res = ray_run.run_job(
             ray["address"], entrypoint, run.hash, paths["log"],
             runtime_env=runtime_env(cfg),
             entrypoint_resources=None,  # the driver runs on a CPU node; it schedules the slice itself
@@ -153,10 +155,10 @@ def train_on_ray(plan: Plan, target: str, lev: dict, paths: dict, attempt: int) 
         raise DataError(f"Ray: {e}") from None
     log.info("Ray job %s %s (attached=%s)", res.job_id, res.status, res.attached)
     try:
-        result = json.loads(storage.read_bytes(join(run_dir, "training_result.json")))
+        result = json.loads(io.read_bytes(join(run_dir, "training_result.json")))
     except FileNotFoundError:
         raise DataError(f"Ray job {res.job_id} SUCCEEDED but wrote no {run_dir}/training_result.json") from None
-    if not LR.hf_export_complete(result.get("hf_export") or ""):
+    if not CK.hf_export_complete(result.get("hf_export") or ""):
         raise DataError(f"Ray job {res.job_id} SUCCEEDED but the final HF export {result.get('hf_export')} is incomplete")
     result["ray_job_id"] = res.job_id
     result["ray_attached"] = res.attached

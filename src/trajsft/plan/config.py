@@ -17,13 +17,14 @@ from typing import Any
 import yaml
 
 from . import hashing
-from .errors import ConfigError
+from ..errors import ConfigError
+from ..io import is_remote, join
 
-PACKAGE_DIR = Path(__file__).resolve().parent
+PACKAGE_DIR = Path(__file__).resolve().parent.parent  # src/trajsft
 REPO_DIR = PACKAGE_DIR.parent.parent  # src/trajsft -> repo root (editable install)
 SCHEMA_PATH = REPO_DIR / "config" / "schema.yaml"
 DEFAULT_CONFIG = REPO_DIR / "config" / "config.yaml"
-TEMPLATE_PATH = PACKAGE_DIR / "templates" / "qwen3_chat_template.jinja"
+TEMPLATE_PATH = PACKAGE_DIR / "data" / "templates" / "qwen3_chat_template.jinja"
 
 # Bump when the code that writes an artifact changes its bytes for the same inputs.
 FORMAT_VERSIONS = {"raw": 2, "shards": 3, "tokenized": 3, "checkpoints": 1, "exports": 1}
@@ -196,16 +197,6 @@ def load(paths: list[str | os.PathLike] | None = None, overrides: dict | None = 
         except yaml.YAMLError as e:
             raise ConfigError(f"{p}: not valid YAML: {' '.join(str(e).split())}") from None
     return validate(deep_merge(cfg, overrides))
-
-
-def is_remote(path: str) -> bool:
-    return "://" in path
-
-
-def join(root: str, *parts: str) -> str:
-    if is_remote(root):
-        return "/".join([root.rstrip("/"), *parts])
-    return str(Path(root, *parts))
 
 
 @dataclass

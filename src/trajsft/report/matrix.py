@@ -1,9 +1,9 @@
 """The cross-teacher matrix: held-out loss of every trained target on every teacher's held-out split.
 
 Rows are trained targets (teachers and mixtures), columns teachers' held-out splits (config
-``eval:``; :meth:`trajsft.config.Plan.eval_cells` says which tokenized artifact each cell reads).
+``eval:``; :meth:`trajsft.plan.config.Plan.eval_cells` says which tokenized artifact each cell reads).
 A cell is the mean next-token loss over the split's loss tokens (the assistant's output, as in
-training) and the number of those tokens, computed by Levanter (:mod:`trajsft.levanter_eval`)
+training) and the number of those tokens, computed by Levanter (:mod:`trajsft.train.eval`)
 from the target's latest HF export or trainer checkpoint. Output: ``matrix.json``, a heatmap
 ``matrix.png`` and ``matrix.html`` (a table for the report).
 
@@ -21,10 +21,10 @@ import os
 import re
 from typing import Mapping
 
-from . import storage
-from .atomic import write_json, write_text
-from .config import Plan, join
-from .errors import ConfigError
+from .. import io
+from ..errors import ConfigError
+from ..io import join, read_json, write_json, write_text
+from ..plan.config import Plan
 
 log = logging.getLogger("trajsft")
 
@@ -59,10 +59,10 @@ def eval_inputs(plan: Plan) -> dict[str, list[str]]:
 
 
 def _hf_exports(hf_dir: str) -> list[tuple[int, str]]:
-    from .levanter_run import hf_export_complete
+    from ..train.checkpoints import hf_export_complete
 
     out = []
-    for path in storage.glob(join(hf_dir, "step-*")):
+    for path in io.glob(join(hf_dir, "step-*")):
         m = _STEP_RE.match(os.path.basename(path.rstrip("/")))
         if m and hf_export_complete(path):
             out.append((int(m.group(1)), path))
@@ -74,7 +74,7 @@ def model_source(train_cfg: Mapping, choice: str = "latest") -> dict:
 
     ``latest``: the newer (by step) of the latest complete HF export and the latest trainer
     checkpoint, the HF export on a tie (it is the deliverable). Steps are 0-based step indices."""
-    from .levanter_run import latest_checkpoint
+    from ..train.checkpoints import latest_checkpoint
 
     if choice not in MODEL_CHOICES:
         raise ValueError(f"model must be one of {MODEL_CHOICES}")
@@ -90,10 +90,6 @@ def model_source(train_cfg: Mapping, choice: str = "latest") -> dict:
     if hf and tc:
         return hf if hf["step"] >= tc["step"] else tc
     return hf or tc
-
-
-def _read_json(path: str) -> dict:
-    return json.loads(storage.read_bytes(path))
 
 
 def _fmt_tokens(n: int) -> str:
@@ -171,7 +167,7 @@ def render_text(doc: Mapping) -> str:
 def plot_heatmap(doc: Mapping, out_png: str) -> str:
     import numpy as np
 
-    from .cards import _plt, save_figure
+    from .plots import _plt, save_figure
 
     plt = _plt()
     rows, cols = doc["rows"], doc["columns"]
@@ -199,15 +195,15 @@ def plot_heatmap(doc: Mapping, out_png: str) -> str:
 
 def build(plan: Plan, out: Mapping[str, str]) -> dict:
     """Evaluate every row's model on every column and write ``out["json"|"png"|"html"]``."""
-    from . import levanter_eval
-    from .steps_train import tokenized_cache_dir
+    from ..train import eval as levanter_eval
+    from ..data.tokenize import tokenized_cache_dir
 
     if plan.cfg.get("eval") is None:
         raise ConfigError("config: no eval: section (the cross-teacher matrix is opt-in; see README)")
     spec = matrix_spec(plan)
     models, scores, chats = {}, {}, {}
     for tok in {a.name for a in plan.eval_cells.values()}:
-        man = _read_json(plan.get("tokenized", tok).manifest)
+        man = read_json(plan.get("tokenized", tok).manifest)
         val = (man.get("stats") or {}).get("validation")
         if not val:
             raise ConfigError(f"tokenized/{tok}: no held-out chat is left (every validation chat was dropped or none "
@@ -217,7 +213,7 @@ def build(plan: Plan, out: Mapping[str, str]) -> dict:
         run = plan.target(row)["run"]
         prov = join(run.location, "provenance", "config.json")
         try:
-            train_cfg = _read_json(prov)["levanter"]
+            train_cfg = read_json(prov)["levanter"]
         except FileNotFoundError:
             raise ConfigError(f"{row}: {prov} is missing: train it first (snakemake {plan.done_path(row)})") from None
         src = model_source(train_cfg, spec["model"])
@@ -248,8 +244,9 @@ def rule_eval(snakemake) -> None:
     import sys
     from pathlib import Path
 
-    from . import logs, signals
-    from .steps import USER_ERRORS
+    from .. import logs
+    from ..observe import signals
+    from ..steps import USER_ERRORS
 
     log_path = snakemake.log[0] if snakemake.log else None
     logs.setup(log_path, snakemake.config.get("log_level", "INFO"))

@@ -1,6 +1,6 @@
 """Entrypoint of the training Ray job: a light driver on a CPU node of the cluster.
 
-``python -m trajsft.remote_train --config <run_dir>/levanter_config.json --run-dir <run_dir>
+``python -m trajsft.cluster.entrypoint --config <run_dir>/levanter_config.json --run-dir <run_dir>
 --attempt N --tpu-type v5p-32 [--num-slices 1] [--max-preemptions 100] [--max-failures 2]``
 
 The driver holds no TPU. It gets a slice through Levanter's ``run_on_pod`` and runs one
@@ -12,7 +12,7 @@ export (written on the slice by Levanter's own hook) and, if a kill interrupted 
 here as a single-process CPU step. The driver alone writes ``<run_dir>/training_result.json``.
 
 Secrets arrive in this process's environment through the secret bundle (see
-:mod:`trajsft.rayjobs`); the driver deletes the bundle from the cluster's KV store at once and
+:mod:`trajsft.cluster.secrets`); the driver deletes the bundle from the cluster's KV store at once and
 hands the values to the hosts through an actor on its own node.
 """
 
@@ -26,9 +26,10 @@ import socket
 import sys
 import tempfile
 
-from . import levanter_run as LR
-from . import provenance, storage
-from .config import is_remote, join
+from .. import io
+from ..io import is_remote, join
+from ..observe import provenance
+from ..train import checkpoints as CK, hf_export as HX, run as LR
 
 log = logging.getLogger("trajsft")
 
@@ -79,7 +80,7 @@ def _record(run_dir: str, attempt: int):
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="trajsft.remote_train")
+    ap = argparse.ArgumentParser(prog="trajsft.cluster.entrypoint")
     ap.add_argument("--config", required=True)
     ap.add_argument("--run-dir", required=True)
     ap.add_argument("--attempt", type=int, required=True, help="the Snakemake-side attempt in attempts.json")
@@ -94,22 +95,22 @@ def main(argv: list[str] | None = None) -> int:
 
     import ray
 
-    from .cluster import hooks, slices
-    from .cluster.host import HostJob
+    from . import hooks, slices
+    from .host import HostJob
 
     ray.init(logging_level="WARNING")
     hooks.setup()
     delete_secret_bundle()
     channel = slices.driver_channel(forwarded_secrets())
 
-    cfg = json.loads(storage.read_bytes(args.config))
+    cfg = json.loads(io.read_bytes(args.config))
     _absolute_local_refs(cfg)
     work = args.run_dir if not is_remote(args.run_dir) else tempfile.mkdtemp(prefix="trajsft-driver-")
     run = LR.prepare_run(cfg, work)
     progress = _record(args.run_dir, args.attempt)
 
     def checkpoint_step():
-        ck = LR.latest_checkpoint(run.checkpoint_dir)
+        ck = CK.latest_checkpoint(run.checkpoint_dir)
         return ck["completed_steps"] if ck else None
 
     def make_job(tag: str) -> HostJob:
@@ -131,15 +132,15 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(f"[trajsft.remote_train] run already complete at step {ckpt['completed_steps']}: not relaunched",
               flush=True)
-    if not LR.hf_export_complete(run.final_hf):
+    if not CK.hf_export_complete(run.final_hf):
         # the slice's own export was interrupted: a single-process CPU step here, never one host of a pod
         print(f"[trajsft.remote_train] final HF export {run.final_hf} incomplete: exporting on the driver's CPU",
               flush=True)
-        LR.export_hf(run.cfg, ckpt["path"], run.final_hf, env={"JAX_PLATFORMS": "cpu"},
+        HX.export_hf(run.cfg, ckpt["path"], run.final_hf, env={"JAX_PLATFORMS": "cpu"},
                      log_path=os.path.join(work, "export_hf.log"), cwd=work)
-    tmpl = LR._chat_template_of(run.cfg)
+    tmpl = HX._chat_template_of(run.cfg)
     if tmpl and not is_remote(run.final_hf):
-        LR._write_chat_template(run.final_hf, tmpl)
+        HX._write_chat_template(run.final_hf, tmpl)
     primary = next((h["result"] for h in host_results if "result" in h), None)
     result = primary or {"run_id": run.cfg["trainer"]["id"], "final_loss": None, "launched": False,
                          "resumed_from_step": None, "loss_history": []}
@@ -147,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
                   hosts=[{k: h[k] for k in ("slice", "worker", "slice_id", "seconds")} for h in host_results])
     result["wandb_mode"] = next((t.get("mode") for t in run.cfg["trainer"].get("tracker") or []
                                  if t.get("type") == "wandb"), None)
-    storage.write_bytes(join(args.run_dir, "training_result.json"), json.dumps(result, indent=2).encode())
+    io.write_bytes(join(args.run_dir, "training_result.json"), json.dumps(result, indent=2).encode())
     print("[trajsft.remote_train] result " + json.dumps(
         {k: result.get(k) for k in ("steps", "final_loss", "hf_export", "resumed_from_step")}), flush=True)
     return 0

@@ -1,0 +1,219 @@
+"""Read-only probes of a Ray cluster: ``preflight`` (one line per problem: cluster unreachable, missing
+env, resources, storage) and ``cluster_summary`` (reachability, our running/pending jobs, TPU totals)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import uuid
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from .jobs import (
+    ACTIVE_STATUSES, SUBMISSION_PREFIX, _Conn, _one_line, ClusterUnauthorized, ClusterUnreachable,
+    RayJobsError,
+)
+
+
+# --------------------------------------------------------------------------- cluster info
+
+
+def _cluster_resources(conn: _Conn) -> tuple[dict[str, float], dict[str, float]]:
+    """(total, available) logical resources, via the dashboard (no driver)."""
+    total: dict[str, float] = {}
+    used: dict[str, float] = {}
+    with contextlib.suppress(Exception):
+        data = conn.get("/api/cluster_status", timeout=10.0)
+        usage = data["data"]["clusterStatus"]["loadMetricsReport"]["usage"]
+        for name, (u, t) in usage.items():
+            if name.startswith("node:"):
+                continue
+            total[name] = float(t)
+            used[name] = float(u)
+    if not total:  # fallback: state API (totals only)
+        data = conn.get("/api/v0/nodes?detail=true&limit=10000", timeout=10.0)
+        for node in data["data"]["result"]["result"]:
+            if node.get("state") != "ALIVE":
+                continue
+            for name, t in (node.get("resources_total") or {}).items():
+                if not name.startswith("node:"):
+                    total[name] = total.get(name, 0.0) + float(t)
+    avail = {k: v - used.get(k, 0.0) for k, v in total.items()}
+    return total, avail
+
+
+def cluster_summary(address: str, *, auth_token: str | None = None, timeout_s: float = 5.0) -> dict:
+    """Reachability, jobs and TPU resources of one cluster (never raises on cluster errors).
+
+    ``jobs``: submission ids of PENDING/RUNNING jobs, ``ours_*`` restricted to the
+    ``trajsft-`` prefix.  ``resources``/``tpu``: logical totals and free amounts
+    from the autoscaler's load report (``/api/cluster_status``; a few seconds
+    stale), falling back to the state API's node totals.
+    """
+    out: dict[str, Any] = {
+        "address": address,
+        "reachable": False,
+        "authenticated": None,
+        "error": None,
+        "ray_version": None,
+        "jobs": {"running": [], "pending": [], "ours_running": [], "ours_pending": []},
+        "resources": {"total": {}, "available": {}},
+        "tpu": {},
+    }
+    try:
+        conn = _Conn(address, auth_token, timeout=timeout_s)
+        out["address"] = conn.address
+        out["ray_version"] = conn.check().get("ray_version")
+        out["reachable"] = True
+        out["authenticated"] = True
+        jobs = conn.list_jobs()
+        for j in jobs:
+            if not j.submission_id:
+                continue
+            st = j.status
+            if st in ACTIVE_STATUSES:
+                k = st.lower()
+                out["jobs"][k].append(j.submission_id)
+                if j.submission_id.startswith(SUBMISSION_PREFIX):
+                    out["jobs"]["ours_" + k].append(j.submission_id)
+        total, avail = _cluster_resources(conn)
+        out["resources"] = {"total": total, "available": avail}
+        out["tpu"] = {
+            k: {"total": total[k], "free": avail.get(k, 0.0)} for k in sorted(total) if "TPU" in k.upper()
+        }
+    except ClusterUnauthorized as e:
+        out["reachable"] = True if e.status_code else None  # 0: our token source is broken
+        out["authenticated"] = False
+        out["error"] = str(e)
+    except (RayJobsError, ValueError, RuntimeError, OSError) as e:
+        out["error"] = str(e)
+    return out
+
+
+_STORAGE_HOSTS = {"gs": "storage.googleapis.com", "gcs": "storage.googleapis.com", "s3": "s3.amazonaws.com"}
+
+
+def _resolves(host: str, timeout_s: float) -> bool:
+    """DNS lookup bounded in time (getaddrinfo itself has no timeout)."""
+    import socket
+
+    out: list[bool] = []
+
+    def work() -> None:
+        try:
+            socket.getaddrinfo(host, 443)
+            out.append(True)
+        except OSError:
+            out.append(False)
+
+    t = threading.Thread(target=work, daemon=True)
+    t.start()
+    t.join(timeout_s)
+    return bool(out and out[0])
+
+
+def _check_storage(storage_root: str, timeout_s: float) -> str | None:
+    probe_name = f".trajsft-preflight-{uuid.uuid4().hex}"
+    if "://" not in storage_root or storage_root.startswith("file://"):
+        root = Path(storage_root.removeprefix("file://")).expanduser()
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+            p = root / probe_name
+            p.write_bytes(b"ok")
+            p.unlink()
+        except OSError as e:
+            return f"storage root {storage_root} is not writable: {e.strerror or e}"
+        return None
+    host = _STORAGE_HOSTS.get(storage_root.split("://", 1)[0])
+    if host and not _resolves(host, min(3.0, timeout_s)):
+        # without this, gcsfs retries the failed connection with backoff for about a minute
+        return f"storage root {storage_root} unreachable: cannot resolve {host} (no network, or DNS down)"
+
+    result: list[str | None] = []
+
+    def work() -> None:
+        try:
+            import fsspec
+
+            fs, path = fsspec.core.url_to_fs(storage_root)
+            target = path.rstrip("/") + "/" + probe_name
+            fs.pipe_file(target, b"ok")
+            fs.rm_file(target)
+            result.append(None)
+        except Exception as e:  # noqa: BLE001 - report anything as a problem line
+            result.append(f"storage root {storage_root} is not writable: {type(e).__name__}: {e}")
+
+    t = threading.Thread(target=work, daemon=True)
+    t.start()
+    t.join(timeout_s)
+    if not result:
+        return f"storage root {storage_root}: write probe timed out after {timeout_s:g}s (credentials? `gcloud auth application-default login`)"
+    return result[0]
+
+
+def _check_cluster(address: str, auth_token: str | None, timeout_s: float, wait_for: Mapping[str, float],
+                   notes: list[str]) -> list[str]:
+    problems: list[str] = []
+    try:
+        conn = _Conn(address, auth_token, timeout=timeout_s)
+        conn.check()
+    except ClusterUnauthorized as e:
+        return [_one_line(f"unauthorized: {e}")]
+    except ClusterUnreachable as e:
+        return [_one_line(f"unreachable: {e}")]
+    except ValueError as e:
+        return [_one_line(f"bad Ray address: {e}")]
+    if not wait_for:
+        return problems
+    try:
+        total, avail = _cluster_resources(conn)
+    except Exception as e:  # noqa: BLE001
+        return [_one_line(f"cannot read cluster resources from {conn.address}: {e}")]
+    for name, qty in wait_for.items():
+        if total.get(name, 0.0) < float(qty):
+            # autoscaled clusters (min_workers: 0) and clusters right after a preemption have no live
+            # slice: the job waits for one, this is not an error
+            notes.append(f"no live {name} on {conn.address} now: the job will be waiting for a slice "
+                         f"(autoscaler / after a preemption)")
+        elif avail.get(name, 0.0) < float(qty):
+            notes.append(f"every {name} on {conn.address} is busy now: the job will be waiting for a slice")
+    return problems
+
+
+def preflight(
+    address: str,
+    required_env: Iterable[str],
+    resources: Mapping[str, float],
+    storage_root: str,
+    *,
+    auth_token: str | None = None,
+    timeout_s: float = 5.0,
+    storage_timeout_s: float = 20.0,
+    notes: list[str] | None = None,
+) -> list[str]:
+    """Check everything a training submission needs; one line per problem.
+
+    Env vars are checked at once; the cluster and the storage root are probed concurrently, each
+    with a short timeout. ``resources`` are waited for, not required: missing ones become lines in
+    ``notes`` ("waiting for a slice").
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    problems: list[str] = []
+    for var in required_env:
+        if not os.environ.get(var):
+            problems.append(f"env var {var} is not set (needed by the training job): export {var}=...")
+    notes = notes if notes is not None else []
+    pool = ThreadPoolExecutor(max_workers=2)
+    try:
+        cluster = pool.submit(_check_cluster, address, auth_token, timeout_s, resources, notes)
+        store = pool.submit(_check_storage, storage_root, storage_timeout_s)
+        problems.extend(cluster.result())
+        err = store.result()
+    finally:
+        pool.shutdown(wait=False)
+    if err:
+        problems.append(_one_line(err))
+    return problems

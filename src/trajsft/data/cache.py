@@ -1,0 +1,463 @@
+"""Levanter chat caches: build (in-process or on a local Ray), reorder, and their token statistics.
+
+``build_chat_cache(train_urls, validation_urls, cache_dir, tokenizer, chat_template, ...) -> dict``
+    Tokenize ``.jsonl(.gz)`` chat shards into Levanter's chat cache with Levanter's own cache
+    builder (``levanter.data.text.build_lm_dataset_cache`` + ``ChatLmDatasetFormat``), so
+    ``train_lm`` later loads the identical cache. Returns token statistics read back from the cache.
+``chat_cache_stats(cache_dir, seq_len=None) -> dict``
+    The same statistics for an existing cache (no rebuild).
+``count_packed_sequences(split_dir, seq_len) -> int``
+    Number of ``seq_len`` training sequences Levanter's packer makes out of one cache split.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import uuid
+from typing import Any, Iterable, Mapping, Optional, Sequence
+
+from ..io import is_remote, read_json, write_json
+
+
+# Levanter's chat format: pack several chats per sequence, loss only on assistant tokens
+# (the template's {% generation %} ... {% endgeneration %} spans).
+CHAT_FORMAT: dict = {"type": "chat", "pack": True, "mask_user_turns": True}
+
+# levanter.data.text.dataset_for_format packs at most this many chats into one sequence
+_MAX_SEGMENTS_PER_EXAMPLE = 64
+_SPLITS = ("train", "validation")
+_STATS_FILE = "trajsft_cache_stats.json"
+
+
+# --------------------------------------------------------------------------------------
+# environment
+# --------------------------------------------------------------------------------------
+
+
+def _default_ray_tmpdir() -> str:
+    # Ray puts unix sockets under its temp dir; paths must stay < ~107 chars.
+    return os.environ.get("RAY_TMPDIR") or f"/tmp/ray-{os.getuid()}"
+
+
+# what a tokenizer needs from a model repo (no weights)
+TOKENIZER_FILES = ["tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
+                   "added_tokens.json", "chat_template.jinja", "tokenizer.model", "config.json",
+                   "generation_config.json"]
+
+
+def resolve_tokenizer(ref: str) -> str:
+    """A pinned Hub tokenizer ``repo@revision`` as a local snapshot of that revision (tokenizer files only).
+
+    Levanter's data config loads its tokenizer with ``AutoTokenizer.from_pretrained(name)`` and no
+    revision; its ``initialize_from_hf`` does understand ``repo@revision``. This thin layer gives the
+    tokenizer the same pin. Local dirs, gs:// paths and unpinned names pass through unchanged."""
+    if "@" not in ref or is_remote(ref) or os.path.exists(ref):
+        return ref
+    repo, revision = ref.rsplit("@", 1)
+    from huggingface_hub import snapshot_download
+
+    return snapshot_download(repo, revision=revision, allow_patterns=TOKENIZER_FILES)
+
+
+# --------------------------------------------------------------------------------------
+# chat cache
+# --------------------------------------------------------------------------------------
+
+
+def _chat_format(chat_template: Optional[str], messages_field: str = "messages") -> dict:
+    fmt = dict(CHAT_FORMAT)
+    fmt["messages_field"] = messages_field
+    if chat_template is not None:
+        # NB: the template must live in the *format*; ``data.chat_template`` is not used by the
+        # chat cache processor in this Levanter version.
+        fmt["chat_template"] = chat_template
+    return fmt
+
+
+def _split_finished(split_dir: str) -> bool:
+    """True if ``split_dir`` holds a finished Levanter cache (ledger says is_finished)."""
+    ledger = os.path.join(split_dir, "shard_ledger.json")
+    try:
+        return bool(read_json(ledger).get("is_finished", False))
+    except (FileNotFoundError, OSError, ValueError):
+        return False
+
+
+def _cache_complete(cache_dir: str, splits: Iterable[str]) -> bool:
+    return all(_split_finished(os.path.join(cache_dir, s)) for s in splits)
+
+
+# Levanter's cache builder concatenates shard groups with a Ray task declared
+# ``num_cpus=4, memory=6GiB`` (levanter.store.cache._copy_cache_data) while its long-lived actors
+# keep holding CPU (0.1 per _TreeStoreCacheBuilder, 0.5 per _MetadataCopier). If fewer than 4 CPUs
+# are *free* the copy is never scheduled and the build hangs forever (as soon as a split has more
+# than one shard). So the local Ray advertises at least 8 logical CPUs.
+_MIN_RAY_CPUS = 8
+
+# how a chat cache is built: "inprocess" (default: ChatProcessor + SerialCacheWriter in this process,
+# trajsft.data.chat_cache) or "ray" (Levanter's own Ray cache builder). Same cache either way.
+CACHE_ENGINES = ("inprocess", "ray")
+
+
+@contextlib.contextmanager
+def _ray_session(num_cpus: Optional[int], ray_tmpdir: Optional[str]):
+    """Use a running Ray if there is one, otherwise start (and later stop) a local one."""
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    import ray
+
+    if ray.is_initialized():
+        cpus = ray.cluster_resources().get("CPU", 0)
+        if cpus < 5:
+            raise RuntimeError(
+                f"the running Ray cluster advertises {cpus} CPUs; Levanter's cache builder needs 4 free "
+                f"CPUs next to its actors (it would hang). Start Ray with num_cpus>={_MIN_RAY_CPUS}."
+            )
+        yield
+        return
+    tmp = ray_tmpdir or _default_ray_tmpdir()
+    os.makedirs(tmp, exist_ok=True)
+    ray.init(
+        address="local",
+        namespace="levanter",
+        # logical CPUs are only a scheduling resource; oversubscribing a 2-core box is fine
+        num_cpus=max(int(num_cpus or os.cpu_count() or 1), _MIN_RAY_CPUS),
+        include_dashboard=False,
+        _temp_dir=tmp,
+    )
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+def _cleanup_stale_builds(parent: str, base: str) -> None:
+    """Remove ``.<base>.building-<pid>-*`` dirs left by killed builds (owner pid gone)."""
+    prefix = f".{base}.building-"
+    try:
+        names = os.listdir(parent)
+    except FileNotFoundError:
+        return
+    for name in names:
+        if not name.startswith(prefix):
+            continue
+        try:
+            pid = int(name[len(prefix) :].split("-", 1)[0])
+        except ValueError:
+            continue
+        alive = True
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            alive = False
+        except PermissionError:
+            alive = True
+        if not alive or pid == os.getpid():
+            shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
+
+
+def build_chat_cache(
+    train_urls: Sequence[str],
+    validation_urls: Sequence[str],
+    cache_dir: str,
+    tokenizer: str,
+    chat_template: str,
+    *,
+    messages_field: str = "messages",
+    seq_len: Optional[int] = None,
+    num_cpus: Optional[int] = None,
+    ray_tmpdir: Optional[str] = None,
+    engine: str = "inprocess",
+) -> dict:
+    """Build Levanter chat caches ``<cache_dir>/train`` (and ``/validation``) from chat shards.
+
+    Shards are ``.jsonl`` / ``.jsonl.gz`` files (anything fsspec opens; compression is inferred from
+    the extension) with one ``{"messages": [...OpenAI chat...], ...}`` object per line; extra keys
+    (``traj_id`` ...) are ignored. Tokenization is Levanter's ``ChatProcessor`` (the processor
+    ``preprocessor_for_format`` gives for ``ChatLmDatasetFormat``) with
+    ``tokenizer.apply_chat_template(..., return_assistant_tokens_mask=True)``, i.e. exactly what
+    ``train_lm`` would build, so training loads this cache as is. Every chat must contain at least
+    one assistant turn (Levanter raises otherwise) and the template needs ``{% generation %}`` tags.
+
+    ``engine="inprocess"`` (default) streams the shards through that processor into Levanter's
+    ``SerialCacheWriter`` in this process (``trajsft.data.chat_cache``); ``engine="ray"`` runs
+    Levanter's own Ray cache builder (``build_lm_dataset_cache``). Both write the same rows in
+    shard order with the same ledger metadata.
+
+    Kill safety: for local paths the cache is built in a hidden sibling directory
+    ``.<name>.building-<pid>-<rand>`` and renamed to ``cache_dir`` only when every split is finished
+    and the statistics were computed (stale build dirs of dead processes are removed on the next
+    call). If ``cache_dir`` already holds a finished cache it is not rebuilt; only the stats are
+    recomputed. For ``gs://`` (or other remote) paths there is no atomic rename: the cache is built
+    in place, and safety relies on Levanter's own ledger: ``shard_ledger.json`` gets
+    ``is_finished: true`` only at the end, training refuses (``run_training``) / Levanter never
+    loads an unfinished cache; a rerun starts an unfinished split over (in-process: the writer opens
+    its arrays with ``delete_existing``) or resumes it from the finished shard groups (Ray).
+    tensorstore writes ``gs://`` through its ``gcs`` kvstore driver (JAX's ``get_tensorstore_spec``).
+
+    Ray (``engine="ray"`` only): a local Ray is started if none is running (``RAY_AUTH_MODE=disabled``, temp dir
+    ``ray_tmpdir`` / ``$RAY_TMPDIR`` / ``/tmp/ray-<uid>``, at least 8 logical CPUs because
+    Levanter's shard-merge task asks for 4 free CPUs next to its actors and would otherwise never
+    be scheduled) and shut down
+    afterwards. A Ray started by the caller is reused.
+
+    Returns ``chat_cache_stats(cache_dir, seq_len)`` (also written to
+    ``<cache_dir>/trajsft_cache_stats.json``).
+    """
+    train_urls = [str(u) for u in train_urls]
+    validation_urls = [str(u) for u in (validation_urls or [])]
+    if not train_urls:
+        raise ValueError("build_chat_cache: no train_urls")
+    splits = {"train": train_urls}
+    if validation_urls:
+        splits["validation"] = validation_urls
+
+    remote = is_remote(cache_dir)
+    final_dir = cache_dir if remote else os.path.abspath(cache_dir)
+
+    def finish_stats(stats: dict) -> dict:
+        stats["cache_dir"] = final_dir
+        stats["tokenizer"] = tokenizer
+        stats["source_urls"] = {k: list(v) for k, v in splits.items()}
+        stats["engine"] = engine
+        return stats
+
+    if engine not in CACHE_ENGINES:
+        raise ValueError(f"engine must be one of {', '.join(CACHE_ENGINES)}, not {engine!r}")
+    if _cache_complete(final_dir, splits):
+        stats = finish_stats(chat_cache_stats(final_dir, seq_len=seq_len))
+        write_json(os.path.join(final_dir, _STATS_FILE), stats, indent=1, sort_keys=False, end="")
+        return stats
+
+    with _building(final_dir) as build_dir:
+        from levanter.compat.hf_checkpoints import load_tokenizer
+        from levanter.data.text import ChatLmDatasetFormat, preprocessor_for_format
+
+        tok = load_tokenizer(resolve_tokenizer(tokenizer))
+        fmt = ChatLmDatasetFormat(
+            messages_field=messages_field, chat_template=chat_template, pack=True, mask_user_turns=True
+        )
+        if engine == "inprocess":
+            from . import chat_cache
+
+            # the processor Levanter's builder would use (same ledger metadata)
+            processor = preprocessor_for_format(fmt, tok, enforce_bos=True, enforce_eos=True)
+            for split, urls in splits.items():
+                chat_cache.write_split(os.path.join(build_dir, split), urls, processor)
+        else:
+            _build_on_ray(build_dir, splits, fmt, tok, num_cpus, ray_tmpdir)
+        if not _cache_complete(build_dir, splits):
+            raise RuntimeError(f"cache build in {build_dir} did not finish")
+        stats = finish_stats(chat_cache_stats(build_dir, seq_len=seq_len))
+        write_json(os.path.join(build_dir, _STATS_FILE), stats, indent=1, sort_keys=False, end="")
+    return stats
+
+
+def _build_on_ray(build_dir: str, splits: Mapping[str, Sequence[str]], fmt, tok, num_cpus, ray_tmpdir) -> None:
+    from levanter.data.sharded_datasource import UrlDataSource
+    from levanter.data.text import build_lm_dataset_cache
+    from levanter.store.cache import CacheOptions
+
+    with _ray_session(num_cpus, ray_tmpdir):
+        caches = {}
+        for split, urls in splits.items():
+            caches[split] = build_lm_dataset_cache(
+                os.path.join(build_dir, split), UrlDataSource(list(urls)), fmt, tok, CacheOptions.default(), True,
+                monitors=False,
+            )
+        for split, cache in caches.items():
+            if cache is None:
+                raise RuntimeError(f"Levanter built no cache for split {split!r}")
+            cache.await_finished(None, await_cleanup=True)
+
+
+@contextlib.contextmanager
+def _building(final_dir: str):
+    """A build dir for the cache ``final_dir``: a hidden sibling renamed into place on success
+    (removed on failure; stale ones of dead processes are removed first). Remote caches are built
+    in place: Levanter's ledger says ``is_finished`` only at the end."""
+    if is_remote(final_dir):
+        yield final_dir
+        return
+    parent, base = os.path.split(final_dir.rstrip("/"))
+    os.makedirs(parent, exist_ok=True)
+    _cleanup_stale_builds(parent, base)
+    build_dir = os.path.join(parent, f".{base}.building-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    os.makedirs(build_dir)
+    try:
+        yield build_dir
+        if os.path.lexists(final_dir):
+            shutil.rmtree(final_dir)  # an unfinished / foreign leftover
+        os.rename(build_dir, final_dir)
+    except BaseException:
+        shutil.rmtree(build_dir, ignore_errors=True)
+        raise
+
+
+def reorder_chat_cache(src_cache_dir: str, cache_dir: str, orders: Mapping[str, Sequence[int]],
+                       seq_len: Optional[int] = None) -> dict:
+    """A copy of the finished cache ``src_cache_dir`` holding, per split, the rows ``orders[split]``
+    in that order (no tokenizing). Same kill safety as :func:`build_chat_cache`; an existing finished
+    copy is kept. Returns ``chat_cache_stats(cache_dir, seq_len)`` (also written next to it)."""
+    from . import chat_cache
+
+    final_dir = cache_dir if is_remote(cache_dir) else os.path.abspath(cache_dir)
+    if not _cache_complete(final_dir, orders):
+        with _building(final_dir) as build_dir:
+            for split, order in orders.items():
+                chat_cache.copy_split(os.path.join(src_cache_dir, split), os.path.join(build_dir, split), order)
+    stats = chat_cache_stats(final_dir, seq_len=seq_len)
+    stats["source_cache"] = src_cache_dir
+    write_json(os.path.join(final_dir, _STATS_FILE), stats, indent=1, sort_keys=False, end="")
+    return stats
+
+
+def _open_chat_split(split_dir: str):
+    import numpy as np
+    from levanter.store.cache import TreeCache
+
+    exemplar = {"input_ids": np.zeros((0,), dtype=np.int32), "assistant_masks": np.zeros((0,), dtype=np.int32)}
+    return TreeCache.load(split_dir, exemplar)
+
+
+def packed_ranges(split_dir: str, seq_len: int) -> list[tuple[int, int]]:
+    """The ``[start, stop)`` row ranges of the ``seq_len`` sequences ``train_lm`` packs from a chat
+    cache split, from Levanter's own ``GreedyPrepackedDataset`` with the parameters
+    ``MultiturnChatDataset`` uses (``max_segments_per_example=64``, ``slice_strategy="left"``:
+    over-long chats are truncated to their first ``seq_len`` tokens and occupy one sequence alone).
+    """
+    from levanter.data.packing import GreedyPrepackedDataset
+
+    cache = _open_chat_split(split_dir)
+    packed = GreedyPrepackedDataset(
+        cache.store.tree,
+        int(seq_len),
+        max_segments_per_example=_MAX_SEGMENTS_PER_EXAMPLE,
+        slice_strategy="left",
+    )
+    return [(r.start, r.stop) for r in packed._pack_indices]
+
+
+def count_packed_sequences(split_dir: str, seq_len: int) -> int:
+    """How many ``seq_len`` sequences ``train_lm`` makes from a chat cache split (:func:`packed_ranges`)."""
+    return len(packed_ranges(split_dir, seq_len))
+
+
+def _split_stats(split_dir: str, seq_len: Optional[int], chunk_tokens: int = 1 << 24) -> dict:
+    import numpy as np
+
+    cache = _open_chat_split(split_dir)
+    ids = cache.store.tree["input_ids"]
+    masks = cache.store.tree["assistant_masks"]
+    n = int(ids.num_rows)
+    offsets = np.asarray(ids.offsets[0 : n + 1].read().result(), dtype=np.int64).copy()
+    offsets[0] = 0  # Levanter keeps the row count in offsets[0]
+    lengths = np.diff(offsets)
+    total = int(offsets[-1]) if n else 0
+
+    asst = np.zeros(n, dtype=np.int64)
+    asst_in_window = np.zeros(n, dtype=np.int64)
+    row = 0
+    while row < n:
+        # a block of whole rows, ~chunk_tokens tokens (at least one row)
+        end_row = int(np.searchsorted(offsets, offsets[row] + chunk_tokens, side="right")) - 1
+        end_row = min(max(end_row, row + 1), n)
+        base = int(offsets[row])
+        data = np.asarray(masks.data[base : int(offsets[end_row])].read().result(), dtype=np.int64)
+        csum = np.concatenate([[0], np.cumsum(data)])
+        starts = offsets[row:end_row] - base
+        ends = offsets[row + 1 : end_row + 1] - base
+        asst[row:end_row] = csum[ends] - csum[starts]
+        if seq_len:
+            win_end = np.minimum(ends, starts + int(seq_len))
+            asst_in_window[row:end_row] = csum[win_end] - csum[starts]
+        row = end_row
+
+    out = {
+        "chats": n,
+        "tokens": total,
+        "assistant_tokens": int(asst.sum()),
+        "assistant_fraction": float(asst.sum() / total) if total else 0.0,
+        "lengths": [int(x) for x in lengths],
+        "assistant_lengths": [int(x) for x in asst],
+        "max_length": int(lengths.max()) if n else 0,
+        "mean_length": float(lengths.mean()) if n else 0.0,
+    }
+    if seq_len:
+        over = lengths > int(seq_len)
+        ranges = packed_ranges(split_dir, int(seq_len))
+        # non-pad tokens of the packed sequences Levanter yields (a sliced chat keeps seq_len tokens)
+        non_pad = sum(min(int(offsets[b] - offsets[a]), int(seq_len)) for a, b in ranges)
+        out.update(
+            {
+                "seq_len": int(seq_len),
+                "packed_sequences": len(ranges),
+                "packed_ranges": [[int(a), int(b)] for a, b in ranges],
+                "packed_non_pad": non_pad / (len(ranges) * int(seq_len)) if ranges else 0.0,
+                "chats_truncated": int(over.sum()),
+                "tokens_truncated": int(np.maximum(lengths - int(seq_len), 0).sum()),
+                "assistant_tokens_in_window": int(asst_in_window.sum()),
+                # chats whose first seq_len tokens hold no assistant token: zero loss tokens
+                "empty_windows": [int(i) for i in np.flatnonzero(asst_in_window == 0)],
+            }
+        )
+    return out
+
+
+LONG_CHATS = ("truncate", "drop")
+
+
+def window_plan(split_stats: Mapping, seq_len: int, long_chats: str = "truncate") -> dict:
+    """Which chats of one cache split train with ``seq_len``-token windows, and why others don't.
+
+    Levanter keeps the first ``seq_len`` tokens of a longer chat (``slice_strategy="left"``).
+    A chat with no assistant token inside that window would be trained with zero loss tokens
+    (a batch of such chats makes the loss NaN): it is always dropped (``empty_window``).
+    ``long_chats``: ``truncate`` keeps longer chats (truncated, counted); ``drop`` drops them.
+    Returns ``{"keep": [index...], "dropped": [(index, reason)...], "counts": {...}}``.
+    """
+    if long_chats not in LONG_CHATS:
+        raise ValueError(f"long_chats must be one of {', '.join(LONG_CHATS)}, not {long_chats!r}")
+    n, s = int(split_stats["chats"]), int(seq_len)
+    lengths = split_stats["lengths"]
+    empty = set(split_stats["empty_windows"])
+    dropped = []
+    for i in range(n):
+        if i in empty:
+            dropped.append((i, "empty_window"))
+        elif long_chats == "drop" and lengths[i] > s:
+            dropped.append((i, "longer_than_seq_len"))
+    gone = {i for i, _ in dropped}
+    keep = [i for i in range(n) if i not in gone]
+    counts = {"chats_in": n, "chats_out": len(keep)}
+    for reason in ("empty_window", "longer_than_seq_len"):
+        idx = [i for i, r in dropped if r == reason]
+        counts[f"dropped_{reason}"] = {"chats": len(idx), "tokens": int(sum(lengths[i] for i in idx))}
+    long_kept = [i for i in keep if lengths[i] > s]
+    counts["truncated"] = {"chats": len(long_kept), "tokens_cut": int(sum(lengths[i] - s for i in long_kept))}
+    return {"keep": keep, "dropped": dropped, "counts": counts}
+
+
+def chat_cache_stats(cache_dir: str, seq_len: Optional[int] = None) -> dict:
+    """Token statistics of a finished chat cache (``<cache_dir>/train`` and optional ``/validation``).
+
+    Per split: ``chats``, ``tokens``, ``assistant_tokens`` (tokens inside the template's
+    generation spans = the loss tokens before truncation; Levanter shifts the mask by one so
+    each is predicted from the previous position), ``assistant_fraction``, per-chat ``lengths`` and
+    ``assistant_lengths``, ``max_length``, ``mean_length``; with ``seq_len`` also
+    ``packed_sequences`` (see ``count_packed_sequences``), ``chats_truncated``, ``tokens_truncated``,
+    ``assistant_tokens_in_window`` (loss tokens that survive truncation) and ``empty_windows``
+    (indices of chats with none; see ``window_plan``).
+    Result: ``{"cache_dir", "train": {...}, "validation": {...} | None}``.
+    """
+    out: dict[str, Any] = {"cache_dir": cache_dir}
+    for split in _SPLITS:
+        d = os.path.join(cache_dir, split)
+        if _split_finished(d):
+            out[split] = _split_stats(d, seq_len)
+        elif split == "train":
+            raise FileNotFoundError(f"no finished Levanter cache at {d}")
+        else:
+            out[split] = None
+    return out

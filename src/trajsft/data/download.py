@@ -1,0 +1,158 @@
+"""Step ``download``: a teacher's dataset snapshot from the HF Hub (or a local dir) into ``raw/``."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+from pathlib import Path
+
+from .. import io
+from ..errors import DataError
+from ..io import is_remote
+from ..plan.config import STATE_DIR, Plan
+
+log = logging.getLogger("trajsft")
+
+
+# ---- download ---------------------------------------------------------------------------
+def _split_of(rel: Path) -> str:
+    """HF split of a parquet file: ``data/train-00000-of-00002.parquet`` -> train."""
+    stem = rel.name.split(".", 1)[0]
+    head = re.split(r"[-_]", stem, maxsplit=1)[0]
+    if head in HF_SPLITS:
+        return head
+    return next((part for part in rel.parts[:-1] if part in HF_SPLITS), "train")
+
+
+HF_SPLITS = ("train", "test", "validation", "valid", "dev", "eval")
+
+
+def _parquet_files(root: Path) -> tuple[list[Path], list[str]]:
+    """(train split files, other splits' files). Only the train split is used: other splits
+    (``test-*``, ``validation-*``) are listed in the download manifest and not downloaded."""
+    files = sorted(p for p in root.glob("**/*.parquet") if not any(x.startswith(".") for x in p.relative_to(root).parts))
+    train = [f for f in files if _split_of(f.relative_to(root)) == "train"]
+    other = [str(f.relative_to(root)) for f in files if f not in train]
+    if not train:
+        found = f" (found only other splits: {', '.join(other)})" if other else ""
+        raise DataError(f"{root}: no train-split parquet files in the HF dataset layout (expected data/train-*.parquet){found}")
+    return train, other
+
+
+def _num_rows(f: Path, rel: str) -> int:
+    import pyarrow.parquet as pq
+
+    try:
+        return pq.ParquetFile(f).metadata.num_rows
+    except Exception as e:  # noqa: BLE001 - ArrowInvalid, OSError: truncated / garbage / empty file
+        raise DataError(f"{rel}: not a readable parquet file ({_one_line(e)})") from None
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split())[:200] or type(e).__name__
+
+
+def _hf_snapshot(dataset: str, revision: str, dest: Path) -> str:
+    """Download a dataset repo at a pinned revision; returns the resolved commit sha."""
+    from huggingface_hub import HfApi, snapshot_download
+    from huggingface_hub.errors import HfHubHTTPError
+
+    token = os.environ.get("HF_TOKEN") or None  # honoured, never logged
+    try:
+        sha = HfApi(token=token).dataset_info(dataset, revision=revision).sha or revision
+        snapshot_download(
+            repo_id=dataset, repo_type="dataset", revision=sha, token=token, local_dir=str(dest),
+            allow_patterns=["*.parquet", "README.md"],
+        )
+    except HfHubHTTPError as e:
+        status = getattr(e.response, "status_code", "?")
+        hint = " (set HF_TOKEN for gated/private datasets)" if status in (401, 403) and not token else ""
+        raise DataError(f"{dataset}@{revision}: Hugging Face Hub answered HTTP {status}{hint}") from None
+    except OSError as e:  # offline, DNS, ...
+        raise DataError(f"{dataset}@{revision}: cannot reach the Hugging Face Hub ({type(e).__name__})") from None
+    return sha
+
+
+STAGING = ".staging"  # <storage_root>/raw/.staging/<raw name>.<pid>-<start>: a download in progress
+
+
+def staging_root(plan: Plan) -> Path:
+    """Downloads are staged under the storage root (a local dir in the workdir for gs:// roots),
+    never in the system temp dir, and renamed into place when complete."""
+    root = plan.root if not is_remote(plan.root) else STATE_DIR
+    return Path(root, "raw", STAGING)
+
+
+def remove_stale_staging(root: Path) -> list[Path]:
+    """Remove staging dirs whose download process is gone (killed downloads)."""
+    from ..observe.signals import process_of
+
+    removed = []
+    for d in sorted(root.glob("*")) if root.is_dir() else []:
+        rid = d.name.rsplit(".", 1)[-1]
+        if process_of(rid) is None:
+            shutil.rmtree(d, ignore_errors=True)
+            removed.append(d)
+    return removed
+
+
+def download(plan: Plan, name: str) -> dict:
+    import psutil
+
+    from ..observe.signals import run_id
+
+    art = plan.get("raw", name)
+    spec = art.spec
+    local = plan.local_path(spec["dataset"])
+    ds = spec["dataset"]
+    if local is None and (spec["revision"] == "local" or ds.startswith(("/", ".", "~")) or ds.count("/") != 1):
+        # a path, not a Hub id "owner/name": never fall through to the Hub
+        path = ds if os.path.isabs(ds) else plan.base_dir / ds
+        raise DataError(f"{spec['teacher']}: local dataset {path} does not exist (teachers.{spec['teacher']}.dataset)")
+    sroot = staging_root(plan)
+    for d in remove_stale_staging(sroot):
+        log.info("removed the staging dir of a killed download: %s", d)
+    tmp = sroot / f"{art.name}.{run_id(psutil.Process())}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)  # normal permissions (umask), unlike a mkdtemp dir
+    try:
+        if local is not None:
+            log.info("copying local dataset %s", local)
+            if not local.is_dir():
+                raise DataError(f"{local}: not a directory in the HF dataset layout")
+            train, _ = _parquet_files(local)
+            for f in train + [p for p in [local / "README.md"] if p.exists()]:
+                dst = tmp / f.relative_to(local)
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(f, dst)
+            resolved = "local"
+        else:
+            log.info("downloading %s at revision %s", spec["dataset"], spec["revision"])
+            resolved = _hf_snapshot(spec["dataset"], spec["revision"], tmp)
+        files, other = _parquet_files(local if local is not None else tmp)
+        if local is None:
+            for rel in other:  # only the train split is used
+                (tmp / rel).unlink()
+        files = [tmp / f.relative_to(local) for f in files] if local is not None else files
+        for rel in other:
+            log.warning("%s: split file %s is not used (trajsft trains on the train split only)", spec["teacher"], rel)
+        counts = {str(f.relative_to(tmp)): _num_rows(f, str(f.relative_to(tmp))) for f in files}
+        rows = sum(counts.values())
+        if rows != spec["rows"]:
+            raise DataError(
+                f"{spec['teacher']}: {spec['dataset']}@{spec['revision']} has {rows} rows, config says {spec['rows']} "
+                f"(teachers.{spec['teacher']}.rows): wrong revision or changed dataset"
+            )
+        if is_remote(art.location):
+            io.put_tree(tmp, art.location)
+        else:
+            dest = Path(art.location)
+            if dest.exists():
+                shutil.rmtree(dest)
+            os.replace(tmp, dest)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return {"rows": rows, "files": counts, "ignored_split_files": other, "resolved_revision": resolved,
+            "dataset": spec["dataset"], "revision": spec["revision"]}

@@ -1,0 +1,96 @@
+"""Launching Levanter children: their environment and a killable, logged subprocess."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from typing import Mapping, Optional
+
+from ..data.cache import _default_ray_tmpdir
+
+
+def levanter_env(run_dir: Optional[str] = None, env: Optional[Mapping[str, str]] = None) -> dict:
+    """Environment for a Levanter subprocess: ``os.environ`` + safe defaults + ``env`` overrides.
+
+    Defaults (only if not already set): ``RAY_AUTH_MODE=disabled`` (Ray 2.60 otherwise enables token
+    auth for a fresh local cluster and writes ``~/.ray/auth_token``), ``RAY_TMPDIR`` (short path),
+    ``TOKENIZERS_PARALLELISM=false``, ``WANDB_SILENT=true``. ``WANDB_DIR`` is forced to ``run_dir``
+    (Levanter's WandbConfig has no ``dir`` field; W&B reads this env var) unless ``env`` sets it.
+    """
+    out = dict(os.environ)
+    out.setdefault("RAY_AUTH_MODE", "disabled")
+    out.setdefault("RAY_TMPDIR", _default_ray_tmpdir())
+    out.setdefault("TOKENIZERS_PARALLELISM", "false")
+    out.setdefault("WANDB_SILENT", "true")
+    if run_dir is not None:
+        out["WANDB_DIR"] = os.path.abspath(run_dir)
+    if env:
+        out.update({k: str(v) for k, v in env.items()})
+    return out
+
+
+def child_prelude() -> None:
+    """First thing every child does: ask the kernel to SIGKILL it when the launching thread dies
+    (PR_SET_PDEATHSIG), so a SIGKILLed Snakemake / driver never leaves an orphan trainer writing
+    checkpoints next to its own relaunch; exit if the parent is already gone. Done in the child
+    itself (not via preexec_fn, which is unsafe in multi-threaded parents such as Snakemake), at
+    the top of the launched module (:mod:`trajsft.train.train_lm_main`, :mod:`trajsft.train.hf_export`)."""
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+            import signal
+
+            ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)
+        except Exception:
+            pass
+        pp = int(os.environ.get("TRAJSFT_PARENT_PID", "0") or 0)
+        if pp and os.getppid() != pp:
+            sys.exit(99)
+
+
+# The children, launched as real modules. train_lm: the same entry point as ``python -m
+# levanter.main.train_lm`` (its ``__main__`` block is exactly ``levanter.config.main(main)()``), but
+# imported as a module so train_lm's logger is "levanter.main.train_lm" (INFO, e.g. "Resuming
+# training from step N") instead of "__main__", whose INFO lines Levanter's logging setup drops;
+# and with the end-of-training hooks run once (see trajsft.train.train_lm_main).
+TRAIN_CHILD = [sys.executable, "-m", "trajsft.train.train_lm_main"]
+EXPORT_CHILD = [sys.executable, "-m", "trajsft.train.hf_export"]
+
+
+def _run_subprocess(cmd: list[str], log_path: str, env: dict, cwd: str, header: str, timeout=None) -> int:
+    os.makedirs(os.path.dirname(os.path.abspath(log_path)), exist_ok=True)
+    with open(log_path, "a", buffering=1) as log:
+        log.write(f"{header}\n")
+        log.flush()
+        env = dict(env, TRAJSFT_PARENT_PID=str(os.getpid()))
+        proc = subprocess.Popen(
+            cmd,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            cwd=cwd,
+        )
+        try:
+            return proc.wait(timeout=timeout)
+        except BaseException:
+            # our caller is going away (KeyboardInterrupt / SIGTERM->exception / timeout): don't
+            # leave a trainer writing checkpoints behind
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            raise
+
+
+
+def _exit_reason(rc: Optional[int]) -> str:
+    if rc is not None and rc < 0:
+        name = signal.Signals(-rc).name if -rc in {int(x) for x in signal.Signals} else "?"
+        hint = "; out of memory?" if -rc == signal.SIGKILL else ""
+        return f"train_lm was killed by signal {-rc} ({name}{hint})"
+    return f"train_lm exited with code {rc}"
