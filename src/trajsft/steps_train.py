@@ -11,7 +11,8 @@ from . import levanter_run as LR
 from . import provenance, schedule, storage, template
 from .atomic import write_json
 from .config import STATE_DIR, Plan, is_remote, join
-from .errors import ConfigError, DataError, TrainingFailed
+from .errors import DataError, TrainingFailed
+from .plan.specs import StudentSpec
 
 log = logging.getLogger("trajsft")
 
@@ -139,18 +140,13 @@ def tokenized_cache_dir(plan: Plan, tokenized_name: str) -> str:
         return cache_dir(plan, tokenized_name)
 
 
-def _model_args(student_name: str, student: dict) -> dict:
-    if student["init"] == "random":
-        return {"model": {**LR.MODEL_PRESETS["tiny"], **student["model"]}}
-    if student.get("model"):
-        model = {**LR.MODEL_PRESETS.get(student_name, {}), **student["model"]}
-    elif student_name in LR.MODEL_PRESETS:
-        model = dict(LR.MODEL_PRESETS[student_name])
-    else:
-        raise ConfigError(f"students.{student_name}: give model dimensions (no built-in preset of that name)")
+def _model_args(student: StudentSpec) -> dict:
+    """Levanter's model fields and initial weights of a student (its dimensions are resolved and hashed in its spec)."""
+    model = {**student.model.dims(), **LR.QWEN3_FIXED}
+    if student.init == "random":
+        return {"model": model}
     # "repo@revision": Levanter's RepoRef loads the pinned revision (weights, config, reference for export)
-    ref = student["hf_checkpoint"]
-    return {"model": model, "initialize_from_hf": f"{ref}@{student['hf_revision']}" if student.get("hf_revision") else ref}
+    return {"model": model, "initialize_from_hf": student.hf_checkpoint.hub_ref()}
 
 
 def run_paths(plan: Plan, target: str) -> dict:
@@ -240,7 +236,7 @@ def levanter_config(plan: Plan, target: str) -> dict:
         wandb_project=wandb_project,
         wandb_entity=wandb_entity,
         wandb_tags=[target],
-        **_model_args(spec["student_name"], spec["student"]),
+        **_model_args(plan.specs.targets[target].student),
     )
 
 
