@@ -101,6 +101,8 @@ class Spec:
         """Exactly the fields hashed into ``kind`` (None-valued ones left out: unset)."""
         out = {}
         for f in dataclasses.fields(self):
+            if "hashed" not in f.metadata:
+                raise TypeError(f"{type(self).__name__}.{f.name} is neither hashed nor cosmetic")
             if kind in f.metadata["hashed"]:
                 v = _value(getattr(self, f.name), kind)
                 if v is not None:
