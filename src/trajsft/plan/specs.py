@@ -18,7 +18,6 @@ import dataclasses
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import MappingProxyType
 from typing import Any, Mapping, Optional
 
 from .. import hashing
@@ -235,6 +234,8 @@ SPEC_CLASSES = (Ref, TransformSpec, TrainingSpec, ModelSpec, StudentSpec, Teache
 
 @dataclass(frozen=True)
 class Specs:
+    """Every teacher, student and target by name (plain dicts: picklable, for rule jobs' params)."""
+
     teachers: Mapping[str, TeacherSpec]
     students: Mapping[str, StudentSpec]
     targets: Mapping[str, TargetSpec]
@@ -322,8 +323,7 @@ def build(cfg: Mapping, base_dir: str | os.PathLike) -> Specs:
         training = _spec(TrainingSpec, _merge(cfg["training"], entry.get("training")), f"{name}: training")
         targets[name] = TargetSpec(name=name, weights=tuple((t, w / total) for t, w in sorted(weights.items())),
                                    student=students[entry.get("student", cfg["student"])], training=training)
-    return Specs(teachers=MappingProxyType(teachers), students=MappingProxyType(students),
-                 targets=MappingProxyType(targets))
+    return Specs(teachers=teachers, students=students, targets=targets)
 
 
 def as_dict(spec: Spec) -> dict:
