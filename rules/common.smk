@@ -5,6 +5,7 @@ from snakemake.exceptions import WorkflowError
 from snakemake.utils import min_version
 
 from trajsft.plan.config import STATE_DIR, ConfigError, Plan, validate
+from trajsft.plan.step import resolve as resolve_step
 
 min_version("9.0")
 
@@ -67,6 +68,18 @@ def upstream_manifest(kind, upstream):
     def inner(wildcards):
         art = PLAN.get(kind, wildcards.name)
         return PLAN.get(upstream, art.spec[upstream]).manifest
+
+    return inner
+
+
+def job_step(step):
+    """Params function: the job's typed step (trajsft.plan.step.Step), resolved once here, so
+    that no job rebuilds the plan (never a rerun trigger: not a builtin value)."""
+
+    def inner(wildcards):
+        return resolve_step(
+            PLAN, step, wildcards.get("name") or wildcards.get("target") or ""
+        )
 
     return inner
 

@@ -11,6 +11,7 @@ rule download:
     params:
         # not hashed, but checked: a changed `rows:` re-runs the download (params rerun trigger)
         rows=lambda w: PLAN.get("raw", w.name).spec["rows"],
+        step=job_step("download"),
     script:
         "../scripts/rule_download.py"
 
@@ -33,6 +34,7 @@ rule shard:
         strict=lambda wildcards: bool(
             PLAN.get("shards", wildcards.name).spec["transform"].get("strict")
         ),
+        step=job_step("shards"),
     script:
         "../scripts/rule_shard.py"
 
@@ -52,5 +54,7 @@ rule tokenize:
         # Levanter's local Ray advertises >= 8 logical CPUs (a scheduling resource, not cores; see
         # data.cache._MIN_RAY_CPUS): told to cluster executors, never a rerun trigger
         ray_logical_cpus=RAY_LOGICAL_CPUS,
+    params:
+        step=job_step("tokenize"),
     script:
         "../scripts/rule_tokenize.py"

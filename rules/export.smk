@@ -18,5 +18,6 @@ rule export:
         mem_mb=4000,
     params:
         name=lambda wildcards: PLAN.target(wildcards.target)["export"].name,
+        step=job_step("export"),
     script:
         "../scripts/rule_export.py"

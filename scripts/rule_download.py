@@ -2,4 +2,4 @@
 
 from trajsft.steps import run_rule
 
-run_rule("download", snakemake)  # noqa: F821 (injected by Snakemake)
+run_rule(snakemake)  # noqa: F821 (injected by Snakemake)

@@ -2,4 +2,4 @@
 
 from trajsft.steps import run_rule
 
-run_rule("train", snakemake)  # noqa: F821 (injected by Snakemake)
+run_rule(snakemake)  # noqa: F821 (injected by Snakemake)

@@ -140,7 +140,7 @@ def test_student_revision_is_pinned_hashed_and_passed_on():
     assert tok.spec["tokenizer"] == f"Qwen/Qwen3-8B@{QWEN3_8B_REV}"  # what the tokenize rule loads
     from trajsft.train.step import _model_args
 
-    args = _model_args("qwen3-8b", p.cfg["students"]["qwen3-8b"])
+    args = _model_args(p.specs.students["qwen3-8b"])
     assert args["initialize_from_hf"] == f"Qwen/Qwen3-8B@{QWEN3_8B_REV}"  # Levanter's RepoRef syntax
     # a new revision is a new student: new tokenized cache and checkpoint dir, same shards
     other = plan(students={"qwen3-8b": {"hf_revision": "0" * 40, "tokenizer_revision": "0" * 40}})

@@ -34,15 +34,18 @@ USER_ERRORS = (ConfigError, DataError, transform.BadRow)
 STEPS: dict[str, Callable[[Plan, str], dict]] = {"download": download, "shards": shards}
 
 
-def run_rule(step: str, snakemake) -> None:
-    """Run one step for a Snakemake ``script:`` job; user errors become one line, exit 1."""
+def run_rule(snakemake) -> None:
+    """Run one step for a Snakemake ``script:`` job; user errors become one line, exit 1.
+
+    The step comes from ``snakemake.params.step`` (a :class:`trajsft.plan.step.Step` that
+    rules/common.smk resolved once from the workflow's plan); the result goes to ``snakemake.output``.
+    """
     from . import logs
 
-    cfg = snakemake.config
+    job = snakemake.params.step
+    step, name, plan = job.step, job.name, job.plan
+    cfg = plan.cfg
     log_path = snakemake.log[0] if snakemake.log else None
-    # relative config paths (demo/dataset, demo/tokenizer) are relative to the workflow dir
-    plan = Plan(cfg, base_dir=Path(snakemake.scriptdir).parent)
-    name = snakemake.wildcards.get("name") or snakemake.wildcards.get("target")
     if step not in STEPS:
         from .train import step as steps_train  # tokenize/train need jax & levanter: import lazily
     if step == "train" and log_path:
@@ -83,10 +86,9 @@ def run_rule(step: str, snakemake) -> None:
         log.error("trajsft %s %s failed:\n%s", step, name, traceback.format_exc())
         raise
     if step != "train":
-        kind = {"download": "raw", "shards": "shards", "tokenize": "tokenized"}[step]
-        art = plan.get(kind, name)
+        art = job.artifact
         manifest = {
-            "kind": kind, "name": art.name, "hash": art.hash, "location": art.location,
+            "kind": art.kind, "name": art.name, "hash": art.hash, "location": art.location,
             "hash_inputs": art.inputs, "seconds": round(time.time() - started, 3), **result,
         }
         if is_remote(art.location):

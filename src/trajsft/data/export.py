@@ -333,13 +333,14 @@ def run_rule(snakemake) -> None:
     from ..steps import USER_ERRORS
 
     log = logging.getLogger("trajsft")
-    cfg, target = snakemake.config, snakemake.wildcards.target
-    plan = Plan(cfg, base_dir=Path(snakemake.scriptdir).parent)
+    job = snakemake.params.step  # trajsft.plan.step.Step, resolved once by rules/common.smk
+    plan, target = job.plan, job.name
+    cfg = plan.cfg
     logs.setup(snakemake.log[0] if snakemake.log else None, cfg.get("log_level", "INFO"))
     signals.install_stop_handler()
     signals.watch_snakemake(log_path=snakemake.log[0] if snakemake.log else None)
     started = time.time()
-    art = plan.target(target)["export"]
+    art = job.artifact
     try:
         result = export(plan, target)
     except USER_ERRORS as e:

@@ -1,0 +1,1 @@
+"""The typed plan: specs built once from the validated config."""

@@ -19,6 +19,7 @@ import yaml
 from . import hashing
 from ..errors import ConfigError
 from ..io import is_remote, join
+from . import specs as S
 
 PACKAGE_DIR = Path(__file__).resolve().parent.parent  # src/trajsft
 REPO_DIR = PACKAGE_DIR.parent.parent  # src/trajsft -> repo root (editable install)
@@ -222,7 +223,7 @@ class Plan:
         if not is_remote(self.root) and not os.path.isabs(self.root):
             self.root = str(self.root)  # relative to the working directory, like Snakemake paths
         self.artifacts: dict[tuple[str, str], Artifact] = {}
-        self._tree_digests: dict[str, str] = {}
+        self.specs = S.build(cfg, self.base_dir)  # typed, frozen: every hash input comes from them
         self.targets: dict[str, dict] = {}
         for name in list(cfg["teachers"]) + list(cfg.get("mixtures") or {}):
             self.targets[name] = self._resolve_target(name)
@@ -236,45 +237,25 @@ class Plan:
         cand = Path(p) if os.path.isabs(p) else self.base_dir / p
         return cand if cand.exists() else None
 
-    def _tree(self, p: Path) -> str:
-        key = str(p)
-        if key not in self._tree_digests:
-            self._tree_digests[key] = hashing.tree_digest(p)
-        return self._tree_digests[key]
-
-    def _identity(self, ref: str, revision: str | None) -> dict:
-        """How a dataset/tokenizer/checkpoint reference enters a hash: local dirs by content."""
-        local = self.local_path(ref)
-        if local is not None and local.is_dir():
-            return {"local_content": self._tree(local)}
-        return {"hub": ref, "revision": revision}
-
     def _resolve_target(self, name: str) -> dict:
         cfg = self.cfg
+        spec = self.specs.targets[name]
         mixtures = cfg.get("mixtures") or {}
         entry = cfg["teachers"].get(name) or mixtures[name]
-        if name in cfg["teachers"]:
-            weights = {name: 1.0}
-        else:
-            weights = dict(entry["teachers"])
-        student_name = entry.get("student", cfg["student"])
+        student_name = spec.student.name
         student = copy.deepcopy(cfg["students"][student_name])
         training = deep_merge(cfg["training"], entry.get("training"))
-        tokenized = []
-        for teacher, w in sorted(weights.items()):
-            tok = self._tokenized(teacher, student_name, student, int(training["seq_len"]))
-            tokenized.append((teacher, w, tok))
-        total = sum(weights.values())
-        rows = {t: int(cfg["teachers"][t]["rows"]) for t in sorted(weights)}
+        tokenized = [(teacher, w, self._tokenized(teacher, spec.student, spec.training)) for teacher, w in spec.weights]
+        rows = {t: self.specs.teachers[t].rows for t in spec.teachers}
         run_inputs = {
             "format": FORMAT_VERSIONS["checkpoints"],
             # the run's name is part of its identity: the hash is also its W&B/trainer/Ray job id
-            "target": name,
-            "data": [{"teacher": t, "weight": w / total, "tokenized": a.hash} for t, w, a in tokenized],
-            "student": self._student_identity(student),
-            "training": training,
+            "target": spec.name,
+            "data": [{"teacher": t, "weight": w, "tokenized": a.hash} for t, w, a in tokenized],
+            "student": spec.student.identity("checkpoints"),
+            "training": spec.training.identity("checkpoints"),
         }
-        if training.get("epochs_of") == "rows":
+        if spec.training.epochs_of == "rows":
             # the step count is ceil(epochs * rows / batch_size): the rows count is result-affecting
             run_inputs["rows"] = rows
         h = hashing.short(run_inputs)
@@ -290,13 +271,13 @@ class Plan:
                 "student_name": student_name,
                 "student": student,
                 "training": training,
-                "weights": {t: w / total for t, w, _ in tokenized},
+                "weights": dict(spec.weights),
                 "tokenized": {t: a.name for t, _, a in tokenized},
                 "rows": rows,
             },
         )
         return {"name": name, "run": run, "tokenized": [a for _, _, a in tokenized],
-                "export": self._export(name, {t: w / total for t, w in weights.items()})}
+                "export": self._export(name, dict(spec.weights))}
 
     def _export(self, target: str, weights: dict[str, float]) -> Artifact:
         """The target's shards for other trainers (rule `export`): LLaMA-Factory + messages jsonl."""
@@ -321,10 +302,9 @@ class Plan:
                 raise ConfigError(f"config: eval: teacher '{col}' has no held-out split (its transform.heldout_fraction "
                                   "is 0): set eval.heldout_fraction, or drop it from eval.teachers")
         for row in self.eval_rows():
-            spec = self.targets[row]["run"].spec
-            seq_len = int(spec["training"]["seq_len"])
+            spec = self.specs.targets[row]
             for col in self.eval_columns():
-                self.eval_cells[(row, col)] = self._tokenized(col, spec["student_name"], spec["student"], seq_len)
+                self.eval_cells[(row, col)] = self._tokenized(col, spec.student, spec.training)
 
     def eval_rows(self) -> list[str]:
         ev = self.cfg.get("eval") or {}
@@ -337,61 +317,49 @@ class Plan:
         cols = {t for r in self.eval_rows() for t in self.targets[r]["run"].spec["weights"]}
         return [t for t in self.cfg["teachers"] if t in cols]  # config order
 
-    def _student_identity(self, student: dict) -> dict:
-        ident = {k: v for k, v in student.items() if k not in ("tokenizer", "tokenizer_revision", "hf_checkpoint")}
-        ident["tokenizer"] = self._identity(student["tokenizer"], student.get("tokenizer_revision"))
-        if student["init"] == "hf":
-            ident["hf_checkpoint"] = self._identity(student["hf_checkpoint"], student.get("hf_revision"))
-        return ident
-
     def teacher_transform(self, teacher: str) -> dict:
         """The teacher's transform: its own settings over the defaults; with an ``eval:`` section that
         sets ``heldout_fraction``, that fraction for every teacher that sets none of its own."""
-        base = self.cfg["transform"]
-        ev = self.cfg.get("eval") or {}
-        if ev.get("heldout_fraction") is not None:
-            base = {**base, "heldout_fraction": float(ev["heldout_fraction"])}
-        return deep_merge(base, self.cfg["teachers"][teacher].get("transform"))
+        return S.as_dict(self.specs.teachers[teacher].transform)
 
     def _raw(self, teacher: str) -> Artifact:
         t = self.cfg["teachers"][teacher]
-        inputs = {"format": FORMAT_VERSIONS["raw"], "dataset": self._identity(t["dataset"], t["revision"])}
+        inputs = {"format": FORMAT_VERSIONS["raw"], **self.specs.teachers[teacher].identity("raw")}
         h = hashing.short(inputs)
         return self._add("raw", f"{teacher}-{h}", h, inputs, spec={"teacher": teacher, **t})
 
     def _shards(self, teacher: str) -> Artifact:
         raw = self._raw(teacher)
         transform = self.teacher_transform(teacher)
-        # `strict` decides whether a bad row fails the rule; the bytes of a success are the same.
-        # `long_chats` acts at tokenize time (it needs token counts): hashed there.
-        hashed = {k: v for k, v in transform.items() if k not in ("strict", "long_chats")}
-        inputs = {"format": FORMAT_VERSIONS["shards"], "raw": raw.hash, "transform": hashed}
+        # TransformSpec: `strict` is cosmetic, `long_chats` is hashed at tokenize time
+        inputs = {"format": FORMAT_VERSIONS["shards"], "raw": raw.hash, **self.specs.teachers[teacher].identity("shards")}
         h = hashing.short(inputs)
         return self._add(
             "shards", f"{teacher}-{h}", h, inputs, deps=[(raw.kind, raw.name)],
             spec={"teacher": teacher, "transform": transform, "raw": raw.name, "expected_rows": self.cfg["teachers"][teacher]["rows"]},
         )
 
-    def _tokenized(self, teacher: str, student_name: str, student: dict, seq_len: int) -> Artifact:
+    def _tokenized(self, teacher: str, student: S.StudentSpec, training: S.TrainingSpec) -> Artifact:
         shards = self._shards(teacher)
         if not TEMPLATE_PATH.exists():
             raise ConfigError(f"chat template missing: {TEMPLATE_PATH}")
-        long_chats = self.teacher_transform(teacher).get("long_chats", "truncate")
+        transform = self.specs.teachers[teacher].transform
+        seq_len, long_chats = int(training.seq_len), transform.long_chats
         inputs = {
             "format": FORMAT_VERSIONS["tokenized"],
             "shards": shards.hash,
-            "tokenizer": self._identity(student["tokenizer"], student.get("tokenizer_revision")),
             "template": hashing.file_digest(TEMPLATE_PATH),
-            # chats without a loss token in their first seq_len tokens are dropped; long_chats decides
-            # whether longer chats are truncated or dropped
-            "seq_len": seq_len,
-            "long_chats": long_chats,
+            # the tokenizer; chats without a loss token in their first seq_len tokens are dropped;
+            # long_chats decides whether longer chats are truncated or dropped
+            **student.identity("tokenized"),
+            **training.identity("tokenized"),
+            **transform.identity("tokenized"),
         }
         h = hashing.short(inputs)
         return self._add(
             "tokenized", f"{teacher}-{h}", h, inputs, deps=[(shards.kind, shards.name)],
             spec={"teacher": teacher, "shards": shards.name,
-                  "tokenizer": self.resolve_ref(student["tokenizer"], student.get("tokenizer_revision")),
+                  "tokenizer": student.tokenizer.resolved(),
                   "seq_len": seq_len, "long_chats": long_chats},
         )
 

@@ -242,7 +242,6 @@ def build(plan: Plan, out: Mapping[str, str]) -> dict:
 def rule_eval(snakemake) -> None:
     """Entry point of rule ``eval_matrix`` (scripts/rule_eval.py): a user error is one line, exit 1."""
     import sys
-    from pathlib import Path
 
     from .. import logs
     from ..observe import signals
@@ -252,7 +251,7 @@ def rule_eval(snakemake) -> None:
     logs.setup(log_path, snakemake.config.get("log_level", "INFO"))
     signals.install_stop_handler()
     signals.watch_snakemake(log_path=log_path)
-    plan = Plan(snakemake.config, base_dir=Path(snakemake.scriptdir).parent)
+    plan = snakemake.params.step.plan  # trajsft.plan.step.Step, resolved once by rules/common.smk
     try:
         build(plan, dict(snakemake.output.items()))
     except (*USER_ERRORS, FileNotFoundError) as e:

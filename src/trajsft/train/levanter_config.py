@@ -13,37 +13,16 @@ from typing import Any, Mapping, Optional, Sequence
 
 from ..data.cache import _chat_format, resolve_tokenizer
 from ..io import is_remote, write_text
+from ..plan.specs import MODEL_DIMS
 
 
 _RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
-# Qwen3 architectures expressed in Levanter's ``model`` (type: qwen3) fields.
-MODEL_PRESETS: dict[str, dict] = {
-    # CPU demo / tests: random init, ~100k parameters with a small vocab.
-    "tiny": {
-        "hidden_dim": 64,
-        "intermediate_dim": 128,
-        "num_layers": 2,
-        "num_heads": 4,
-        "num_kv_heads": 2,
-        "head_dim": 16,
-        "layer_norm_epsilon": 1e-6,
-        "tie_word_embeddings": False,
-        "use_bias": False,
-    },
-    # Qwen/Qwen3-8B config.json, spelled out so that *our* seq_len is kept (see levanter_config).
-    "qwen3-8b": {
-        "hidden_dim": 4096,
-        "intermediate_dim": 12288,
-        "num_layers": 36,
-        "num_heads": 32,
-        "num_kv_heads": 8,
-        "head_dim": 128,
-        "layer_norm_epsilon": 1e-6,
-        "tie_word_embeddings": False,
-        "use_bias": False,
-    },
-}
+# Qwen3 architectures expressed in Levanter's ``model`` (type: qwen3) fields: the students' dimensions
+# (``tiny``: CPU demo / tests, random init, ~100k parameters with a small vocab; ``qwen3-8b``: Qwen/Qwen3-8B's
+# config.json) live in the plan's specs, which hash them; these fields are the same for every student.
+QWEN3_FIXED: dict = {"layer_norm_epsilon": 1e-6, "tie_word_embeddings": False, "use_bias": False}
+MODEL_PRESETS: dict[str, dict] = {name: {**dims, **QWEN3_FIXED} for name, dims in MODEL_DIMS.items()}
 _PRESET_HF_DEFAULT = {"qwen3-8b": "Qwen/Qwen3-8B"}
 
 

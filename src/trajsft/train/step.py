@@ -12,29 +12,24 @@ from pathlib import Path
 from .. import io
 from ..data import template
 from ..data.tokenize import _read_manifest, cache_dir, tokenize
-from ..errors import ConfigError, DataError, TrainingFailed
+from ..errors import DataError, TrainingFailed
 from ..io import is_remote, join, write_json
 from ..observe import provenance
 from ..plan import schedule
 from ..plan.config import STATE_DIR, Plan
+from ..plan.specs import StudentSpec
 from . import levanter_config as LC, run as LR
-
 
 log = logging.getLogger("trajsft")
 
 
-def _model_args(student_name: str, student: dict) -> dict:
-    if student["init"] == "random":
-        return {"model": {**LC.MODEL_PRESETS["tiny"], **student["model"]}}
-    if student.get("model"):
-        model = {**LC.MODEL_PRESETS.get(student_name, {}), **student["model"]}
-    elif student_name in LC.MODEL_PRESETS:
-        model = dict(LC.MODEL_PRESETS[student_name])
-    else:
-        raise ConfigError(f"students.{student_name}: give model dimensions (no built-in preset of that name)")
+def _model_args(student: StudentSpec) -> dict:
+    """Levanter's model fields and initial weights of a student (its dimensions are resolved and hashed in its spec)."""
+    model = {**student.model.dims(), **LC.QWEN3_FIXED}
+    if student.init == "random":
+        return {"model": model}
     # "repo@revision": Levanter's RepoRef loads the pinned revision (weights, config, reference for export)
-    ref = student["hf_checkpoint"]
-    return {"model": model, "initialize_from_hf": f"{ref}@{student['hf_revision']}" if student.get("hf_revision") else ref}
+    return {"model": model, "initialize_from_hf": student.hf_checkpoint.hub_ref()}
 
 
 def run_paths(plan: Plan, target: str) -> dict:
@@ -124,7 +119,7 @@ def levanter_config(plan: Plan, target: str) -> dict:
         wandb_project=wandb_project,
         wandb_entity=wandb_entity,
         wandb_tags=[target],
-        **_model_args(spec["student_name"], spec["student"]),
+        **_model_args(plan.specs.targets[target].student),
     )
 
 

@@ -1,0 +1,339 @@
+"""Typed, frozen specs built once from the validated config.
+
+Every field of every spec says, in its ``field(metadata=...)``, whether it is **hashed** (and into
+which artifact kinds: ``raw``, ``shards``, ``tokenized``, ``checkpoints`` (a training run),
+``exports``) or **cosmetic**, with a one-line reason. :meth:`Spec.identity` returns exactly the
+fields hashed into one kind; :class:`trajsft.config.Plan` builds every artifact's hashed ``inputs``
+from those identities (plus upstream hashes and code versions). ``tests/test_specs.py`` checks that
+every field is declared, that every config key reaches a field, and that each declaration is true
+(changing a hashed field changes that artifact's hash and its downstream ones; a cosmetic one none).
+
+A hashed field enters an artifact directly; the artifacts built from it change through its hash
+(:data:`DOWNSTREAM`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Optional
+
+from . import hashing
+from ..errors import ConfigError
+
+KINDS = ("raw", "shards", "tokenized", "checkpoints", "exports")
+# the artifacts built (directly or not) from an artifact of each kind
+DOWNSTREAM = {
+    "raw": ("shards", "tokenized", "checkpoints", "exports"),
+    "shards": ("tokenized", "checkpoints", "exports"),
+    "tokenized": ("checkpoints",),
+    "checkpoints": (),
+    "exports": (),
+}
+
+# Model dimensions (Levanter's Qwen3 ``model`` fields) of a student that gives none or only some:
+# a random-init student starts from ``tiny``, an hf-init student from the entry of its name
+# (Qwen/Qwen3-8B's config.json, spelled out so that *our* seq_len is kept; see levanter_run).
+MODEL_DIMS: dict[str, dict[str, int]] = {
+    "tiny": {"hidden_dim": 64, "intermediate_dim": 128, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2,
+             "head_dim": 16},
+    "qwen3-8b": {"hidden_dim": 4096, "intermediate_dim": 12288, "num_layers": 36, "num_heads": 32, "num_kv_heads": 8,
+                 "head_dim": 128},
+}
+RANDOM_INIT_DIMS = "tiny"
+DEFAULT_ROPE_THETA = 1_000_000.0
+
+# Top-level settings that never enter a hash, and why (tests/test_specs.py checks the schema's keys).
+COSMETIC_SETTINGS = {
+    "storage_root": "where artifacts live, not what they hold (their locations change, their names do not)",
+    "executor": "where training runs (local or a Ray cluster): the same Levanter run either way",
+    "log_level": "log verbosity",
+    "tokenize_engine": "how the chat cache is built (in process or Levanter's Ray builder): the same cache either way",
+    "wandb": "experiment tracking (mode, project, entity, norm logging): not the weights",
+    "checkpointing": "checkpoint and HF export cadence and dtype: which snapshots are kept, not the training",
+    "ray": "cluster settings set by the tpu-* profiles",
+    "default_targets": "which targets `snakemake` builds with no target",
+    "report_targets": "which targets the report compares",
+}
+# Top-level settings that reach the hashes through the specs.
+SPEC_SETTINGS = {
+    "student": "TargetSpec.student: the student of every target that names none",
+    "transform": "TransformSpec: the defaults under every teacher's own transform",
+    "training": "TrainingSpec: the defaults under every target's own training",
+    "students": "StudentSpec, ModelSpec",
+    "teachers": "TeacherSpec (data); TargetSpec (a teacher trained on its own: student, training)",
+    "mixtures": "TargetSpec",
+    "eval": "eval.heldout_fraction: TransformSpec.heldout_fraction; the rest picks the matrix (no artifact)",
+}
+
+
+def hashed(*kinds: str, why: str, config: tuple[str, ...] | None = None, **kw) -> Any:
+    """A field hashed into ``kinds`` (no kinds: into whatever the field holding this spec is hashed into)."""
+    assert all(k in KINDS for k in kinds), kinds
+    return field(metadata={"hashed": tuple(kinds), "why": why, "config": config, "cosmetic": False}, **kw)
+
+
+def cosmetic(why: str, config: tuple[str, ...] | None = None, **kw) -> Any:
+    """A field that never enters a hash."""
+    return field(metadata={"hashed": (), "why": why, "config": config, "cosmetic": True}, **kw)
+
+
+def config_keys(f: dataclasses.Field) -> tuple[str, ...]:
+    """The config keys a spec field carries (its own name unless declared)."""
+    return f.metadata.get("config") or (f.name,)
+
+
+def _value(v: Any, kind: str) -> Any:
+    if isinstance(v, Spec):
+        return v.identity(kind)
+    if isinstance(v, tuple):
+        return [_value(x, kind) for x in v]
+    return v
+
+
+class Spec:
+    """Base of the frozen specs: :meth:`identity` from the fields' declarations."""
+
+    def identity(self, kind: str) -> dict:
+        """Exactly the fields hashed into ``kind`` (None-valued ones left out: unset)."""
+        out = {}
+        for f in dataclasses.fields(self):
+            if "hashed" not in f.metadata:
+                raise TypeError(f"{type(self).__name__}.{f.name} is neither hashed nor cosmetic")
+            if kind in f.metadata["hashed"]:
+                v = _value(getattr(self, f.name), kind)
+                if v is not None:
+                    out[f.name] = v
+        return out
+
+
+@dataclass(frozen=True)
+class Ref(Spec):
+    """A dataset, tokenizer or checkpoint reference: a local dir (hashed by content) or a Hub repo at a revision."""
+
+    ref: str = hashed(why="the Hub repo id (a local dir enters by content instead)")
+    revision: Optional[str] = hashed(why="the pinned Hub revision (ignored for a local dir)")
+    local: Optional[str] = cosmetic("where a local dir or file is read from; a dir's content is what is hashed",
+                                     default=None)
+    content: Optional[str] = hashed(why="the digest of a local dir's files", default=None)
+
+    def identity(self, kind: str | None = None) -> dict:
+        if self.content is not None:
+            return {"local_content": self.content}
+        return {"hub": self.ref, "revision": self.revision}
+
+    def resolved(self) -> str:
+        """A local dir as its path; a Hub repo as ``repo@revision`` when pinned (Levanter's RepoRef)."""
+        if self.local is not None:
+            return self.local
+        return self.hub_ref()
+
+    def hub_ref(self) -> str:
+        return f"{self.ref}@{self.revision}" if self.revision else self.ref
+
+
+@dataclass(frozen=True)
+class TransformSpec(Spec):
+    """How a teacher's rows become validated chats (rule ``shard``), and long chats at tokenize time."""
+
+    drop_roles: tuple[str, ...] = hashed("shards", why="roles removed from every chat", default=())
+    resolved_only: bool = hashed("shards", why="keeps only resolved trajectories", default=False)
+    dedup_traj_id: bool = hashed("shards", why="keeps the first row of each traj_id", default=True)
+    heldout_fraction: float = hashed("shards", why="which chats are held out (validation split)", default=0.0)
+    strict: bool = cosmetic("decides whether a bad row fails the rule; a success writes the same bytes "
+                            "(a params rerun trigger of rule shard)", default=False)
+    long_chats: str = hashed("tokenized", why="chats longer than seq_len are truncated or dropped when tokenized "
+                             "(needs token counts)", default="truncate")
+
+
+@dataclass(frozen=True)
+class TrainingSpec(Spec):
+    """Every training setting of a target (its own over the defaults)."""
+
+    epochs: float = hashed("checkpoints", why="passes over the data (with epochs_of: the step count)")
+    epochs_of: str = hashed("checkpoints", why="what an epoch counts (rows or packed sequences): the step count")
+    batch_size: int = hashed("checkpoints", why="sequences per optimizer step")
+    learning_rate: float = hashed("checkpoints", why="optimizer")
+    lr_schedule: str = hashed("checkpoints", why="optimizer")
+    warmup: float = hashed("checkpoints", why="optimizer")
+    decay: float = hashed("checkpoints", why="optimizer")
+    min_lr_ratio: float = hashed("checkpoints", why="optimizer")
+    weight_decay: float = hashed("checkpoints", why="optimizer")
+    max_grad_norm: Optional[float] = hashed("checkpoints", why="gradient clipping (null: none)")
+    beta1: float = hashed("checkpoints", why="optimizer")
+    beta2: float = hashed("checkpoints", why="optimizer")
+    epsilon: float = hashed("checkpoints", why="optimizer")
+    seq_len: int = hashed("tokenized", "checkpoints", why="the tokenized cache is windowed and packed for it; "
+                          "the model's sequence length")
+    seed: int = hashed("checkpoints", why="initialisation and data order")
+    max_steps: Optional[int] = hashed("checkpoints", why="overrides the step count (null: from epochs)", default=None)
+
+
+@dataclass(frozen=True)
+class ModelSpec(Spec):
+    """Levanter Qwen3 model dimensions: the config's over the preset of the student (MODEL_DIMS)."""
+
+    hidden_dim: Optional[int] = hashed("checkpoints", why="model architecture", default=None)
+    intermediate_dim: Optional[int] = hashed("checkpoints", why="model architecture", default=None)
+    num_layers: Optional[int] = hashed("checkpoints", why="model architecture", default=None)
+    num_heads: Optional[int] = hashed("checkpoints", why="model architecture", default=None)
+    num_kv_heads: Optional[int] = hashed("checkpoints", why="model architecture", default=None)
+    head_dim: Optional[int] = hashed("checkpoints", why="model architecture", default=None)
+
+    def dims(self) -> dict[str, int]:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if getattr(self, f.name) is not None}
+
+
+@dataclass(frozen=True)
+class StudentSpec(Spec):
+    """The model trained: its architecture, initialisation and tokenizer."""
+
+    name: str = cosmetic("a label: what it selects (preset model dimensions) is resolved into model",
+                         config=("students",))
+    init: str = hashed("checkpoints", why="random weights or a pretrained checkpoint")
+    tokenizer: Ref = hashed("tokenized", "checkpoints", why="token ids of the cache; the model's vocabulary",
+                            config=("tokenizer", "tokenizer_revision"))
+    rope_theta: float = hashed("checkpoints", why="rotary embedding base")
+    model: ModelSpec = hashed("checkpoints", why="the model dimensions Levanter builds (config over preset)")
+    hf_checkpoint: Optional[Ref] = hashed("checkpoints", why="the initial weights (init: hf; none for random)",
+                                          config=("hf_checkpoint", "hf_revision"), default=None)
+
+
+@dataclass(frozen=True)
+class TeacherSpec(Spec):
+    """A teacher's data: its dataset and how it is validated."""
+
+    name: str = hashed("checkpoints", "exports", why="runs and exports list their teachers by name (raw, shards "
+                       "and tokenized names only start with it)", config=("teachers",))
+    dataset: Ref = hashed("raw", why="the downloaded snapshot", config=("dataset", "revision"))
+    rows: int = hashed("checkpoints", why="with epochs_of: rows the step count is ceil(epochs * rows / batch); "
+                       "download checks it (a params rerun trigger)")
+    transform: TransformSpec = hashed("shards", "tokenized", why="see TransformSpec")
+
+
+@dataclass(frozen=True)
+class TargetSpec(Spec):
+    """A trained target: a teacher on its own, or a mixture."""
+
+    name: str = hashed("checkpoints", "exports", why="the run's name is its W&B, trainer and Ray job id",
+                       config=("teachers", "mixtures"))
+    weights: tuple[tuple[str, float], ...] = hashed("checkpoints", "exports", why="each teacher's share (normalised)",
+                                                    config=("teachers",))
+    student: StudentSpec = hashed("tokenized", "checkpoints", why="see StudentSpec")
+    training: TrainingSpec = hashed("tokenized", "checkpoints", why="see TrainingSpec")
+
+    @property
+    def teachers(self) -> list[str]:
+        return [t for t, _ in self.weights]
+
+
+SPEC_CLASSES = (Ref, TransformSpec, TrainingSpec, ModelSpec, StudentSpec, TeacherSpec, TargetSpec)
+
+
+@dataclass(frozen=True)
+class Specs:
+    """Every teacher, student and target by name (plain dicts: picklable, for rule jobs' params)."""
+
+    teachers: Mapping[str, TeacherSpec]
+    students: Mapping[str, StudentSpec]
+    targets: Mapping[str, TargetSpec]
+
+
+def _merge(*layers: Mapping | None) -> dict:
+    from .config import deep_merge
+
+    out: dict = {}
+    for layer in layers:
+        out = deep_merge(out, layer)
+    return out
+
+
+class _Refs:
+    """Resolves references relative to the workflow dir, digesting each local dir once."""
+
+    def __init__(self, base_dir: Path):
+        self.base_dir = base_dir
+        self.digests: dict[str, str] = {}
+
+    def __call__(self, ref: str, revision: str | None) -> Ref:
+        cand = Path(ref) if os.path.isabs(ref) else self.base_dir / ref
+        if not cand.exists():
+            return Ref(ref=ref, revision=revision)
+        content = None
+        if cand.is_dir():
+            if str(cand) not in self.digests:
+                self.digests[str(cand)] = hashing.tree_digest(cand)
+            content = self.digests[str(cand)]
+        return Ref(ref=ref, revision=revision, local=str(cand), content=content)
+
+
+def _spec(cls, values: Mapping, where: str, **extra):
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = set(values) - names
+    if unknown:  # the schema rejects them first; a key added there needs a field here
+        raise ConfigError(f"config: {where}: no spec field for {', '.join(sorted(unknown))}")
+    kw = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
+    try:
+        return cls(**kw, **extra)
+    except TypeError:
+        missing = [f.name for f in dataclasses.fields(cls)
+                   if f.name not in kw and f.name not in extra
+                   and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+        raise ConfigError(f"config: {where}: missing {', '.join(missing)}") from None
+
+
+def student_spec(name: str, st: Mapping, refs: _Refs) -> StudentSpec:
+    given = {k: v for k, v in (st.get("model") or {}).items()}
+    if st["init"] == "random":
+        base = MODEL_DIMS[RANDOM_INIT_DIMS]
+    elif given or name in MODEL_DIMS:
+        base = MODEL_DIMS.get(name, {})
+    else:
+        raise ConfigError(f"config: students.{name}: give model dimensions (no built-in preset of that name)")
+    hf = None
+    if st["init"] == "hf":
+        hf = refs(st["hf_checkpoint"], st.get("hf_revision"))
+    return StudentSpec(
+        name=name, init=st["init"], tokenizer=refs(st["tokenizer"], st.get("tokenizer_revision")),
+        rope_theta=float(st.get("rope_theta", DEFAULT_ROPE_THETA)),
+        model=_spec(ModelSpec, {**base, **given}, f"students.{name}.model"), hf_checkpoint=hf,
+    )
+
+
+def build(cfg: Mapping, base_dir: str | os.PathLike) -> Specs:
+    """Every teacher, student and target of a validated config, as frozen specs."""
+    refs = _Refs(Path(base_dir))
+    students = {name: student_spec(name, st, refs) for name, st in cfg["students"].items()}
+    ev = cfg.get("eval") or {}
+    base_transform = dict(cfg["transform"])
+    if ev.get("heldout_fraction") is not None:
+        base_transform["heldout_fraction"] = float(ev["heldout_fraction"])
+    teachers = {}
+    for name, t in cfg["teachers"].items():
+        tr = _spec(TransformSpec, _merge(base_transform, t.get("transform")), f"teachers.{name}.transform")
+        teachers[name] = TeacherSpec(name=name, dataset=refs(t["dataset"], t["revision"]), rows=int(t["rows"]),
+                                     transform=tr)
+    targets = {}
+    entries = [(n, e, {n: 1.0}) for n, e in cfg["teachers"].items()]
+    entries += [(n, e, dict(e["teachers"])) for n, e in (cfg.get("mixtures") or {}).items()]
+    for name, entry, weights in entries:
+        total = sum(weights.values())
+        training = _spec(TrainingSpec, _merge(cfg["training"], entry.get("training")), f"{name}: training")
+        targets[name] = TargetSpec(name=name, weights=tuple((t, w / total) for t, w in sorted(weights.items())),
+                                   student=students[entry.get("student", cfg["student"])], training=training)
+    return Specs(teachers=teachers, students=students, targets=targets)
+
+
+def as_dict(spec: Spec) -> dict:
+    """A spec as plain JSON-able data (tuples as lists)."""
+    return _value_plain(dataclasses.asdict(spec))
+
+
+def _value_plain(v: Any) -> Any:
+    if isinstance(v, dict):
+        return {k: _value_plain(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_value_plain(x) for x in v]
+    return v

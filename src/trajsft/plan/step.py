@@ -1,0 +1,73 @@
+"""The typed step a rule job gets through ``params:``, resolved once by the Snakemake process.
+
+``rules/common.smk`` resolves each job's :class:`Step` from the workflow's one ``Plan``; the rule
+script reads ``snakemake.params.step`` and writes ``snakemake.output``: no job re-reads the config,
+re-validates it or digests local dirs again. A step is picklable (Snakemake pickles a script job's
+``params``) and, being no builtin value, never a params rerun trigger: the rules keep their explicit
+triggers (``rows``, ``strict``, ``run``, ``name``).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .config import Artifact, Plan
+
+# the artifact kind each step writes
+KIND_OF = {"download": "raw", "shards": "shards", "tokenize": "tokenized", "train": "checkpoints",
+           "export": "exports"}
+STEPS = (*KIND_OF, "eval")
+
+
+@dataclass(frozen=True)
+class Step:
+    """One rule job: ``step`` (download, shards, tokenize, train, export, eval), ``name`` (the
+    artifact's name, or the target of train and export) and ``plan``: a copy of the workflow's plan
+    that holds only the artifacts this step writes and reads (and, for train, export and eval,
+    its targets)."""
+
+    step: str
+    name: str
+    plan: Plan
+
+    @property
+    def artifact(self) -> Artifact | None:
+        """The artifact this step writes (eval writes the matrix, no artifact)."""
+        if self.step in ("train", "export"):
+            return self.plan.target(self.name)["run" if self.step == "train" else "export"]
+        if self.step == "eval":
+            return None
+        return self.plan.get(KIND_OF[self.step], self.name)
+
+
+def resolve(plan: Plan, step: str, name: str = "") -> Step:
+    """The :class:`Step` of a job, from the workflow's plan (resolved once, in the Snakemake process)."""
+    if step not in STEPS:
+        raise ValueError(f"unknown step {step!r} (steps: {', '.join(STEPS)})")
+    cells = {}
+    if step in ("train", "export"):
+        target = plan.target(name)
+        targets = {name: target}
+        roots = [target["run" if step == "train" else "export"]]
+    elif step == "eval":
+        targets = {r: plan.target(r) for r in plan.eval_rows()}
+        cells = dict(plan.eval_cells)
+        roots = [t["run"] for t in targets.values()] + list(cells.values())
+    else:
+        targets, roots = {}, [plan.get(KIND_OF[step], name)]
+    keep: dict = {}
+
+    def visit(a):
+        if (a.kind, a.name) not in keep:
+            keep[(a.kind, a.name)] = a
+            for dep in a.deps:
+                visit(plan.artifacts[dep])
+
+    for a in roots:
+        visit(a)
+    sub = copy.copy(plan)
+    sub.artifacts, sub.targets, sub.eval_cells = keep, targets, cells
+    return Step(step=step, name=name, plan=sub)
