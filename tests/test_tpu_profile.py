@@ -145,7 +145,7 @@ def test_stopped_job_is_retried_then_a_kill9ed_snakemake_reattaches_to_the_retry
        as "detached"), and the same command re-attaches to it instead of resubmitting."""
     wd = workdir(data, "retry")
     prof = profile(wd.parent / "retry-profile", ray_head.address, data[1],
-                        {"teachers": {"demo": {"training": {"max_steps": 12}}},
+                        {"teachers": {"demo": {"training": {"max_steps": 24}}},  # the stop must land before the end
                          "checkpointing": {"keep_every_steps": 3, "save_interval_minutes": 600}})
     h = run_hash(wd, prof)
     a0, a1 = f"trajsft-{h}-a0", f"trajsft-{h}-a1"
@@ -155,7 +155,7 @@ def test_stopped_job_is_retried_then_a_kill9ed_snakemake_reattaches_to_the_retry
     job = _running_job(ray_head, h, p)
     wait_for(lambda: CK.latest_checkpoint(ckdir), 600, "a checkpoint", p)
     row = status(wd, prof, ray_head)
-    assert row["state"] == "training running" and row["ray_job_id"] == a0 and row["steps_total"] == 12
+    assert row["state"] == "training running" and row["ray_job_id"] == a0 and row["steps_total"] == 24
     c = json.loads(trajsft(wd, ray_head, "clusters", str(prof), "--json").stdout)[0]
     assert c["jobs"]["ours_running"] == [a0]
     assert rayjobs.stop(ray_head.address, job["submission_id"], 60, auth_token=ray_head.token) == "STOPPED"  # like a preemption
@@ -179,7 +179,7 @@ def test_stopped_job_is_retried_then_a_kill9ed_snakemake_reattaches_to_the_retry
     result = json.loads((run_dir / "training_result.json").read_text())
     assert result["resumed_from_step"] == resumed_from >= 1
     done = json.loads((wd / "checkpoints/demo/done").read_text())
-    assert done["steps"] == 12 and done["ray_job_id"] == a1
+    assert done["steps"] == 24 and done["ray_job_id"] == a1
     assert [a["outcome"] for a in attempts(run_dir)] == ["failed", "detached", "succeeded"], attempts(run_dir)
 
 
