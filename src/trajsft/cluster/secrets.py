@@ -26,7 +26,7 @@ log.  So secret values must go neither there nor into metadata.  Instead,
    extracted package directory, puts the values into ``os.environ``, removes
    its own package from the job config that the driver passes on to its
    tasks/actors (``RAY_JOB_CONFIG_JSON_ENV_VAR``, so worker nodes never
-   download the bundle), and ``exec``\ s ``/bin/sh -c '<original>'``.
+   download the bundle), and ``exec``-s ``/bin/sh -c '<original>'``.
 
 What Ray shows (job info, list_jobs, state API, job log) therefore contains
 only the variable *names* (metadata ``trajsft_forwarded_env``), the wrapper
