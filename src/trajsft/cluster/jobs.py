@@ -338,21 +338,20 @@ class _Conn:
     def list_jobs(self) -> list[JobView]:
         return [JobView(d) for d in self.get("/api/jobs/", timeout=30.0)]
 
-    def job_logs(self, job_id: str) -> str:
-        r = _http(self.address, "GET", f"/api/jobs/{quote(job_id, safe='')}/logs", self.headers, timeout=120.0)
+    def _job_call(self, method: str, job_id: str, action: str, what: str, timeout: float) -> dict:
+        """``<method> /api/jobs/<id>/<action>``'s JSON; a missing job is :class:`JobNotFound`."""
+        r = _http(self.address, method, f"/api/jobs/{quote(job_id, safe='')}/{action}", self.headers, timeout=timeout)
         if r.status_code == 404:
             raise JobNotFound(f"Ray job {job_id} does not exist on {self.address}")
         if r.status_code != 200:
-            raise RayJobsError(f"get logs of {job_id}: HTTP {r.status_code}: {r.text[:200]}")
-        return r.json().get("logs") or ""
+            raise RayJobsError(f"{what} {job_id}: HTTP {r.status_code}: {r.text[:200]}")
+        return r.json()
+
+    def job_logs(self, job_id: str) -> str:
+        return self._job_call("GET", job_id, "logs", "get logs of", timeout=120.0).get("logs") or ""
 
     def stop_job(self, job_id: str) -> bool:
-        r = _http(self.address, "POST", f"/api/jobs/{quote(job_id, safe='')}/stop", self.headers, timeout=30.0)
-        if r.status_code == 404:
-            raise JobNotFound(f"Ray job {job_id} does not exist on {self.address}")
-        if r.status_code != 200:
-            raise RayJobsError(f"stop {job_id}: HTTP {r.status_code}: {r.text[:200]}")
-        return bool(r.json().get("stopped"))
+        return bool(self._job_call("POST", job_id, "stop", "stop", timeout=30.0).get("stopped"))
 
     def status(self, job_id: str) -> str:
         info = self.job_info(job_id)
