@@ -43,7 +43,8 @@ def exemplar() -> dict:
 
 
 # shards of at least this many bytes (as stored, summed over a cache's splits) are tokenized by a
-# worker pool (README "Performance": below it the fork and the workers' start cost more than they save)
+# worker pool; smaller builds (the demo's 36 KB, ~0.4M tokens of the benchmark's chats) take a second or
+# two in one process and do not pay the fork (README "Performance"; the crossover is not measured)
 POOL_MIN_BYTES = 1 << 20
 # a pool task: whole chats, up to this many bytes of JSON (or BATCH chats): small enough to keep
 # every worker busy to the end
