@@ -107,12 +107,16 @@ def test_benchmark_smoke(capsys):
     assert [sc["runs"][k]["chats"] for k in ("1", "4", "16")] == [1, 4, 16]
     assert all(sc["runs"][k]["engine"] == "inprocess" and sc["runs"][k]["tokens"] > 0 for k in sc["runs"])
     assert sc["ratio_inprocess_over_raw"] == pytest.approx(sc["raw_all_cores"]["seconds"] / sc["runs"]["16"]["seconds"])
+    # the serial (before-the-pool) build of the same 16x shards; tiny data: the rule's build has no pool either
+    assert sc["serial_16x"]["workers"] == 0 and sc["serial_16x"]["tokens"] == sc["runs"]["16"]["tokens"]
+    assert sc["runs"]["16"]["workers"] == 0 and sc["runs"]["16"]["shard_bytes"] > 0
+    assert sc["ratio_serial_over_raw"] == pytest.approx(sc["raw_all_cores"]["seconds"] / sc["serial_16x"]["seconds"])
     assert r["rule_demo"] is None
 
     # the human-readable table renders from the same figures
     table = bm.format_table(r)
     for needle in ("ChatProcessor", "raw tokenizer", "ratio ours/raw", "packing efficiency", "chats truncated",
                    "assistant tokens lost", "the real Qwen3 tokenizer", "Levanter packs the FFD bins",
-                   "in-process / raw", "linearity"):
+                   "in-process / raw", "linearity", "serial / raw", "pool speed-up"):
         assert needle in table
 

@@ -318,6 +318,59 @@ def test_qwen3_8b_preset_matches_hf_architecture(tmp_path):
     assert abs(n - 8_190_735_360) < 1e6
 
 
+@pytest.mark.parametrize("where", ["local", "memory"])
+def test_discover_latest_checkpoint_is_levanters(tmp_path, where):
+    """Our copy (no jax import in the train rule's process) picks what Levanter's picks, layout by layout."""
+    import fsspec
+    from levanter.checkpoint import discover_latest_checkpoint as levanters
+
+    root = str(tmp_path) if where == "local" else f"memory://ck-{tmp_path.name}"
+    fs = fsspec.filesystem("file" if where == "local" else "memory")
+
+    def put(path: str, step: int, ts: str, tmp: bool = False) -> None:
+        fs.makedirs(path, exist_ok=True)
+        with fs.open(f"{path}/metadata.json", "w") as f:
+            f.write(json.dumps({"step": step, "timestamp": ts, "is_temporary": tmp}))
+
+    layouts = {
+        "empty": [],
+        "newest timestamp wins over a higher step": [("a/step-9", 9, "2025-01-01T00:00:01"),
+                                                    ("a/step-4", 4, "2025-01-01T00:00:03")],
+        "same timestamp: higher step": [("b/step-3", 3, "2025-01-01T00:00:05"), ("b/step-7", 7, "2025-01-01T00:00:05")],
+        "temporary newest": [("c/step-2", 2, "2025-01-01T00:00:01"), ("c/tmp", 5, "2025-01-01T00:00:09", True)],
+        "the dir itself": [("d", 6, "2025-01-01T00:00:02")],
+        "the dir itself and a newer subdir": [("e", 6, "2025-01-01T00:00:02"), ("e/step-8", 8, "2025-01-01T00:00:04")],
+    }
+    for name, ckpts in layouts.items():
+        base = f"{root}/{name.replace(' ', '_').replace(':', '')}"
+        fs.makedirs(f"{base}/unfinished-step-99", exist_ok=True)  # no metadata.json: not a checkpoint
+        with fs.open(f"{base}/a-file", "w") as f:
+            f.write("x")
+        for rel, step, ts, *tmp in ckpts:
+            sub = rel.split("/", 1)[1] if "/" in rel else ""
+            put(f"{base}/{sub}".rstrip("/"), step, ts, *tmp)
+        assert CK.discover_latest_checkpoint(base) == levanters(base), name
+        if ckpts:
+            assert CK.discover_latest_checkpoint(base) is not None, name
+
+
+def test_the_train_rule_process_does_not_import_jax(tmp_path):
+    """latest_checkpoint (called by the train rule's own process before and after train_lm) and the
+    rule's modules never import jax or Levanter."""
+    code = (
+        "import json, sys\n"
+        "from trajsft.steps import run_rule\n"
+        "from trajsft.train import step, run, checkpoints as CK\n"
+        f"p = {str(tmp_path)!r} + '/step-3'\n"
+        "import os; os.makedirs(p)\n"
+        "open(p + '/metadata.json', 'w').write(json.dumps({'step': 3, 'timestamp': '2025-01-01T00:00:01'}))\n"
+        f"assert CK.latest_checkpoint({str(tmp_path)!r})['completed_steps'] == 4\n"
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('jax', 'jaxlib', 'levanter', 'haliax'))\n"
+        "assert not bad, bad\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
 def test_latest_checkpoint_and_metrics(tmp_path):
     ck = tmp_path / "ck"
     for step, ts, tmp in [(4, "2025-01-01T00:00:01", False), (9, "2025-01-01T00:00:03", True)]:

@@ -7,7 +7,9 @@ FFD bins, and the non-pad share in the manifest is what the packed examples hold
 
 from __future__ import annotations
 
+import json
 import math
+import os
 import random
 from pathlib import Path
 
@@ -151,3 +153,91 @@ def test_tensorstore_writes_gs_caches_through_its_gcs_driver():
                                   ocdbt=False)["kvstore"]
     assert kv["driver"] == "gcs" and kv["bucket"] == "marin-us-central1"
     assert kv["path"] == "trajsft/tokenized/x/cache-packed/train/input_ids/data"
+
+
+def _chats(n: int, seed: int) -> list[dict]:
+    rng = random.Random(seed)
+    return [{"messages": [{"role": "user", "content": " ".join(["word"] * rng.randint(1, 60))},
+                          {"role": "assistant", "content": " ".join(["done"] * rng.randint(1, 60))}],
+             "traj_id": f"t{seed}-{i}"} for i in range(n)]
+
+
+def test_the_worker_pool_writes_exactly_the_serial_cache(tmp_path, monkeypatch):
+    """Large-input path (forked workers running Levanter's ChatProcessor, results written in order)
+    against the in-process one on the same shards: identical token ids and masks, row by row, in
+    both splits, and both equal Levanter's ChatProcessor on the chats in shard order."""
+    from levanter.compat.hf_checkpoints import load_tokenizer
+    from levanter.data.text import ChatProcessor
+    from levanter.store.cache import CacheLedger
+
+    from trajsft.data import cache as DC
+    from trajsft.data import chat_cache
+    from trajsft.data.template import load_template
+    from trajsft.data.transform import gzip_jsonl
+
+    train = [_chats(70, 1), _chats(1, 2), _chats(55, 3)]
+    val = [_chats(9, 4)]
+    urls = {}
+    for split, shards in (("train", train), ("validation", val)):
+        urls[split] = []
+        for i, chats in enumerate(shards):
+            p = tmp_path / f"{split}-{i:05d}.jsonl.gz"
+            p.write_bytes(gzip_jsonl(chats))
+            urls[split].append(str(p))
+    monkeypatch.setattr(chat_cache, "POOL_TASK_BYTES", 2000)  # many small tasks, several in flight
+    serial = DC.build_chat_cache(urls["train"], urls["validation"], str(tmp_path / "serial"), DEMO_TOKENIZER,
+                                 load_template(), seq_len=128, workers=0)
+    pooled = DC.build_chat_cache(urls["train"], urls["validation"], str(tmp_path / "pooled"), DEMO_TOKENIZER,
+                                 load_template(), seq_len=128, workers=2)
+    proc = ChatProcessor(load_tokenizer(DEMO_TOKENIZER), chat_template=load_template())
+    for split, shards in (("train", train), ("validation", val)):
+        chats = [c for s in shards for c in s]
+        assert serial[split]["lengths"] == pooled[split]["lengths"] and len(pooled[split]["lengths"]) == len(chats)
+        a = DC._open_chat_split(str(tmp_path / "serial" / split)).store.get_batch_sync(list(range(len(chats))))
+        b = DC._open_chat_split(str(tmp_path / "pooled" / split)).store.get_batch_sync(list(range(len(chats))))
+        direct = proc(chats)
+        for x, y, z in zip(a, b, direct):
+            for k in ("input_ids", "assistant_masks"):
+                assert np.array_equal(x[k], y[k]) and np.array_equal(y[k], z[k])
+        assert (CacheLedger.load(str(tmp_path / "pooled" / split)).metadata
+                == CacheLedger.load(str(tmp_path / "serial" / split)).metadata)
+    import psutil
+
+    assert not psutil.Process().children()  # the workers are gone
+
+
+def test_the_worker_pool_runs_in_other_processes_and_keeps_the_order():
+    from trajsft.data import chat_cache
+
+    def proc(batch):
+        return [{"i": r["i"], "pid": os.getpid()} for r in batch]
+
+    lines = [json.dumps({"i": i}) + "\n" for i in range(300)]
+    with chat_cache.tokenize_pool(proc, 2) as pool:
+        out = [r for res in chat_cache._pooled(pool, chat_cache._tasks(iter(lines), 7)) for r in res]
+    assert [r["i"] for r in out] == list(range(300))
+    pids = {r["pid"] for r in out}
+    assert os.getpid() not in pids and 1 <= len(pids) <= 2
+
+
+def test_a_worker_error_reaches_the_build_and_nothing_is_published(tmp_path):
+    """Levanter's ChatProcessor raises on a chat without an assistant turn; in a worker too."""
+    from trajsft.data import cache as DC
+    from trajsft.data.template import load_template
+    from trajsft.data.transform import gzip_jsonl
+
+    chats = _chats(20, 5) + [{"messages": [{"role": "user", "content": "hi"}]}]
+    shard = tmp_path / "train-00000.jsonl.gz"
+    shard.write_bytes(gzip_jsonl(chats))
+    with pytest.raises(ValueError, match="did not contain an assistant message"):
+        DC.build_chat_cache([str(shard)], [], str(tmp_path / "cache"), DEMO_TOKENIZER, load_template(), workers=2)
+    assert not list(tmp_path.glob("*cache*"))
+
+
+def test_only_large_inputs_use_the_pool(monkeypatch):
+    from trajsft.data import chat_cache
+
+    monkeypatch.setattr(chat_cache.os, "cpu_count", lambda: 2)
+    assert chat_cache.pool_workers(chat_cache.POOL_MIN_BYTES - 1) == 0  # the demo's 36 KB: in this process
+    assert chat_cache.pool_workers(chat_cache.POOL_MIN_BYTES) == 2
+    assert chat_cache.pool_workers(10 * chat_cache.POOL_MIN_BYTES, workers=1) == 0  # one core: no pool

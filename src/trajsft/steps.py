@@ -7,17 +7,15 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import resource
 import signal
 import sys
 import time
 import traceback
-from pathlib import Path
 from typing import Callable
 
 from . import io
 from .data import transform
-from .data.download import download
-from .data.shard import shards
 from .errors import ConfigError, DataError
 from .io import is_remote, write_json
 from .observe import signals
@@ -31,7 +29,26 @@ USER_ERRORS = (ConfigError, DataError, transform.BadRow)
 
 
 # ---- rule entry point -------------------------------------------------------------------
-STEPS: dict[str, Callable[[Plan, str], dict]] = {"download": download, "shards": shards}
+def _step_function(step: str) -> Callable[[Plan, str], dict]:
+    """The step's function, importing only its own module (a rule job pays no other step's imports)."""
+    if step == "download":
+        from .data.download import download
+
+        return download
+    if step == "shards":
+        from .data.shard import shards
+
+        return shards
+    if step == "tokenize":
+        from .data.tokenize import tokenize
+
+        return tokenize
+    raise ValueError(f"unknown step {step!r}")
+
+
+def _cpu_seconds() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
 
 
 def run_rule(snakemake) -> None:
@@ -46,8 +63,8 @@ def run_rule(snakemake) -> None:
     step, name, plan = job.step, job.name, job.plan
     cfg = plan.cfg
     log_path = snakemake.log[0] if snakemake.log else None
-    if step not in STEPS:
-        from .train import step as steps_train  # tokenize/train need jax & levanter: import lazily
+    if step == "train":
+        from .train import step as steps_train  # never jax/levanter: train_lm runs in a child
     if step == "train" and log_path:
         log_path = steps_train.link_rule_log(plan, name, log_path)
     logs.setup(log_path, cfg.get("log_level", "INFO"))
@@ -59,10 +76,8 @@ def run_rule(snakemake) -> None:
     try:
         if step == "train":
             result = steps_train.train(plan, name, done_path=snakemake.output[0])
-        elif step in STEPS:
-            result = STEPS[step](plan, name)
         else:
-            result = steps_train.STEPS[step](plan, name)
+            result = _step_function(step)(plan, name)
     except USER_ERRORS as e:
         msg = f"trajsft {step} {name}: {e}"
         log.error(msg)
@@ -94,4 +109,5 @@ def run_rule(snakemake) -> None:
         if is_remote(art.location):
             io.write_bytes(f"{art.location}/manifest.json", json.dumps(manifest, indent=2).encode())
         write_json(snakemake.output[0], manifest)
-    log.info("%s %s done in %.1fs", step, name, time.time() - started)
+    # this process's own CPU (children not included: a train_lm child has its own log)
+    log.info("%s %s done in %.1fs (rule process: %.2f CPU-s)", step, name, time.time() - started, _cpu_seconds())

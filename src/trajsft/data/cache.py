@@ -169,6 +169,7 @@ def build_chat_cache(
     num_cpus: Optional[int] = None,
     ray_tmpdir: Optional[str] = None,
     engine: str = "inprocess",
+    workers: Optional[int] = None,
 ) -> dict:
     """Build Levanter chat caches ``<cache_dir>/train`` (and ``/validation``) from chat shards.
 
@@ -183,7 +184,9 @@ def build_chat_cache(
     ``engine="inprocess"`` (default) streams the shards through that processor into Levanter's
     ``SerialCacheWriter`` in this process (``trajsft.data.chat_cache``); ``engine="ray"`` runs
     Levanter's own Ray cache builder (``build_lm_dataset_cache``). Both write the same rows in
-    shard order with the same ledger metadata.
+    shard order with the same ledger metadata. In-process, ``workers`` forked processes run the
+    processor (default: one per core once the shards reach ``chat_cache.POOL_MIN_BYTES``, else none;
+    ``0``: none); the rows are the same.
 
     Kill safety: for local paths the cache is built in a hidden sibling directory
     ``.<name>.building-<pid>-<rand>`` and renamed to ``cache_dir`` only when every split is finished
@@ -243,8 +246,12 @@ def build_chat_cache(
 
             # the processor Levanter's builder would use (same ledger metadata)
             processor = preprocessor_for_format(fmt, tok, enforce_bos=True, enforce_eos=True)
-            for split, urls in splits.items():
-                chat_cache.write_split(os.path.join(build_dir, split), urls, processor)
+            if workers is None:
+                workers = chat_cache.pool_workers(sum(chat_cache.shard_bytes(u) for u in splits.values()))
+            # the pool (large inputs only) is forked before any cache writer exists
+            with chat_cache.tokenize_pool(processor, workers) as pool:
+                for split, urls in splits.items():
+                    chat_cache.write_split(os.path.join(build_dir, split), urls, processor, pool=pool)
         else:
             _build_on_ray(build_dir, splits, fmt, tok, num_cpus, ray_tmpdir)
         if not _cache_complete(build_dir, splits):

@@ -8,6 +8,17 @@ the shards through the same ``ChatProcessor`` and writes the same ``TreeStore`` 
 ``train_lm`` loads as is. Tokenization uses every core through the fast tokenizer's batch encode
 (``TOKENIZERS_PARALLELISM=true`` for the build).
 
+Large inputs (``POOL_MIN_BYTES`` of shards or more) are tokenized by a pool of forked worker processes,
+one per core, each running the same ``ChatProcessor`` object on whole chats, while this process reads
+the shards and writes the results in shard order. The processor's Python part (HF
+``apply_chat_template``: Jinja rendering, the assistant mask, the id lists) is single-threaded and
+cannot overlap with the tokenizer's batch encode in one process; in the pool every part runs on
+every core. The pool is forked before any tensorstore writer exists (``tokenize_pool``), the
+workers only call the processor (never jax; the tokenizer's own thread pool is off in them, one
+process per core instead) and exit with this process. Each chat is tokenized on its own by the
+processor (the batch only groups calls), so the cache holds the same rows in the same order either
+way (``tests/test_packing.py`` compares both paths on token ids).
+
 ``copy_split`` writes an existing split again in another chat order (FFD packing order, with dropped
 chats left out) without tokenizing again.
 """
@@ -17,7 +28,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from typing import Iterable, Iterator, Sequence
+import signal
+from collections import deque
+from typing import Iterable, Iterator, Optional, Sequence
 
 import numpy as np
 
@@ -29,15 +42,41 @@ def exemplar() -> dict:
     return {"input_ids": np.zeros((0,), dtype=np.int32), "assistant_masks": np.zeros((0,), dtype=np.int32)}
 
 
-def iter_records(urls: Sequence[str]) -> Iterator[dict]:
-    """One dict per line of ``.jsonl`` / ``.jsonl.gz`` shards (anything fsspec opens), streamed."""
+# shards of at least this many bytes (as stored, summed over a cache's splits) are tokenized by a
+# worker pool; smaller builds (the demo's 36 KB, ~0.4M tokens of the benchmark's chats) take a second or
+# two in one process and do not pay the fork (README "Performance"; the crossover is not measured)
+POOL_MIN_BYTES = 1 << 20
+# a pool task: whole chats, up to this many bytes of JSON (or BATCH chats): small enough to keep
+# every worker busy to the end
+POOL_TASK_BYTES = 256 << 10
+
+
+def iter_lines(urls: Sequence[str]) -> Iterator[str]:
+    """The non-empty lines of ``.jsonl`` / ``.jsonl.gz`` shards (anything fsspec opens), streamed."""
     import fsspec
 
     for url in urls:
         with fsspec.open(url, "rt", compression="infer", encoding="utf-8") as f:
             for line in f:
                 if line.strip():
-                    yield json.loads(line)
+                    yield line
+
+
+def iter_records(urls: Sequence[str]) -> Iterator[dict]:
+    """One dict per line of ``.jsonl`` / ``.jsonl.gz`` shards (anything fsspec opens), streamed."""
+    for line in iter_lines(urls):
+        yield json.loads(line)
+
+
+def shard_bytes(urls: Sequence[str]) -> int:
+    """Summed size of the shard files as stored (compressed)."""
+    import fsspec
+
+    total = 0
+    for url in urls:
+        fs, path = fsspec.core.url_to_fs(url)
+        total += int(fs.size(path) or 0)
+    return total
 
 
 def _batches(items: Iterable, size: int) -> Iterator[list]:
@@ -72,16 +111,102 @@ def metadata(processor):
     return CacheMetadata(preprocessor_metadata=processor.metadata)
 
 
-def write_split(split_dir: str, urls: Sequence[str], processor, batch_size: int = BATCH) -> int:
-    """Tokenize the chats of ``urls`` in order into a finished cache split at ``split_dir``; returns rows."""
+def write_split(split_dir: str, urls: Sequence[str], processor, batch_size: int = BATCH, pool=None) -> int:
+    """Tokenize the chats of ``urls`` in order into a finished cache split at ``split_dir``; returns rows.
+
+    With ``pool`` (a :func:`tokenize_pool` made for this ``processor``) the chats are tokenized by
+    its workers and written here in shard order; the rows are the same."""
     from levanter.store.cache import SerialCacheWriter
 
     rows = 0
+    if pool is not None:
+        with SerialCacheWriter(split_dir, exemplar(), metadata(processor)) as writer:
+            for out in _pooled(pool, _tasks(iter_lines(urls), batch_size)):
+                writer.write_batch(out)
+                rows += len(out)
+        return rows
     with _tokenizers_parallel(), SerialCacheWriter(split_dir, exemplar(), metadata(processor)) as writer:
         for batch in _batches(iter_records(urls), batch_size):
             writer.write_batch(processor(batch))
             rows += len(batch)
     return rows
+
+
+# ---- the worker pool ---------------------------------------------------------------------------
+_WORKER_PROCESSOR = None  # the processor a forked worker inherits (set just before the fork)
+
+
+def _worker_init() -> None:
+    # one process per core: the tokenizer's own thread pool stays off (tokenizers also turns it off
+    # after a fork); SIGINT/SIGTERM are for the parent, which ends the pool
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    with contextlib.suppress(Exception):  # die with the parent even if it is SIGKILLed (Linux)
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def _work(lines: list[str]) -> list[dict]:
+    return list(_WORKER_PROCESSOR([json.loads(line) for line in lines]))
+
+
+def _tasks(lines: Iterable[str], max_chats: int, max_bytes: int = POOL_TASK_BYTES) -> Iterator[list[str]]:
+    task: list[str] = []
+    size = 0
+    for line in lines:
+        task.append(line)
+        size += len(line)
+        if len(task) >= max_chats or size >= max_bytes:
+            yield task
+            task, size = [], 0
+    if task:
+        yield task
+
+
+def _pooled(pool, tasks: Iterable[list[str]]) -> Iterator[list[dict]]:
+    """The workers' results of ``tasks`` in order, at most two tasks per worker in flight (the
+    shards are read only as fast as they are tokenized)."""
+    pending: deque = deque()
+    limit = 2 * pool._processes
+    for task in tasks:
+        pending.append(pool.apply_async(_work, (task,)))
+        if len(pending) >= limit:
+            yield pending.popleft().get()
+    while pending:
+        yield pending.popleft().get()
+
+
+def pool_workers(total_bytes: int, workers: Optional[int] = None) -> int:
+    """How many worker processes a build of ``total_bytes`` of shards uses (0: none, in this process)."""
+    n = workers if workers is not None else (os.cpu_count() or 1)
+    return n if n > 1 and total_bytes >= POOL_MIN_BYTES else 0
+
+
+@contextlib.contextmanager
+def tokenize_pool(processor, workers: int):
+    """``workers`` forked processes that run ``processor`` (``None`` if ``workers`` is 0).
+
+    Call it before any cache writer is open: the fork copies this process as it is."""
+    global _WORKER_PROCESSOR
+    if workers <= 0:
+        yield None
+        return
+    import multiprocessing
+
+    _WORKER_PROCESSOR = processor
+    # set (restored afterwards), so that a worker of a parent that already ran the tokenizer in
+    # parallel does not print tokenizers' "just got forked" warning
+    with _tokenizers_parallel():
+        pool = multiprocessing.get_context("fork").Pool(workers, initializer=_worker_init)
+        try:
+            yield pool
+            pool.close()
+            pool.join()
+        finally:
+            pool.terminate()
+            _WORKER_PROCESSOR = None
 
 
 def copy_split(src_dir: str, dst_dir: str, order: Sequence[int], batch_size: int = COPY_BATCH) -> int:

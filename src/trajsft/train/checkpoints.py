@@ -13,6 +13,42 @@ from ..io import exists, filesystem, is_remote, read_json
 # --------------------------------------------------------------------------------------
 
 
+def discover_latest_checkpoint(checkpoint_path: str) -> Optional[str]:
+    """``levanter.checkpoint.discover_latest_checkpoint`` (Levanter 1.2.dev1644): the same fsspec
+    calls, candidates and sort key, without importing ``levanter.checkpoint``, which imports jax and
+    Levanter (~5 CPU-s in the train rule's process, which only launches and waits for its train_lm
+    child; README "No wasted work"). ``tests/test_levanter_run.py`` checks it against Levanter's on
+    local and ``memory://`` layouts."""
+    import datetime
+    import json
+    import urllib.parse
+
+    import fsspec
+
+    checkpoint_path = str(checkpoint_path)
+    fs, _, _ = fsspec.get_fs_token_paths(checkpoint_path)
+
+    def is_checkpoint_dir(path: str) -> bool:
+        return fs.exists(os.path.join(path, "metadata.json"))
+
+    def maybe_unstrip_protocol(path: str) -> str:
+        base_path_protocol = urllib.parse.urlparse(checkpoint_path).scheme
+        if base_path_protocol != "" and not urllib.parse.urlparse(path).scheme != "":
+            return f"{base_path_protocol}://{path}"
+        return path
+
+    ckpt_dirs = [maybe_unstrip_protocol(d) for d in fs.glob(os.path.join(checkpoint_path, "*")) if fs.isdir(d)]
+    ckpt_dirs.append(checkpoint_path)
+    ckpt_dirs = [d for d in ckpt_dirs if is_checkpoint_dir(d)]
+
+    def checkpoint_sort_key(ckpt_dir: str):
+        with fs.open(os.path.join(ckpt_dir, "metadata.json")) as f:
+            metadata = json.load(f)
+        return (datetime.datetime.fromisoformat(metadata["timestamp"]), metadata["step"])
+
+    return max(ckpt_dirs, key=checkpoint_sort_key) if ckpt_dirs else None
+
+
 def latest_checkpoint(checkpoint_dir: str) -> Optional[dict]:
     """The checkpoint Levanter resumes from (``levanter.checkpoint.discover_latest_checkpoint``: a
     subdir with ``metadata.json``, newest by (timestamp, step)), with what callers need from its
@@ -20,8 +56,6 @@ def latest_checkpoint(checkpoint_dir: str) -> Optional[dict]:
     "completed_steps" (step + 1 = trainer state step), "is_temporary", "timestamp"}``, or None."""
     if not exists(checkpoint_dir):
         return None
-    from levanter.checkpoint import discover_latest_checkpoint
-
     d = discover_latest_checkpoint(checkpoint_dir)
     if d is None:
         return None
