@@ -176,16 +176,16 @@ def test_eval_config_parses_into_levanter(tmp_path):
     from levanter.data.text import LMMixtureDatasetConfig
     from levanter.main.train_lm import TrainLmConfig
 
+    from spec_utils import run_inputs, target_spec
     from trajsft.train import eval as levanter_eval
-    from trajsft.train import levanter_config as LC
+    from trajsft.train import levanter_config
 
     tmpl = "{{ messages }}"
-    train = LC.levanter_config(run_id="r", run_dir=str(tmp_path), tokenizer="tok", chat_template=tmpl,
-                               sources={"a": {"cache_dir": "/c/a", "packed_sequences": 10}}, seq_len=128,
-                               train_batch_size=2)
+    train = levanter_config.train_lm_config(target_spec(weights={"a": 1.0}, seq_len=128, batch_size=2),
+                                            run_inputs(str(tmp_path), {"a": ("/c/a", 10)}, 5, chat_template=tmpl))
     cfg = levanter_eval.eval_config(train, {"a": "/c/a", "b": "/c/b"}, "demo/tokenizer", max_eval_batches=2)
     assert train["data"]["cache_dir"] == "/c/a"  # the training config is not modified
-    path = LC.write_config(cfg, str(tmp_path / "e.yaml"))
+    path = levanter_config.write_config(cfg, str(tmp_path / "e.yaml"))
     parsed = draccus.parse(config_class=TrainLmConfig, config_path=path, args=[])
     assert isinstance(parsed.data, LMMixtureDatasetConfig) and set(parsed.data.configs) == {"a", "b"}
     assert parsed.data.configs["b"].cache_dir == "/c/b" and parsed.data.configs["b"].tags == ["b"]

@@ -20,9 +20,10 @@ import time
 
 import pytest
 
+from spec_utils import run_inputs, target_spec
 from trajsft.data import cache as DC
 from trajsft.train import checkpoints as CK
-from trajsft.train import levanter_config as LC
+from trajsft.train import levanter_config
 from trajsft.train import metrics as TM
 from trajsft.train import run as lr
 
@@ -40,8 +41,6 @@ TINY = {
     "num_heads": 4,
     "num_kv_heads": 2,
     "head_dim": 8,
-    "layer_norm_epsilon": 1e-6,
-    "tie_word_embeddings": False,
 }
 
 # A Qwen-style template with tool calls; {% generation %} marks the assistant (loss) tokens.
@@ -154,168 +153,21 @@ def jax_cache(tmp_path_factory):
     return str(tmp_path_factory.mktemp("jax_cache"))
 
 
-def _tiny_config(assets, chat_cache, run_dir, run_id, jax_cache, **kw):
-    args = dict(
-        run_id=run_id,
-        run_dir=run_dir,
-        tokenizer=assets["tokenizer"],
-        chat_template=CHAT_TEMPLATE,
-        sources={"teacher_a": {"cache_dir": chat_cache["cache_dir"], "packed_sequences": chat_cache["train"]["packed_sequences"]}},
-        seq_len=SEQ_LEN,
-        train_batch_size=4,
-        model=TINY,
-        learning_rate=3e-3,
-        warmup=0.1,
-        watch_interval=0,
-        jax_compilation_cache_dir=jax_cache,
-        wandb_mode="offline",
-    )
-    args.update(kw)
-    return LC.levanter_config(**args)
+def _tiny_config(assets, chat_cache, run_dir, run_id, jax_cache, num_train_steps, weights=None, **kw):
+    """The config of a tiny model on the test cache (each teacher of ``weights`` reads it)."""
+    weights = weights or {"teacher_a": 1.0}
+    spec = target_spec(weights=weights, model=TINY, seq_len=SEQ_LEN, batch_size=4,
+                       learning_rate=3e-3, warmup=0.1)
+    packed = chat_cache["train"]["packed_sequences"]
+    return levanter_config.train_lm_config(spec, run_inputs(
+        run_dir, {t: (chat_cache["cache_dir"], packed) for t in weights}, num_train_steps, run_id=run_id,
+        tokenizer=assets["tokenizer"], chat_template=CHAT_TEMPLATE, watch_interval=0,
+        jax_compilation_cache_dir=jax_cache, **kw))
 
 
 # --------------------------------------------------------------------------------------
-# unit tests (no Levanter run)
+# unit tests (no Levanter run); the config itself: tests/test_levanter_config.py
 # --------------------------------------------------------------------------------------
-
-
-def test_steps_for_epochs():
-    assert LC.steps_for_epochs(10, 4, 1) == 3
-    assert LC.steps_for_epochs(10, 4, 2) == 5
-    assert LC.steps_for_epochs(10, 4, 0.1) == 1
-    with pytest.raises(ValueError):
-        LC.steps_for_epochs(0, 4, 1)
-
-
-def test_config_single_source(tmp_path):
-    cfg = LC.levanter_config(
-        run_id="r1",
-        run_dir=str(tmp_path),
-        tokenizer="tok",
-        chat_template="{% generation %}x{% endgeneration %}",
-        sources={"a": {"cache_dir": "/c/a", "packed_sequences": 100}},
-        seq_len=512,
-        train_batch_size=8,
-        epochs=3,
-        keep_every=10,
-    )
-    assert cfg["trainer"]["num_train_steps"] == math.ceil(3 * 100 / 8) == 38
-    assert cfg["epoch"] == 3  # single source cycles its data for 3 passes
-    d = cfg["data"]
-    assert d["cache_dir"] == "/c/a" and "configs" not in d
-    assert d["format"]["type"] == "chat" and d["format"]["pack"] and d["format"]["mask_user_turns"]
-    assert d["format"]["chat_template"].startswith("{% generation %}")
-    m = cfg["model"]
-    assert m["type"] == "qwen3" and m["seq_len"] == 512 and m["rope"]["theta"] == 1e6
-    assert m["tokenizer"] == "tok" and m["reference_checkpoint"] == os.path.join(str(tmp_path), "hf_reference")
-    assert "initialize_from_hf" not in cfg
-    t = cfg["trainer"]
-    assert t["id"] == "r1" and t["require_accelerator"] is False and t["mp"] == "f32"
-    # final step (index 37) is always a permanent checkpoint, plus every 10 before it
-    assert t["checkpointer"]["keep"] == [{"every": 10, "until": 36}, {"every": 37, "until": None}]
-    assert t["checkpointer"]["append_run_id_to_base_path"] is False
-    wandb, jl = t["tracker"]
-    assert wandb["type"] == "wandb" and wandb["id"] == "r1" and wandb["resume"] == "allow"
-    assert jl == {"type": "json_logger"}
-    assert cfg["hf_save_path"] == os.path.join(str(tmp_path), "hf") and cfg["hf_save_steps"] == 38
-    o = cfg["optimizer"]
-    assert o["type"] == "adam" and o["lr_schedule"] == "cosine"
-
-
-def test_config_mixture_and_hf_init(tmp_path):
-    cfg = LC.levanter_config(
-        run_id="mix",
-        run_dir=str(tmp_path),
-        tokenizer="Qwen/Qwen3-8B",
-        chat_template="{% generation %}x{% endgeneration %}",
-        sources={
-            "a": {"cache_dir": "gs://b/a", "weight": 2.0, "packed_sequences": 300},
-            "b": {"cache_dir": "gs://b/b", "weight": 1.0, "packed_sequences": 100},
-        },
-        seq_len=8192,
-        train_batch_size=64,
-        epochs=2,
-        model="qwen3-8b",
-        accelerator="tpu",
-        hf_save_dtype="bfloat16",
-    )
-    d = cfg["data"]
-    assert set(d["configs"]) == {"a", "b"} and d["configs"]["a"]["cache_dir"] == "gs://b/a"
-    assert d["train_weights"] == {"a": 2.0, "b": 1.0} and d["stop_strategy"] == "restart"
-    assert cfg["epoch"] == 0  # Levanter rejects epochs for mixtures; the mixture restarts instead
-    assert cfg["trainer"]["num_train_steps"] == math.ceil(2 * 400 / 64)
-    assert cfg["initialize_from_hf"] == "Qwen/Qwen3-8B" and cfg["use_hf_model_config"] is False
-    assert cfg["model"]["reference_checkpoint"] == "Qwen/Qwen3-8B"
-    assert cfg["model"]["seq_len"] == 8192 and cfg["model"]["num_layers"] == 36
-    assert cfg["trainer"]["require_accelerator"] is True and cfg["trainer"]["mp"] == "p=f32,c=bfloat16"
-    assert cfg["hf_save_dtype"] == "bfloat16"
-
-
-def test_config_requires_steps_or_packed_counts(tmp_path):
-    with pytest.raises(ValueError, match="packed_sequences"):
-        LC.levanter_config(
-            run_id="x", run_dir=str(tmp_path), tokenizer="t", chat_template="", sources="/c",
-            seq_len=8, train_batch_size=2,
-        )
-    with pytest.raises(ValueError, match="run_id"):
-        LC.levanter_config(
-            run_id="bad/id", run_dir=str(tmp_path), tokenizer="t", chat_template="", sources="/c",
-            seq_len=8, train_batch_size=2, num_train_steps=4,
-        )
-
-
-def test_config_roundtrips_through_levanter(tmp_path):
-    """The YAML we write parses into Levanter's TrainLmConfig (draccus) with the intended types."""
-    import draccus
-    import levanter.config  # noqa: F401  (codecs)
-    from levanter.data.text import LMMixtureDatasetConfig, UrlSingleDatasetLMConfig
-    from levanter.main.train_lm import TrainLmConfig
-
-    for sources in ({"a": {"cache_dir": "/c/a", "packed_sequences": 10}},
-                    {"a": {"cache_dir": "/c/a", "packed_sequences": 10, "weight": 3},
-                     "b": {"cache_dir": "/c/b", "packed_sequences": 10}}):
-        cfg = LC.levanter_config(
-            run_id="rt", run_dir=str(tmp_path), tokenizer="tok", chat_template=CHAT_TEMPLATE,
-            sources=sources, seq_len=128, train_batch_size=2, keep_every=2,
-        )
-        path = LC.write_config(cfg, str(tmp_path / "c.yaml"))
-        parsed = draccus.parse(config_class=TrainLmConfig, config_path=path, args=[])
-        cls = UrlSingleDatasetLMConfig if len(sources) == 1 else LMMixtureDatasetConfig
-        assert isinstance(parsed.data, cls)
-        fmt = parsed.data.format if len(sources) == 1 else parsed.data.configs["a"].format
-        assert fmt.chat_template == CHAT_TEMPLATE and fmt.pack and fmt.mask_user_turns
-        assert parsed.model.seq_len == 128 and type(parsed.model).__name__ == "Qwen3Config"
-        assert parsed.model.rope.theta == 1e6
-        n = 5 * len(sources)  # ceil(1 epoch * 10 * n_sources / 2)
-        assert parsed.trainer.num_train_steps == n and parsed.trainer.require_accelerator is False
-        assert [t.__class__.__name__ for t in parsed.trainer.tracker] == ["WandbConfig", "JsonLoggerConfig"]
-        ckp = parsed.trainer.checkpointer.create("rt")
-        # every 2 steps and always at the final step index n-1
-        assert ckp._get_current_step_save_interval(2) == 2 and ckp._get_current_step_save_interval(n - 1) == n - 1
-        assert (n - 1) % ckp._get_current_step_save_interval(n - 1) == 0
-        assert parsed.trainer.checkpointer.save_interval.total_seconds() == 1800
-
-
-def test_qwen3_8b_preset_matches_hf_architecture(tmp_path):
-    """The qwen3-8b preset parses and has Qwen3-8B's 8.19B parameters (shape-only, no weights)."""
-    import draccus
-    import equinox as eqx
-    import jax
-    import numpy as np
-    import levanter.config  # noqa: F401
-    from haliax import Axis
-    from levanter.main.train_lm import TrainLmConfig
-
-    cfg = LC.levanter_config(
-        run_id="q8", run_dir=str(tmp_path), tokenizer="Qwen/Qwen3-8B", chat_template=CHAT_TEMPLATE,
-        sources={"a": {"cache_dir": "/c", "packed_sequences": 1000}}, seq_len=16384,
-        train_batch_size=32, model="qwen3-8b", accelerator="tpu", epochs=2,
-    )
-    parsed = draccus.parse(config_class=TrainLmConfig, config_path=LC.write_config(cfg, str(tmp_path / "c.yaml")), args=[])
-    assert parsed.model.seq_len == 16384 and parsed.epoch == 2 and parsed.trainer.num_train_steps == 63
-    model = eqx.filter_eval_shape(parsed.model.build, Axis("vocab", 151936), key=jax.random.PRNGKey(0))
-    n = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(model) if hasattr(x, "shape"))
-    assert abs(n - 8_190_735_360) < 1e6
 
 
 def test_latest_checkpoint_and_metrics(tmp_path):
@@ -448,12 +300,7 @@ def _assert_hf_export_loads(path: str, vocab: int):
 def test_train_tiny_mixture_with_eval(assets, chat_cache, jax_cache, tmp_path):
     """Two 'teachers' (the same cache twice, different weights) -> mixture config, eval, export."""
     run_dir = str(tmp_path / "mix")
-    src = {"cache_dir": chat_cache["cache_dir"], "packed_sequences": chat_cache["train"]["packed_sequences"]}
-    cfg = _tiny_config(
-        assets, chat_cache, run_dir, "tiny-mix", jax_cache,
-        sources={"a": {**src, "weight": 3.0}, "b": {**src, "weight": 1.0}},
-        num_train_steps=6,
-    )
+    cfg = _tiny_config(assets, chat_cache, run_dir, "tiny-mix", jax_cache, 6, weights={"a": 3.0, "b": 1.0})
     assert "configs" in cfg["data"]
     log = os.path.join(run_dir, "train.log")
     res = lr.run_training(cfg, run_dir, log, env=OFFLINE_ENV)
@@ -488,7 +335,7 @@ def test_kill_resume_and_finished_run(assets, chat_cache, jax_cache, tmp_path):
     log = os.path.join(run_dir, "train.log")
     P = chat_cache["train"]["packed_sequences"]
     N = 120
-    cfg = _tiny_config(assets, chat_cache, run_dir, "tiny-kr", jax_cache, num_train_steps=N, keep_every=10)
+    cfg = _tiny_config(assets, chat_cache, run_dir, "tiny-kr", jax_cache, N, keep_every=10)
     assert cfg["epoch"] == (N - 1) * 4 // P + 1 > 1  # several passes over the data
     ckpt_dir = cfg["trainer"]["checkpointer"]["base_path"]
 
