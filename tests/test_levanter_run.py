@@ -21,11 +21,11 @@ import time
 import pytest
 
 from spec_utils import run_inputs, target_spec
-from trajsft.data import cache as DC
-from trajsft.train import checkpoints as CK
+from trajsft.data import cache as data_cache
+from trajsft.train import checkpoints
 from trajsft.train import levanter_config
-from trajsft.train import metrics as TM
-from trajsft.train import run as lr
+from trajsft.train import metrics
+from trajsft.train import run as train_run
 
 # never reach for the Hub, in this process or in the Levanter subprocesses (which inherit os.environ)
 os.environ["HF_HUB_OFFLINE"] = "1"
@@ -141,7 +141,7 @@ def assets(tmp_path_factory):
 def chat_cache(assets, tmp_path_factory):
     cache_dir = str(tmp_path_factory.mktemp("caches") / "teacher_a")
     t0 = time.time()
-    stats = DC.build_chat_cache(
+    stats = data_cache.build_chat_cache(
         assets["train"], assets["validation"], cache_dir, assets["tokenizer"], CHAT_TEMPLATE, seq_len=SEQ_LEN
     )
     stats["_build_seconds"] = time.time() - t0
@@ -178,9 +178,9 @@ def test_latest_checkpoint_and_metrics(tmp_path):
             json.dumps({"step": step, "timestamp": ts, "is_temporary": tmp})
         )
     (ck / "step-12").mkdir()  # unfinished save: no metadata.json -> ignored
-    latest = CK.latest_checkpoint(str(ck))
+    latest = checkpoints.latest_checkpoint(str(ck))
     assert latest["step"] == 9 and latest["completed_steps"] == 10 and latest["is_temporary"]
-    assert CK.latest_checkpoint(str(tmp_path / "nope")) is None
+    assert checkpoints.latest_checkpoint(str(tmp_path / "nope")) is None
 
     log = tmp_path / "train.log"
     rec = lambda s, m: (  # noqa: E731
@@ -190,26 +190,26 @@ def test_latest_checkpoint_and_metrics(tmp_path):
     log.write_text(
         "\n".join(
             [
-                f"{TM._LAUNCH_MARK} train_lm id=x",
+                f"{metrics._LAUNCH_MARK} train_lm id=x",
                 rec(0, {"train/loss": 5.0}),
                 rec(1, {"train/loss": 4.0}),
                 rec(2, {"train/loss": 3.9}),
-                f"{TM._LAUNCH_MARK} train_lm id=x",
+                f"{metrics._LAUNCH_MARK} train_lm id=x",
                 "... - levanter.main.train_lm - train_lm.py:262 - INFO :: Resuming training from step 2",
                 rec(2, {"train/loss": 3.5}),
                 rec(3, {"train/loss": 3.0, "global_step": 3}),
                 rec(3, {"eval/loss": 3.2, "eval/a/loss": 3.1}),
                 rec(3, {"train/loss": 3.0}),
-                f"{TM._LAUNCH_MARK} export x",
+                f"{metrics._LAUNCH_MARK} export x",
             ]
         )
         + "\n"
     )
-    m = TM.read_metrics(str(log))
-    assert TM._loss_history(m) == [[0, 5.0], [1, 4.0], [2, 3.5], [3, 3.0]]
+    m = metrics.read_metrics(str(log))
+    assert metrics._loss_history(m) == [[0, 5.0], [1, 4.0], [2, 3.5], [3, 3.0]]
     assert [x["kind"] for x in m["launches"]] == ["train_lm", "train_lm", "export"]
     assert m["launches"][1]["resumed_from_step"] == 2 and m["launches"][1]["first_step"] == 2
-    assert TM._eval_losses(m) == {"eval/loss": [3, 3.2], "eval/a/loss": [3, 3.1]}
+    assert metrics._eval_losses(m) == {"eval/loss": [3, 3.2], "eval/a/loss": [3, 3.1]}
 
 
 # --------------------------------------------------------------------------------------
@@ -253,7 +253,7 @@ def test_build_chat_cache_stats(assets, chat_cache):
     assert len(ds.as_sync_dataset()) == tr["packed_sequences"]
     # second call: no rebuild, same numbers
     t0 = time.time()
-    again = DC.build_chat_cache(
+    again = data_cache.build_chat_cache(
         assets["train"], assets["validation"], st["cache_dir"], assets["tokenizer"], CHAT_TEMPLATE, seq_len=SEQ_LEN
     )
     assert time.time() - t0 < 30 and again["train"]["tokens"] == tr["tokens"]
@@ -265,22 +265,22 @@ def test_ray_engine_builds_the_same_cache(assets, chat_cache, tmp_path):
     import numpy as np
     from levanter.store.cache import CacheLedger
 
-    ray_stats = DC.build_chat_cache(assets["train"], assets["validation"], str(tmp_path / "ray"), assets["tokenizer"],
+    ray_stats = data_cache.build_chat_cache(assets["train"], assets["validation"], str(tmp_path / "ray"), assets["tokenizer"],
                                     CHAT_TEMPLATE, seq_len=SEQ_LEN, engine="ray")
     assert ray_stats["engine"] == "ray" and chat_cache["engine"] == "inprocess"
     for split in ("train", "validation"):
         a, b = chat_cache[split], ray_stats[split]
         for key in ("chats", "tokens", "lengths", "assistant_lengths", "packed_sequences", "packed_ranges"):
             assert a[key] == b[key], (split, key)
-        ours = DC._open_chat_split(os.path.join(chat_cache["cache_dir"], split))
-        theirs = DC._open_chat_split(os.path.join(ray_stats["cache_dir"], split))
+        ours = data_cache._open_chat_split(os.path.join(chat_cache["cache_dir"], split))
+        theirs = data_cache._open_chat_split(os.path.join(ray_stats["cache_dir"], split))
         for x, y in zip(ours.store.get_batch_sync(range(a["chats"])), theirs.store.get_batch_sync(range(a["chats"]))):
             assert np.array_equal(x["input_ids"], y["input_ids"])
             assert np.array_equal(x["assistant_masks"], y["assistant_masks"])
         meta = lambda d: CacheLedger.load(os.path.join(d, split)).metadata  # noqa: E731
         assert meta(chat_cache["cache_dir"]) == meta(ray_stats["cache_dir"])
     with pytest.raises(ValueError, match="engine must be one of"):
-        DC.build_chat_cache(assets["train"], [], str(tmp_path / "x"), assets["tokenizer"], CHAT_TEMPLATE, engine="spark")
+        data_cache.build_chat_cache(assets["train"], [], str(tmp_path / "x"), assets["tokenizer"], CHAT_TEMPLATE, engine="spark")
 
 
 def _assert_hf_export_loads(path: str, vocab: int):
@@ -303,12 +303,12 @@ def test_train_tiny_mixture_with_eval(assets, chat_cache, jax_cache, tmp_path):
     cfg = _tiny_config(assets, chat_cache, run_dir, "tiny-mix", jax_cache, 6, weights={"a": 3.0, "b": 1.0})
     assert "configs" in cfg["data"]
     log = os.path.join(run_dir, "train.log")
-    res = lr.run_training(cfg, run_dir, log, env=OFFLINE_ENV)
+    res = train_run.run_training(cfg, run_dir, log, env=OFFLINE_ENV)
     assert res["launched"] and res["returncode"] == 0 and res["resumed_from_step"] == 0
     assert res["steps"] == 6 and [s for s, _ in res["loss_history"]] == list(range(6))
     assert math.isfinite(res["final_loss"]) and res["final_loss"] < res["loss_history"][0][1]
     assert res["checkpoint_dir"].endswith("checkpoints/step-5") and os.path.isdir(res["checkpoint_dir"])
-    assert res["hf_export"].endswith("hf/step-5") and CK.hf_export_complete(res["hf_export"])
+    assert res["hf_export"].endswith("hf/step-5") and checkpoints.hf_export_complete(res["hf_export"])
     assert {"eval/loss", "eval/a/loss", "eval/b/loss"} <= set(res["eval_loss"])
     assert all(math.isfinite(v) for _, v in res["eval_loss"].values())
     vocab = json.load(open(os.path.join(res["hf_export"], "config.json")))["vocab_size"]
@@ -342,8 +342,8 @@ def test_kill_resume_and_finished_run(assets, chat_cache, jax_cache, tmp_path):
     # launch run_training in a child process (as Snakemake would), SIGKILL the trainer after the
     # first permanent checkpoint, then rerun: it must resume from that checkpoint
     driver = (
-        "import json,sys; from trajsft.train import run as lr; "
-        "cfg=json.load(open(sys.argv[1])); lr.run_training(cfg, sys.argv[2], sys.argv[3], env=json.loads(sys.argv[4]))"
+        "import json,sys; from trajsft.train import run as train_run; "
+        "cfg=json.load(open(sys.argv[1])); train_run.run_training(cfg, sys.argv[2], sys.argv[3], env=json.loads(sys.argv[4]))"
     )
     os.makedirs(run_dir, exist_ok=True)
     cfg_json = os.path.join(run_dir, "cfg.json")
@@ -359,24 +359,24 @@ def test_kill_resume_and_finished_run(assets, chat_cache, jax_cache, tmp_path):
     finally:
         if parent.poll() is None:
             os.killpg(parent.pid, signal.SIGKILL)
-    latest = CK.latest_checkpoint(ckpt_dir)
+    latest = checkpoints.latest_checkpoint(ckpt_dir)
     assert latest is not None and latest["completed_steps"] < N, "run finished before it could be killed"
     killed_at = latest["completed_steps"]
 
-    res = lr.run_training(cfg, run_dir, log, env=OFFLINE_ENV)
+    res = train_run.run_training(cfg, run_dir, log, env=OFFLINE_ENV)
     assert res["launched"] and res["returncode"] == 0
     assert res["resumed_from_step"] == killed_at
     assert res["steps"] == N and res["checkpoint_dir"].endswith(f"step-{N - 1}")
     assert [s for s, _ in res["loss_history"]] == list(range(N))
     assert math.isfinite(res["final_loss"])
-    assert CK.hf_export_complete(res["hf_export"])
+    assert checkpoints.hf_export_complete(res["hf_export"])
     assert "Resuming training from step" in open(log).read()
     steps_saved = sorted(int(n.split("-")[1]) for n in os.listdir(ckpt_dir) if n.startswith("step-"))
     assert steps_saved[-1] == N - 1 and 10 in steps_saved
 
     # finished run: no relaunch (Levanter would exit 1), same answer
     size = os.path.getsize(log)
-    again = lr.run_training(cfg, run_dir, log, env=OFFLINE_ENV)
+    again = train_run.run_training(cfg, run_dir, log, env=OFFLINE_ENV)
     assert not again["launched"] and again["resumed_from_step"] is None and again["returncode"] is None
     assert again["steps"] == N and again["final_loss"] == res["final_loss"]
     assert again["checkpoint_dir"] == res["checkpoint_dir"] and os.path.getsize(log) == size
@@ -387,7 +387,7 @@ def test_kill_resume_and_finished_run(assets, chat_cache, jax_cache, tmp_path):
     shutil.rmtree(res["hf_export"])
     os.makedirs(res["hf_export"])
     open(os.path.join(res["hf_export"], "model.safetensors"), "wb").write(b"\0" * 10)  # truncated
-    fixed = lr.run_training(cfg, run_dir, log, env=OFFLINE_ENV)
-    assert not fixed["launched"] and CK.hf_export_complete(fixed["hf_export"])
+    fixed = train_run.run_training(cfg, run_dir, log, env=OFFLINE_ENV)
+    assert not fixed["launched"] and checkpoints.hf_export_complete(fixed["hf_export"])
     vocab = json.load(open(os.path.join(fixed["hf_export"], "config.json")))["vocab_size"]
     _assert_hf_export_loads(fixed["hf_export"], vocab)

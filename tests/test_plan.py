@@ -150,16 +150,16 @@ def test_student_revision_is_pinned_hashed_and_passed_on():
 def test_pinned_tokenizer_resolves_to_a_snapshot_of_that_revision(monkeypatch):
     import huggingface_hub
 
-    from trajsft.data import cache as DC
+    from trajsft.data import cache as data_cache
     from trajsft.train import levanter_config
 
     calls = []
     monkeypatch.setattr(huggingface_hub, "snapshot_download",
                         lambda repo, revision, allow_patterns: calls.append((repo, revision, allow_patterns)) or "/snap")
-    assert DC.resolve_tokenizer(f"Qwen/Qwen3-8B@{QWEN3_8B_REV}") == "/snap"
+    assert data_cache.resolve_tokenizer(f"Qwen/Qwen3-8B@{QWEN3_8B_REV}") == "/snap"
     assert calls[0][:2] == ("Qwen/Qwen3-8B", QWEN3_8B_REV) and "tokenizer.json" in calls[0][2]
     assert all(not f.endswith(".safetensors") for f in calls[0][2])
-    assert DC.resolve_tokenizer("demo/tokenizer") == "demo/tokenizer" and DC.resolve_tokenizer("gs://b/t@x") == "gs://b/t@x"
+    assert data_cache.resolve_tokenizer("demo/tokenizer") == "demo/tokenizer" and data_cache.resolve_tokenizer("gs://b/t@x") == "gs://b/t@x"
     cfg = {"data": {"tokenizer": f"Qwen/Qwen3-8B@{QWEN3_8B_REV}"}, "model": {"tokenizer": "Qwen/Qwen3-8B"}}
     assert levanter_config.resolve_hub_refs(cfg) == {"data": {"tokenizer": "/snap"}, "model": {"tokenizer": "Qwen/Qwen3-8B"}}
 

@@ -157,9 +157,9 @@ def train(plan: Plan, target: str, done_path: str | None = None) -> dict:
     log.info("training %s -> %s (attempt %d, %s)", target, p["run_dir"], attempt["attempt"], executor)
     try:
         if executor == "ray":
-            from ..cluster import submit as ray_train
+            from ..cluster import submit
 
-            result = ray_train.train_on_ray(plan, target, lev, p, attempt["attempt"])
+            result = submit.train_on_ray(plan, target, lev, p, attempt["attempt"])
         else:
             result = run_training(lev, p["run_dir"], p["log"])
     except KeyboardInterrupt as e:  # SIGINT / SIGTERM / our Snakemake died: the trainer was stopped
