@@ -64,9 +64,9 @@ def bench_train_overhead(workdir: Optional[str] = None, unpatched: bool = False,
 
     sys.path.insert(0, str(REPO / "src"))
     from trajsft.plan import config as C
-    from trajsft.train import launch as LL
-    from trajsft.train import levanter_config as LC
-    from trajsft.train import step as steps_train
+    from trajsft.train import launch
+    from trajsft.train import levanter_config
+    from trajsft.train import step as train_step
 
     wd = Path(workdir or tempfile.mkdtemp(prefix="trajsft-bench-train-"))
     wd.mkdir(parents=True, exist_ok=True)
@@ -82,7 +82,7 @@ def bench_train_overhead(workdir: Optional[str] = None, unpatched: bool = False,
     log("train overhead: the train rule (snakemake checkpoints/demo/done)")
     rule = _timed(_snakemake(wd, "checkpoints/demo/done"), env, log=logf)
 
-    run_dir = wd / steps_train.run_paths(plan, "demo")["run"].location
+    run_dir = wd / train_step.run_paths(plan, "demo")["run"].location
     cfg = yaml.safe_load((run_dir / "levanter_config.yaml").read_text())
 
     def bare(name: str, launcher: list[str]) -> dict:
@@ -93,9 +93,9 @@ def bench_train_overhead(workdir: Optional[str] = None, unpatched: bool = False,
         c["trainer"]["jax_compilation_cache_dir"] = str(d / "jax-compilation-cache")  # cold, like the rule's first run
         c["hf_save_path"] = str(d / "hf")
         d.mkdir(parents=True, exist_ok=True)
-        path = LC.write_config(c, str(d / "levanter_config.yaml"))
+        path = levanter_config.write_config(c, str(d / "levanter_config.yaml"))
         log(f"train overhead: {name}")
-        res = _timed([sys.executable, *launcher, "--config_path", path], LL.levanter_env(str(d), env), cwd=str(d), log=logf)
+        res = _timed([sys.executable, *launcher, "--config_path", path], launch.levanter_env(str(d), env), cwd=str(d), log=logf)
         res["hf_exports_written"] = _hf_saves(d / "logs")
         return res
 

@@ -546,7 +546,7 @@ def packing_from_lengths(lengths: Sequence[int], seq_len: int, assistant_lengths
 
 def bench_build_chat_cache(records: Sequence[dict], tokenizer_path: str, seq_len: int) -> dict:
     """Time ``trajsft.data.cache.build_chat_cache`` once (jsonl.gz shards -> cache; starts a local Ray)."""
-    from trajsft.data import cache as DC
+    from trajsft.data import cache as data_cache
     from trajsft.data.template import load_template
     from trajsft.data.transform import ShardWriter
 
@@ -565,7 +565,7 @@ def bench_build_chat_cache(records: Sequence[dict], tokenizer_path: str, seq_len
             w.add(r)
         w.close()
         t0 = time.perf_counter()
-        stats = DC.build_chat_cache(urls, [], os.path.join(tmp, "cache"), os.path.abspath(tokenizer_path),
+        stats = data_cache.build_chat_cache(urls, [], os.path.join(tmp, "cache"), os.path.abspath(tokenizer_path),
                                     load_template(), seq_len=seq_len)
         dt = time.perf_counter() - t0
         tr = stats["train"]
@@ -673,7 +673,7 @@ def time_inprocess_build(urls: Sequence[str], tokenizer_path: str, seq_len: int,
                          workers: Optional[int] = None, repeats: int = 1) -> dict:
     """``trajsft.data.cache.build_chat_cache`` (what the tokenize rule runs) in this process, the
     best of ``repeats`` builds; ``workers`` as in ``build_chat_cache`` (None: what the rule uses)."""
-    from trajsft.data import cache as DC
+    from trajsft.data import cache as data_cache
     from trajsft.data import chat_cache
     from trajsft.data.template import load_template
 
@@ -682,7 +682,7 @@ def time_inprocess_build(urls: Sequence[str], tokenizer_path: str, seq_len: int,
         out_dir = tempfile.mkdtemp(prefix="trajsft-bench-cache-")
         try:
             t0 = time.perf_counter()
-            st = DC.build_chat_cache(list(urls), [], os.path.join(out_dir, "cache"), os.path.abspath(tokenizer_path),
+            st = data_cache.build_chat_cache(list(urls), [], os.path.join(out_dir, "cache"), os.path.abspath(tokenizer_path),
                                      load_template(), seq_len=seq_len, engine=engine, workers=workers)
             dt = time.perf_counter() - t0
         finally:
@@ -776,10 +776,10 @@ def _run_measured(cmd: Sequence[str], cwd: str, env: dict) -> dict:
 
 _FRESH_BUILD = """
 import json, sys
-from trajsft.data import cache as DC
+from trajsft.data import cache as data_cache
 from trajsft.data.template import load_template
 a = json.loads(sys.argv[1])
-DC.build_chat_cache(a["train"], a["validation"], a["cache"], a["tokenizer"], load_template(), seq_len=a["seq_len"])
+data_cache.build_chat_cache(a["train"], a["validation"], a["cache"], a["tokenizer"], load_template(), seq_len=a["seq_len"])
 """
 
 

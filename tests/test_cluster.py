@@ -7,9 +7,9 @@ import time
 import pytest
 
 from trajsft import errors
-from trajsft.train import run as LR
-from trajsft.cluster import preflight as ray_preflight
-from trajsft.cluster import submit as ray_train
+from trajsft.train import run as train_run
+from trajsft.cluster import preflight as cluster_preflight
+from trajsft.cluster import submit
 from trajsft.cluster import hooks, host, slices
 from trajsft.plan.config import ConfigError
 from trajsft.observe.status import slice_summary
@@ -65,9 +65,9 @@ def test_single_process_on_a_multi_host_slice_is_refused():
     env = {"TPU_WORKER_HOSTNAMES": "10.0.0.1,10.0.0.2", "TPU_WORKER_ID": "0", "TPU_NAME": "s-a",
            "TPU_ACCELERATOR_TYPE": "v5p-16"}
     with pytest.raises(errors.SingleProcessOnPod, match="worker 0 of the 2-host TPU slice s-a .*run_on_pod"):
-        LR.refuse_single_process_on_pod(env)
-    LR.refuse_single_process_on_pod({"TPU_WORKER_HOSTNAMES": "10.0.0.1"})  # a single-host slice is fine
-    LR.refuse_single_process_on_pod({})
+        train_run.refuse_single_process_on_pod(env)
+    train_run.refuse_single_process_on_pod({"TPU_WORKER_HOSTNAMES": "10.0.0.1"})  # a single-host slice is fine
+    train_run.refuse_single_process_on_pod({})
 
 
 def test_host_info_and_distributed_args():
@@ -107,17 +107,17 @@ def _cfg(**ray):
 
 
 def test_ray_settings_refuse_the_old_shape_and_unknown_types():
-    s = ray_train.ray_settings(_cfg())
+    s = submit.ray_settings(_cfg())
     assert (s["num_slices"], s["max_preemptions"], s["max_failures"]) == (1, 100, 2)
     with pytest.raises(ConfigError, match="pins the training job to TPU-v5p-32-head.*run_on_pod"):
-        ray_train.ray_settings(_cfg(entrypoint_resources={"TPU-v5p-32-head": 1}))
+        submit.ray_settings(_cfg(entrypoint_resources={"TPU-v5p-32-head": 1}))
     with pytest.raises(ConfigError, match="unknown TPU type 'v9-1'"):
-        ray_train.ray_settings(_cfg(tpu_type="v9-1"))
-    assert ray_train.preflight(_cfg(entrypoint_resources={"TPU-v5p-32-head": 1}))[0].startswith("ray.entrypoint")
+        submit.ray_settings(_cfg(tpu_type="v9-1"))
+    assert submit.preflight(_cfg(entrypoint_resources={"TPU-v5p-32-head": 1}))[0].startswith("ray.entrypoint")
 
 
 def test_runtime_env_of_the_driver():
-    env = ray_train.runtime_env(_cfg(pip_requirements="envs/tpu-requirements.txt"))
+    env = submit.runtime_env(_cfg(pip_requirements="envs/tpu-requirements.txt"))
     assert env["worker_process_setup_hook"] == "trajsft.cluster.hooks.setup"
     assert env["config"] == {"setup_timeout_seconds": 1800}
     assert "jax[tpu]==0.7.2" in env["pip"]["packages"] and "libtpu==0.0.23" in env["pip"]["packages"]
@@ -126,13 +126,13 @@ def test_runtime_env_of_the_driver():
 def test_preflight_refuses_in_seconds_without_network(tmp_path, monkeypatch):
     monkeypatch.delenv("TRAJSFT_TEST_MISSING", raising=False)
     t0 = time.monotonic()
-    probs = ray_preflight.preflight("http://127.0.0.1:9", ["TRAJSFT_TEST_MISSING"], {"TPU-v5p-32-head": 1},
+    probs = cluster_preflight.preflight("http://127.0.0.1:9", ["TRAJSFT_TEST_MISSING"], {"TPU-v5p-32-head": 1},
                               str(tmp_path / "store"), timeout_s=3)
     assert time.monotonic() - t0 < 10
     assert [p.split(" ", 1)[0] for p in probs] == ["env", "unreachable:"]
-    if not ray_preflight._resolves("storage.googleapis.com", 3):  # no network here (CI): a bucket fails in seconds
+    if not cluster_preflight._resolves("storage.googleapis.com", 3):  # no network here (CI): a bucket fails in seconds
         t0 = time.monotonic()
-        probs = ray_preflight.preflight("http://127.0.0.1:9", [], {}, "gs://marin-us-east5/trajsft", timeout_s=3)
+        probs = cluster_preflight.preflight("http://127.0.0.1:9", [], {}, "gs://marin-us-east5/trajsft", timeout_s=3)
         assert time.monotonic() - t0 < 10, probs
         assert any("cannot resolve storage.googleapis.com" in p for p in probs), probs
 

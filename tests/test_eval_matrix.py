@@ -1,4 +1,4 @@
-"""The opt-in `eval:` section and the cross-teacher matrix (trajsft.report.matrix / levanter_eval):
+"""The opt-in `eval:` section and the cross-teacher matrix (trajsft.report.matrix / train_eval):
 what the plan evaluates, which model of a run, the matrix document, heatmap and HTML. The Levanter
 evaluation itself runs on the real demo in tests/test_pipeline.py."""
 
@@ -14,7 +14,7 @@ import pytest
 
 from test_cards import assert_png
 from trajsft.plan import config as C
-from trajsft.report import matrix as E
+from trajsft.report import matrix
 
 REAL = ["gpt-5-mini", "minimax-m2.5", "gemini-3-flash"]
 
@@ -66,8 +66,8 @@ def test_a_row_with_another_student_gets_the_column_tokenized_its_way():
     demo_on_gem, gem_on_gem = p.eval_cells[("demo", "gemini-3-flash")], p.eval_cells[("gemini-3-flash", "gemini-3-flash")]
     assert demo_on_gem.spec["shards"] == gem_on_gem.spec["shards"]  # the same held-out rows ...
     assert demo_on_gem.name != gem_on_gem.name and demo_on_gem.spec["seq_len"] == 1024  # ... tokenized its way
-    spec = E.matrix_spec(p)
-    doc = E.assemble(spec, {r: {"kind": "hf_export", "path": "x", "step": 1} for r in spec["rows"]},
+    spec = matrix.matrix_spec(p)
+    doc = matrix.assemble(spec, {r: {"kind": "hf_export", "path": "x", "step": 1} for r in spec["rows"]},
                      {r: {c: {"loss": 1.0, "tokens": 5, "sequences": 1} for c in spec["columns"]} for r in spec["rows"]},
                      {})
     assert doc["same_chats"] == {"demo": False, "gemini-3-flash": False}
@@ -88,10 +88,10 @@ def test_eval_config_errors_are_one_line(ev, msg):
 
 def test_spec_and_inputs():
     p = plan({"eval": {"heldout_fraction": 0.05, "targets": ["gemini-3-flash", "mix-minimax-gemini"]}})
-    spec = E.matrix_spec(p)
+    spec = matrix.matrix_spec(p)
     assert spec["rows"] == {t: p.target(t)["run"].name for t in ("gemini-3-flash", "mix-minimax-gemini")}
     assert spec["columns"] == ["minimax-m2.5", "gemini-3-flash"] and spec["model"] == "latest"
-    inp = E.eval_inputs(p)
+    inp = matrix.eval_inputs(p)
     assert inp["done"] == ["checkpoints/gemini-3-flash/done", "checkpoints/mix-minimax-gemini/done"]
     assert len(inp["tokenized"]) == 2 and all(x.startswith("results/tokenized/") for x in inp["tokenized"])
 
@@ -114,16 +114,16 @@ def _checkpoint(path, step, ts):
 
 def test_model_source(tmp_path):
     cfg = {"hf_save_path": str(tmp_path / "hf"), "trainer": {"checkpointer": {"base_path": str(tmp_path / "ck")}}}
-    assert E.model_source(cfg) is None
+    assert matrix.model_source(cfg) is None
     _hf_export(tmp_path / "hf" / "step-3")
     _hf_export(tmp_path / "hf" / "step-9", complete=False)  # interrupted export: ignored
-    assert E.model_source(cfg) == {"kind": "hf_export", "path": str(tmp_path / "hf" / "step-3"), "step": 3}
+    assert matrix.model_source(cfg) == {"kind": "hf_export", "path": str(tmp_path / "hf" / "step-3"), "step": 3}
     _checkpoint(tmp_path / "ck" / "step-5", 5, "2026-01-01T00:00:00")
-    assert E.model_source(cfg)["kind"] == "checkpoint" and E.model_source(cfg)["step"] == 5  # newer
-    assert E.model_source(cfg, "hf_export")["step"] == 3
+    assert matrix.model_source(cfg)["kind"] == "checkpoint" and matrix.model_source(cfg)["step"] == 5  # newer
+    assert matrix.model_source(cfg, "hf_export")["step"] == 3
     _hf_export(tmp_path / "hf" / "step-5")
-    assert E.model_source(cfg) == {"kind": "hf_export", "path": str(tmp_path / "hf" / "step-5"), "step": 5}  # tie
-    assert E.model_source(cfg, "checkpoint")["path"] == str(tmp_path / "ck" / "step-5")
+    assert matrix.model_source(cfg) == {"kind": "hf_export", "path": str(tmp_path / "hf" / "step-5"), "step": 5}  # tie
+    assert matrix.model_source(cfg, "checkpoint")["path"] == str(tmp_path / "ck" / "step-5")
 
 
 # ---- the document and its renderings -----------------------------------------------------------
@@ -134,7 +134,7 @@ def _doc():
               "mix": {"a": {"loss": 1.5, "tokens": 12000, "sequences": 3}, "b": {"loss": None, "tokens": 0, "sequences": 0}}}
     models = {"a": {"kind": "hf_export", "path": "/r/a/hf/step-9", "step": 9},
               "mix": {"kind": "checkpoint", "path": "/r/m/checkpoints/step-4", "step": 4}}
-    return E.assemble(spec, models, scores, {"a-t1": 4, "b-t1": 2})
+    return matrix.assemble(spec, models, scores, {"a-t1": 4, "b-t1": 2})
 
 
 def test_assemble():
@@ -149,10 +149,10 @@ def test_render_html_and_text():
     from chromium import available, dom
 
     doc = _doc()
-    page = E.render_html(doc)
+    page = matrix.render_html(doc)
     assert page.count("<tr>") == 3 and "1.2500" in page and "12,000 tokens, 4 chats" in page and "n/a" in page
     assert "checkpoint step 4" in page
-    text = E.render_text(doc)
+    text = matrix.render_text(doc)
     assert "1.2500 (12.0k)" in text and "2.5000 (900)" in text and "/r/m/checkpoints/step-4" in text
     if available():
         import tempfile
@@ -165,7 +165,7 @@ def test_render_html_and_text():
 
 
 def test_plot_heatmap(tmp_path):
-    E.plot_heatmap(_doc(), str(tmp_path / "m.png"))
+    matrix.plot_heatmap(_doc(), str(tmp_path / "m.png"))
     assert_png(tmp_path / "m.png")
 
 
@@ -176,16 +176,16 @@ def test_eval_config_parses_into_levanter(tmp_path):
     from levanter.data.text import LMMixtureDatasetConfig
     from levanter.main.train_lm import TrainLmConfig
 
-    from trajsft.train import eval as levanter_eval
-    from trajsft.train import levanter_config as LC
+    from spec_utils import run_inputs, target_spec
+    from trajsft.train import eval as train_eval
+    from trajsft.train import levanter_config
 
     tmpl = "{{ messages }}"
-    train = LC.levanter_config(run_id="r", run_dir=str(tmp_path), tokenizer="tok", chat_template=tmpl,
-                               sources={"a": {"cache_dir": "/c/a", "packed_sequences": 10}}, seq_len=128,
-                               train_batch_size=2)
-    cfg = levanter_eval.eval_config(train, {"a": "/c/a", "b": "/c/b"}, "demo/tokenizer", max_eval_batches=2)
+    train = levanter_config.train_lm_config(target_spec(weights={"a": 1.0}, seq_len=128, batch_size=2),
+                                            run_inputs(str(tmp_path), {"a": ("/c/a", 10)}, 5, chat_template=tmpl))
+    cfg = train_eval.eval_config(train, {"a": "/c/a", "b": "/c/b"}, "demo/tokenizer", max_eval_batches=2)
     assert train["data"]["cache_dir"] == "/c/a"  # the training config is not modified
-    path = LC.write_config(cfg, str(tmp_path / "e.yaml"))
+    path = levanter_config.write_config(cfg, str(tmp_path / "e.yaml"))
     parsed = draccus.parse(config_class=TrainLmConfig, config_path=path, args=[])
     assert isinstance(parsed.data, LMMixtureDatasetConfig) and set(parsed.data.configs) == {"a", "b"}
     assert parsed.data.configs["b"].cache_dir == "/c/b" and parsed.data.configs["b"].tags == ["b"]

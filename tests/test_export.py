@@ -20,7 +20,7 @@ import pytest
 import hostile_corpus as H
 from test_steps import build_shards, make_plan
 from trajsft.plan import config as C
-from trajsft.data import export as E
+from trajsft.data import export
 from trajsft.data import download
 from trajsft.data import shard
 from trajsft.data import transform as T
@@ -56,7 +56,7 @@ def _shard_records(plan, teacher="demo") -> dict[str, list[dict]]:
 def demo_export(tmp_path_factory):
     plan = make_plan(tmp_path_factory.mktemp("export"))
     build_shards(plan)
-    return plan, E.export(plan, "demo"), Path(plan.target("demo")["export"].location)
+    return plan, export.export(plan, "demo"), Path(plan.target("demo")["export"].location)
 
 
 def test_messages_jsonl_loads_with_datasets_and_equals_the_shards(demo_export):
@@ -164,7 +164,7 @@ def test_parallel_calls_reasoning_system_and_joined_replies():
             {"role": "tool", "tool_call_id": "c3", "content": "C"},
             {"role": "assistant", "content": "done"},
             {"role": "user", "content": "thanks"}]
-    row, ev = E.sharegpt_row(_rec(msgs))
+    row, ev = export.sharegpt_row(_rec(msgs))
     assert row["system"] == "sys"
     assert [t["from"] for t in row["conversations"]] == ["human", "function_call", "observation", "function_call", "observation", "gpt"]
     assert row["conversations"][1]["value"] == ('<think>\nplan\n</think>\n\ntwo at once\n<tool_call>[{"name": "bash", "arguments": {"command": "ls"}}, '
@@ -174,8 +174,8 @@ def test_parallel_calls_reasoning_system_and_joined_replies():
     assert ev == Counter({"tool_call_ids_dropped": 3, "tool_reply_ids_dropped": 3, "names_dropped:tool": 1, "arguments_reserialized": 1,
                           "trailing_turns_dropped": 1, "reasoning_in_think_block": 1, "parallel_tool_calls": 1,
                           "function_call_with_text": 1, "tool_replies_joined": 1})
-    assert E.messages_from_sharegpt(row) == E.sharegpt_view(msgs)
-    assert E.messages_row(_rec(msgs))["messages"] == msgs  # the messages export keeps everything
+    assert export.messages_from_sharegpt(row) == export.sharegpt_view(msgs)
+    assert export.messages_row(_rec(msgs))["messages"] == msgs  # the messages export keeps everything
 
 
 @pytest.mark.parametrize("msgs,reason", [
@@ -186,19 +186,19 @@ def test_parallel_calls_reasoning_system_and_joined_replies():
     ([U, {"role": "system", "content": "late"}, {"role": "assistant", "content": "b"}], "system_not_first"),
 ])
 def test_unrepresentable_chats_are_skipped_with_a_reason(msgs, reason):
-    rows, events, skipped = E.convert_split([_rec(msgs, "bad"), _rec([U, {"role": "assistant", "content": "ok"}], "good")])
+    rows, events, skipped = export.convert_split([_rec(msgs, "bad"), _rec([U, {"role": "assistant", "content": "ok"}], "good")])
     assert len(rows) == 1 and skipped == [{"traj_id": "bad", "reason": reason, "detail": skipped[0]["detail"]}]
-    assert reason in E.SKIP_REASONS and "\n" not in skipped[0]["detail"]
+    assert reason in export.SKIP_REASONS and "\n" not in skipped[0]["detail"]
 
 
 def test_every_kept_hostile_row_exports_or_is_skipped_with_a_reason():
     rows = [(T.Source("f", i), r) for i, (k, r) in enumerate(H.corpus_rows())]
     res = T.transform_rows(rows, "hostile", {"drop_roles": ["exit"], "dedup_traj_id": True})
     recs = res.records["train"] + res.records["validation"]
-    out, events, skipped = E.convert_split(recs)  # raises if a row does not read back
+    out, events, skipped = export.convert_split(recs)  # raises if a row does not read back
     assert len(out) + len(skipped) == len(recs) and len(out) > 20
     for row, rec in zip(out, [r for r in recs if r["traj_id"] not in {s["traj_id"] for s in skipped}]):
-        _check_sharegpt(row, E.LF_TAGS)
+        _check_sharegpt(row, export.LF_TAGS)
         assert _walk(json.loads(json.dumps(row))) == _expected(rec["messages"]), rec["traj_id"]
 
 
@@ -225,7 +225,7 @@ def test_mixture_export_has_every_teacher_and_the_weights(tmp_path):
     names = {a.kind: a.name for a in plan.chain("demo2")}
     download.download(plan, names["raw"])
     shard.shards(plan, names["shards"])
-    res = E.export(plan, "mix-demo")
+    res = export.export(plan, "mix-demo")
     out = Path(plan.target("mix-demo")["export"].location)
     info = json.loads((out / "llamafactory" / "dataset_info.json").read_text())
     assert set(info) == {"demo", "demo_validation", "demo2", "demo2_validation"}

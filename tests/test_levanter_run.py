@@ -20,11 +20,12 @@ import time
 
 import pytest
 
-from trajsft.data import cache as DC
-from trajsft.train import checkpoints as CK
-from trajsft.train import levanter_config as LC
-from trajsft.train import metrics as TM
-from trajsft.train import run as lr
+from spec_utils import run_inputs, target_spec
+from trajsft.data import cache as data_cache
+from trajsft.train import checkpoints
+from trajsft.train import levanter_config
+from trajsft.train import metrics
+from trajsft.train import run as train_run
 
 # never reach for the Hub, in this process or in the Levanter subprocesses (which inherit os.environ)
 os.environ["HF_HUB_OFFLINE"] = "1"
@@ -40,8 +41,6 @@ TINY = {
     "num_heads": 4,
     "num_kv_heads": 2,
     "head_dim": 8,
-    "layer_norm_epsilon": 1e-6,
-    "tie_word_embeddings": False,
 }
 
 # A Qwen-style template with tool calls; {% generation %} marks the assistant (loss) tokens.
@@ -142,7 +141,7 @@ def assets(tmp_path_factory):
 def chat_cache(assets, tmp_path_factory):
     cache_dir = str(tmp_path_factory.mktemp("caches") / "teacher_a")
     t0 = time.time()
-    stats = DC.build_chat_cache(
+    stats = data_cache.build_chat_cache(
         assets["train"], assets["validation"], cache_dir, assets["tokenizer"], CHAT_TEMPLATE, seq_len=SEQ_LEN
     )
     stats["_build_seconds"] = time.time() - t0
@@ -154,168 +153,21 @@ def jax_cache(tmp_path_factory):
     return str(tmp_path_factory.mktemp("jax_cache"))
 
 
-def _tiny_config(assets, chat_cache, run_dir, run_id, jax_cache, **kw):
-    args = dict(
-        run_id=run_id,
-        run_dir=run_dir,
-        tokenizer=assets["tokenizer"],
-        chat_template=CHAT_TEMPLATE,
-        sources={"teacher_a": {"cache_dir": chat_cache["cache_dir"], "packed_sequences": chat_cache["train"]["packed_sequences"]}},
-        seq_len=SEQ_LEN,
-        train_batch_size=4,
-        model=TINY,
-        learning_rate=3e-3,
-        warmup=0.1,
-        watch_interval=0,
-        jax_compilation_cache_dir=jax_cache,
-        wandb_mode="offline",
-    )
-    args.update(kw)
-    return LC.levanter_config(**args)
+def _tiny_config(assets, chat_cache, run_dir, run_id, jax_cache, num_train_steps, weights=None, **kw):
+    """The config of a tiny model on the test cache (each teacher of ``weights`` reads it)."""
+    weights = weights or {"teacher_a": 1.0}
+    spec = target_spec(weights=weights, model=TINY, seq_len=SEQ_LEN, batch_size=4,
+                       learning_rate=3e-3, warmup=0.1)
+    packed = chat_cache["train"]["packed_sequences"]
+    return levanter_config.train_lm_config(spec, run_inputs(
+        run_dir, {t: (chat_cache["cache_dir"], packed) for t in weights}, num_train_steps, run_id=run_id,
+        tokenizer=assets["tokenizer"], chat_template=CHAT_TEMPLATE, watch_interval=0,
+        jax_compilation_cache_dir=jax_cache, **kw))
 
 
 # --------------------------------------------------------------------------------------
-# unit tests (no Levanter run)
+# unit tests (no Levanter run); the config itself: tests/test_levanter_config.py
 # --------------------------------------------------------------------------------------
-
-
-def test_steps_for_epochs():
-    assert LC.steps_for_epochs(10, 4, 1) == 3
-    assert LC.steps_for_epochs(10, 4, 2) == 5
-    assert LC.steps_for_epochs(10, 4, 0.1) == 1
-    with pytest.raises(ValueError):
-        LC.steps_for_epochs(0, 4, 1)
-
-
-def test_config_single_source(tmp_path):
-    cfg = LC.levanter_config(
-        run_id="r1",
-        run_dir=str(tmp_path),
-        tokenizer="tok",
-        chat_template="{% generation %}x{% endgeneration %}",
-        sources={"a": {"cache_dir": "/c/a", "packed_sequences": 100}},
-        seq_len=512,
-        train_batch_size=8,
-        epochs=3,
-        keep_every=10,
-    )
-    assert cfg["trainer"]["num_train_steps"] == math.ceil(3 * 100 / 8) == 38
-    assert cfg["epoch"] == 3  # single source cycles its data for 3 passes
-    d = cfg["data"]
-    assert d["cache_dir"] == "/c/a" and "configs" not in d
-    assert d["format"]["type"] == "chat" and d["format"]["pack"] and d["format"]["mask_user_turns"]
-    assert d["format"]["chat_template"].startswith("{% generation %}")
-    m = cfg["model"]
-    assert m["type"] == "qwen3" and m["seq_len"] == 512 and m["rope"]["theta"] == 1e6
-    assert m["tokenizer"] == "tok" and m["reference_checkpoint"] == os.path.join(str(tmp_path), "hf_reference")
-    assert "initialize_from_hf" not in cfg
-    t = cfg["trainer"]
-    assert t["id"] == "r1" and t["require_accelerator"] is False and t["mp"] == "f32"
-    # final step (index 37) is always a permanent checkpoint, plus every 10 before it
-    assert t["checkpointer"]["keep"] == [{"every": 10, "until": 36}, {"every": 37, "until": None}]
-    assert t["checkpointer"]["append_run_id_to_base_path"] is False
-    wandb, jl = t["tracker"]
-    assert wandb["type"] == "wandb" and wandb["id"] == "r1" and wandb["resume"] == "allow"
-    assert jl == {"type": "json_logger"}
-    assert cfg["hf_save_path"] == os.path.join(str(tmp_path), "hf") and cfg["hf_save_steps"] == 38
-    o = cfg["optimizer"]
-    assert o["type"] == "adam" and o["lr_schedule"] == "cosine"
-
-
-def test_config_mixture_and_hf_init(tmp_path):
-    cfg = LC.levanter_config(
-        run_id="mix",
-        run_dir=str(tmp_path),
-        tokenizer="Qwen/Qwen3-8B",
-        chat_template="{% generation %}x{% endgeneration %}",
-        sources={
-            "a": {"cache_dir": "gs://b/a", "weight": 2.0, "packed_sequences": 300},
-            "b": {"cache_dir": "gs://b/b", "weight": 1.0, "packed_sequences": 100},
-        },
-        seq_len=8192,
-        train_batch_size=64,
-        epochs=2,
-        model="qwen3-8b",
-        accelerator="tpu",
-        hf_save_dtype="bfloat16",
-    )
-    d = cfg["data"]
-    assert set(d["configs"]) == {"a", "b"} and d["configs"]["a"]["cache_dir"] == "gs://b/a"
-    assert d["train_weights"] == {"a": 2.0, "b": 1.0} and d["stop_strategy"] == "restart"
-    assert cfg["epoch"] == 0  # Levanter rejects epochs for mixtures; the mixture restarts instead
-    assert cfg["trainer"]["num_train_steps"] == math.ceil(2 * 400 / 64)
-    assert cfg["initialize_from_hf"] == "Qwen/Qwen3-8B" and cfg["use_hf_model_config"] is False
-    assert cfg["model"]["reference_checkpoint"] == "Qwen/Qwen3-8B"
-    assert cfg["model"]["seq_len"] == 8192 and cfg["model"]["num_layers"] == 36
-    assert cfg["trainer"]["require_accelerator"] is True and cfg["trainer"]["mp"] == "p=f32,c=bfloat16"
-    assert cfg["hf_save_dtype"] == "bfloat16"
-
-
-def test_config_requires_steps_or_packed_counts(tmp_path):
-    with pytest.raises(ValueError, match="packed_sequences"):
-        LC.levanter_config(
-            run_id="x", run_dir=str(tmp_path), tokenizer="t", chat_template="", sources="/c",
-            seq_len=8, train_batch_size=2,
-        )
-    with pytest.raises(ValueError, match="run_id"):
-        LC.levanter_config(
-            run_id="bad/id", run_dir=str(tmp_path), tokenizer="t", chat_template="", sources="/c",
-            seq_len=8, train_batch_size=2, num_train_steps=4,
-        )
-
-
-def test_config_roundtrips_through_levanter(tmp_path):
-    """The YAML we write parses into Levanter's TrainLmConfig (draccus) with the intended types."""
-    import draccus
-    import levanter.config  # noqa: F401  (codecs)
-    from levanter.data.text import LMMixtureDatasetConfig, UrlSingleDatasetLMConfig
-    from levanter.main.train_lm import TrainLmConfig
-
-    for sources in ({"a": {"cache_dir": "/c/a", "packed_sequences": 10}},
-                    {"a": {"cache_dir": "/c/a", "packed_sequences": 10, "weight": 3},
-                     "b": {"cache_dir": "/c/b", "packed_sequences": 10}}):
-        cfg = LC.levanter_config(
-            run_id="rt", run_dir=str(tmp_path), tokenizer="tok", chat_template=CHAT_TEMPLATE,
-            sources=sources, seq_len=128, train_batch_size=2, keep_every=2,
-        )
-        path = LC.write_config(cfg, str(tmp_path / "c.yaml"))
-        parsed = draccus.parse(config_class=TrainLmConfig, config_path=path, args=[])
-        cls = UrlSingleDatasetLMConfig if len(sources) == 1 else LMMixtureDatasetConfig
-        assert isinstance(parsed.data, cls)
-        fmt = parsed.data.format if len(sources) == 1 else parsed.data.configs["a"].format
-        assert fmt.chat_template == CHAT_TEMPLATE and fmt.pack and fmt.mask_user_turns
-        assert parsed.model.seq_len == 128 and type(parsed.model).__name__ == "Qwen3Config"
-        assert parsed.model.rope.theta == 1e6
-        n = 5 * len(sources)  # ceil(1 epoch * 10 * n_sources / 2)
-        assert parsed.trainer.num_train_steps == n and parsed.trainer.require_accelerator is False
-        assert [t.__class__.__name__ for t in parsed.trainer.tracker] == ["WandbConfig", "JsonLoggerConfig"]
-        ckp = parsed.trainer.checkpointer.create("rt")
-        # every 2 steps and always at the final step index n-1
-        assert ckp._get_current_step_save_interval(2) == 2 and ckp._get_current_step_save_interval(n - 1) == n - 1
-        assert (n - 1) % ckp._get_current_step_save_interval(n - 1) == 0
-        assert parsed.trainer.checkpointer.save_interval.total_seconds() == 1800
-
-
-def test_qwen3_8b_preset_matches_hf_architecture(tmp_path):
-    """The qwen3-8b preset parses and has Qwen3-8B's 8.19B parameters (shape-only, no weights)."""
-    import draccus
-    import equinox as eqx
-    import jax
-    import numpy as np
-    import levanter.config  # noqa: F401
-    from haliax import Axis
-    from levanter.main.train_lm import TrainLmConfig
-
-    cfg = LC.levanter_config(
-        run_id="q8", run_dir=str(tmp_path), tokenizer="Qwen/Qwen3-8B", chat_template=CHAT_TEMPLATE,
-        sources={"a": {"cache_dir": "/c", "packed_sequences": 1000}}, seq_len=16384,
-        train_batch_size=32, model="qwen3-8b", accelerator="tpu", epochs=2,
-    )
-    parsed = draccus.parse(config_class=TrainLmConfig, config_path=LC.write_config(cfg, str(tmp_path / "c.yaml")), args=[])
-    assert parsed.model.seq_len == 16384 and parsed.epoch == 2 and parsed.trainer.num_train_steps == 63
-    model = eqx.filter_eval_shape(parsed.model.build, Axis("vocab", 151936), key=jax.random.PRNGKey(0))
-    n = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(model) if hasattr(x, "shape"))
-    assert abs(n - 8_190_735_360) < 1e6
 
 
 @pytest.mark.parametrize("where", ["local", "memory"])
@@ -349,9 +201,9 @@ def test_discover_latest_checkpoint_is_levanters(tmp_path, where):
         for rel, step, ts, *tmp in ckpts:
             sub = rel.split("/", 1)[1] if "/" in rel else ""
             put(f"{base}/{sub}".rstrip("/"), step, ts, *tmp)
-        assert CK.discover_latest_checkpoint(base) == levanters(base), name
+        assert checkpoints.discover_latest_checkpoint(base) == levanters(base), name
         if ckpts:
-            assert CK.discover_latest_checkpoint(base) is not None, name
+            assert checkpoints.discover_latest_checkpoint(base) is not None, name
 
 
 def test_the_train_rule_process_does_not_import_jax(tmp_path):
@@ -360,11 +212,11 @@ def test_the_train_rule_process_does_not_import_jax(tmp_path):
     code = (
         "import json, sys\n"
         "from trajsft.steps import run_rule\n"
-        "from trajsft.train import step, run, checkpoints as CK\n"
+        "from trajsft.train import step, run, checkpoints\n"
         f"p = {str(tmp_path)!r} + '/step-3'\n"
         "import os; os.makedirs(p)\n"
         "open(p + '/metadata.json', 'w').write(json.dumps({'step': 3, 'timestamp': '2025-01-01T00:00:01'}))\n"
-        f"assert CK.latest_checkpoint({str(tmp_path)!r})['completed_steps'] == 4\n"
+        f"assert checkpoints.latest_checkpoint({str(tmp_path)!r})['completed_steps'] == 4\n"
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('jax', 'jaxlib', 'levanter', 'haliax'))\n"
         "assert not bad, bad\n"
     )
@@ -379,9 +231,9 @@ def test_latest_checkpoint_and_metrics(tmp_path):
             json.dumps({"step": step, "timestamp": ts, "is_temporary": tmp})
         )
     (ck / "step-12").mkdir()  # unfinished save: no metadata.json -> ignored
-    latest = CK.latest_checkpoint(str(ck))
+    latest = checkpoints.latest_checkpoint(str(ck))
     assert latest["step"] == 9 and latest["completed_steps"] == 10 and latest["is_temporary"]
-    assert CK.latest_checkpoint(str(tmp_path / "nope")) is None
+    assert checkpoints.latest_checkpoint(str(tmp_path / "nope")) is None
 
     log = tmp_path / "train.log"
     rec = lambda s, m: (  # noqa: E731
@@ -391,26 +243,26 @@ def test_latest_checkpoint_and_metrics(tmp_path):
     log.write_text(
         "\n".join(
             [
-                f"{TM._LAUNCH_MARK} train_lm id=x",
+                f"{metrics._LAUNCH_MARK} train_lm id=x",
                 rec(0, {"train/loss": 5.0}),
                 rec(1, {"train/loss": 4.0}),
                 rec(2, {"train/loss": 3.9}),
-                f"{TM._LAUNCH_MARK} train_lm id=x",
+                f"{metrics._LAUNCH_MARK} train_lm id=x",
                 "... - levanter.main.train_lm - train_lm.py:262 - INFO :: Resuming training from step 2",
                 rec(2, {"train/loss": 3.5}),
                 rec(3, {"train/loss": 3.0, "global_step": 3}),
                 rec(3, {"eval/loss": 3.2, "eval/a/loss": 3.1}),
                 rec(3, {"train/loss": 3.0}),
-                f"{TM._LAUNCH_MARK} export x",
+                f"{metrics._LAUNCH_MARK} export x",
             ]
         )
         + "\n"
     )
-    m = TM.read_metrics(str(log))
-    assert TM._loss_history(m) == [[0, 5.0], [1, 4.0], [2, 3.5], [3, 3.0]]
+    m = metrics.read_metrics(str(log))
+    assert metrics._loss_history(m) == [[0, 5.0], [1, 4.0], [2, 3.5], [3, 3.0]]
     assert [x["kind"] for x in m["launches"]] == ["train_lm", "train_lm", "export"]
     assert m["launches"][1]["resumed_from_step"] == 2 and m["launches"][1]["first_step"] == 2
-    assert TM._eval_losses(m) == {"eval/loss": [3, 3.2], "eval/a/loss": [3, 3.1]}
+    assert metrics._eval_losses(m) == {"eval/loss": [3, 3.2], "eval/a/loss": [3, 3.1]}
 
 
 # --------------------------------------------------------------------------------------
@@ -454,7 +306,7 @@ def test_build_chat_cache_stats(assets, chat_cache):
     assert len(ds.as_sync_dataset()) == tr["packed_sequences"]
     # second call: no rebuild, same numbers
     t0 = time.time()
-    again = DC.build_chat_cache(
+    again = data_cache.build_chat_cache(
         assets["train"], assets["validation"], st["cache_dir"], assets["tokenizer"], CHAT_TEMPLATE, seq_len=SEQ_LEN
     )
     assert time.time() - t0 < 30 and again["train"]["tokens"] == tr["tokens"]
@@ -466,22 +318,22 @@ def test_ray_engine_builds_the_same_cache(assets, chat_cache, tmp_path):
     import numpy as np
     from levanter.store.cache import CacheLedger
 
-    ray_stats = DC.build_chat_cache(assets["train"], assets["validation"], str(tmp_path / "ray"), assets["tokenizer"],
+    ray_stats = data_cache.build_chat_cache(assets["train"], assets["validation"], str(tmp_path / "ray"), assets["tokenizer"],
                                     CHAT_TEMPLATE, seq_len=SEQ_LEN, engine="ray")
     assert ray_stats["engine"] == "ray" and chat_cache["engine"] == "inprocess"
     for split in ("train", "validation"):
         a, b = chat_cache[split], ray_stats[split]
         for key in ("chats", "tokens", "lengths", "assistant_lengths", "packed_sequences", "packed_ranges"):
             assert a[key] == b[key], (split, key)
-        ours = DC._open_chat_split(os.path.join(chat_cache["cache_dir"], split))
-        theirs = DC._open_chat_split(os.path.join(ray_stats["cache_dir"], split))
+        ours = data_cache._open_chat_split(os.path.join(chat_cache["cache_dir"], split))
+        theirs = data_cache._open_chat_split(os.path.join(ray_stats["cache_dir"], split))
         for x, y in zip(ours.store.get_batch_sync(range(a["chats"])), theirs.store.get_batch_sync(range(a["chats"]))):
             assert np.array_equal(x["input_ids"], y["input_ids"])
             assert np.array_equal(x["assistant_masks"], y["assistant_masks"])
         meta = lambda d: CacheLedger.load(os.path.join(d, split)).metadata  # noqa: E731
         assert meta(chat_cache["cache_dir"]) == meta(ray_stats["cache_dir"])
     with pytest.raises(ValueError, match="engine must be one of"):
-        DC.build_chat_cache(assets["train"], [], str(tmp_path / "x"), assets["tokenizer"], CHAT_TEMPLATE, engine="spark")
+        data_cache.build_chat_cache(assets["train"], [], str(tmp_path / "x"), assets["tokenizer"], CHAT_TEMPLATE, engine="spark")
 
 
 def _assert_hf_export_loads(path: str, vocab: int):
@@ -501,20 +353,15 @@ def _assert_hf_export_loads(path: str, vocab: int):
 def test_train_tiny_mixture_with_eval(assets, chat_cache, jax_cache, tmp_path):
     """Two 'teachers' (the same cache twice, different weights) -> mixture config, eval, export."""
     run_dir = str(tmp_path / "mix")
-    src = {"cache_dir": chat_cache["cache_dir"], "packed_sequences": chat_cache["train"]["packed_sequences"]}
-    cfg = _tiny_config(
-        assets, chat_cache, run_dir, "tiny-mix", jax_cache,
-        sources={"a": {**src, "weight": 3.0}, "b": {**src, "weight": 1.0}},
-        num_train_steps=6,
-    )
+    cfg = _tiny_config(assets, chat_cache, run_dir, "tiny-mix", jax_cache, 6, weights={"a": 3.0, "b": 1.0})
     assert "configs" in cfg["data"]
     log = os.path.join(run_dir, "train.log")
-    res = lr.run_training(cfg, run_dir, log, env=OFFLINE_ENV)
+    res = train_run.run_training(cfg, run_dir, log, env=OFFLINE_ENV)
     assert res["launched"] and res["returncode"] == 0 and res["resumed_from_step"] == 0
     assert res["steps"] == 6 and [s for s, _ in res["loss_history"]] == list(range(6))
     assert math.isfinite(res["final_loss"]) and res["final_loss"] < res["loss_history"][0][1]
     assert res["checkpoint_dir"].endswith("checkpoints/step-5") and os.path.isdir(res["checkpoint_dir"])
-    assert res["hf_export"].endswith("hf/step-5") and CK.hf_export_complete(res["hf_export"])
+    assert res["hf_export"].endswith("hf/step-5") and checkpoints.hf_export_complete(res["hf_export"])
     assert {"eval/loss", "eval/a/loss", "eval/b/loss"} <= set(res["eval_loss"])
     assert all(math.isfinite(v) for _, v in res["eval_loss"].values())
     vocab = json.load(open(os.path.join(res["hf_export"], "config.json")))["vocab_size"]
@@ -541,15 +388,15 @@ def test_kill_resume_and_finished_run(assets, chat_cache, jax_cache, tmp_path):
     log = os.path.join(run_dir, "train.log")
     P = chat_cache["train"]["packed_sequences"]
     N = 120
-    cfg = _tiny_config(assets, chat_cache, run_dir, "tiny-kr", jax_cache, num_train_steps=N, keep_every=10)
+    cfg = _tiny_config(assets, chat_cache, run_dir, "tiny-kr", jax_cache, N, keep_every=10)
     assert cfg["epoch"] == (N - 1) * 4 // P + 1 > 1  # several passes over the data
     ckpt_dir = cfg["trainer"]["checkpointer"]["base_path"]
 
     # launch run_training in a child process (as Snakemake would), SIGKILL the trainer after the
     # first permanent checkpoint, then rerun: it must resume from that checkpoint
     driver = (
-        "import json,sys; from trajsft.train import run as lr; "
-        "cfg=json.load(open(sys.argv[1])); lr.run_training(cfg, sys.argv[2], sys.argv[3], env=json.loads(sys.argv[4]))"
+        "import json,sys; from trajsft.train import run as train_run; "
+        "cfg=json.load(open(sys.argv[1])); train_run.run_training(cfg, sys.argv[2], sys.argv[3], env=json.loads(sys.argv[4]))"
     )
     os.makedirs(run_dir, exist_ok=True)
     cfg_json = os.path.join(run_dir, "cfg.json")
@@ -565,24 +412,24 @@ def test_kill_resume_and_finished_run(assets, chat_cache, jax_cache, tmp_path):
     finally:
         if parent.poll() is None:
             os.killpg(parent.pid, signal.SIGKILL)
-    latest = CK.latest_checkpoint(ckpt_dir)
+    latest = checkpoints.latest_checkpoint(ckpt_dir)
     assert latest is not None and latest["completed_steps"] < N, "run finished before it could be killed"
     killed_at = latest["completed_steps"]
 
-    res = lr.run_training(cfg, run_dir, log, env=OFFLINE_ENV)
+    res = train_run.run_training(cfg, run_dir, log, env=OFFLINE_ENV)
     assert res["launched"] and res["returncode"] == 0
     assert res["resumed_from_step"] == killed_at
     assert res["steps"] == N and res["checkpoint_dir"].endswith(f"step-{N - 1}")
     assert [s for s, _ in res["loss_history"]] == list(range(N))
     assert math.isfinite(res["final_loss"])
-    assert CK.hf_export_complete(res["hf_export"])
+    assert checkpoints.hf_export_complete(res["hf_export"])
     assert "Resuming training from step" in open(log).read()
     steps_saved = sorted(int(n.split("-")[1]) for n in os.listdir(ckpt_dir) if n.startswith("step-"))
     assert steps_saved[-1] == N - 1 and 10 in steps_saved
 
     # finished run: no relaunch (Levanter would exit 1), same answer
     size = os.path.getsize(log)
-    again = lr.run_training(cfg, run_dir, log, env=OFFLINE_ENV)
+    again = train_run.run_training(cfg, run_dir, log, env=OFFLINE_ENV)
     assert not again["launched"] and again["resumed_from_step"] is None and again["returncode"] is None
     assert again["steps"] == N and again["final_loss"] == res["final_loss"]
     assert again["checkpoint_dir"] == res["checkpoint_dir"] and os.path.getsize(log) == size
@@ -593,7 +440,7 @@ def test_kill_resume_and_finished_run(assets, chat_cache, jax_cache, tmp_path):
     shutil.rmtree(res["hf_export"])
     os.makedirs(res["hf_export"])
     open(os.path.join(res["hf_export"], "model.safetensors"), "wb").write(b"\0" * 10)  # truncated
-    fixed = lr.run_training(cfg, run_dir, log, env=OFFLINE_ENV)
-    assert not fixed["launched"] and CK.hf_export_complete(fixed["hf_export"])
+    fixed = train_run.run_training(cfg, run_dir, log, env=OFFLINE_ENV)
+    assert not fixed["launched"] and checkpoints.hf_export_complete(fixed["hf_export"])
     vocab = json.load(open(os.path.join(fixed["hf_export"], "config.json")))["vocab_size"]
     _assert_hf_export_loads(fixed["hf_export"], vocab)

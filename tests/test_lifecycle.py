@@ -18,7 +18,7 @@ import psutil
 import pytest
 
 from pipeline_utils import REPO, alive, attempts, kill9_snakemake_only, plan, procs, run, start, wait_for
-from trajsft.train import checkpoints as CK
+from trajsft.train import checkpoints
 
 pytestmark = pytest.mark.integration
 
@@ -107,13 +107,13 @@ def test_rule_jobs_die_with_a_kill9ed_snakemake_and_the_rerun_finishes(tmp_path)
     # 4. kill -9 Snakemake after the trainer wrote a checkpoint: the train job and the trainer
     #    die with it; nothing writes `done` behind the user's back; the attempt is recorded
     p = start(wd, "checkpoints/demo/done", config=OVER_BIG, log=wd / "run4.log")
-    wait_for(lambda: procs(p, "trajsft.train.train_lm_main") and CK.latest_checkpoint(ckpts), 600,
+    wait_for(lambda: procs(p, "trajsft.train.train_lm_main") and checkpoints.latest_checkpoint(ckpts), 600,
              "a trainer checkpoint", p)
     tree = kill9_snakemake_only(p)
     wait_for(lambda: not alive(tree), 120, "the train job and train_lm to die with Snakemake")
     time.sleep(3)
     assert not done.exists()
-    ck = CK.latest_checkpoint(ckpts)
+    ck = checkpoints.latest_checkpoint(ckpts)
     assert 1 <= ck["completed_steps"] < 40
     last = attempts(run_dir)[-1]
     assert last["outcome"] == "interrupted" and "Snakemake (run" in last["error"] and last.get("ended"), last

@@ -24,11 +24,11 @@ import pytest
 from pipeline_utils import REPO, kill_group, wait_for
 from slice_fixtures import start_emulated_cluster
 from tpu_utils import (HF, WK, data_rules, jobs, make_profile, run_hash, sm_cmd, sm_env, snakemake, status, workdir)
-from trajsft.train import checkpoints as CK
-from trajsft.train import metrics as TM
-from trajsft.train import run as LR
+from trajsft.train import checkpoints
+from trajsft.train import metrics
+from trajsft.train import run as train_run
 from trajsft.plan import config as C
-from trajsft.cluster import jobs as rayjobs
+from trajsft.cluster import jobs as cluster_jobs
 from trajsft.train.step import levanter_config
 from trajsft.cluster.entrypoint import _absolute_local_refs
 
@@ -68,7 +68,7 @@ def slice_attempts(run_dir: Path) -> list[dict]:
 
 
 def logged_steps(run_dir: Path, run_id: str) -> list[int]:
-    return sorted(TM.read_metrics(str(run_dir / "logs" / f"{run_id}.log.log"))["steps"])
+    return sorted(metrics.read_metrics(str(run_dir / "logs" / f"{run_id}.log.log"))["steps"])
 
 
 def test_trains_on_every_host_and_matches_a_single_process(data, cluster, tmp_path):
@@ -80,7 +80,7 @@ def test_trains_on_every_host_and_matches_a_single_process(data, cluster, tmp_pa
     wall = time.time() - t0
     done = json.loads((wd / "checkpoints/demo/done").read_text())
     run_dir = Path(done["checkpoint_dir"])
-    assert done["steps"] == 6 and CK.hf_export_complete(done["hf_export"])
+    assert done["steps"] == 6 and checkpoints.hf_export_complete(done["hf_export"])
     [job] = jobs(cluster.head, h)
     assert job["status"] == "SUCCEEDED" and job["entrypoint"].find("trajsft.cluster.entrypoint") >= 0
     # one training process per host of the slice, all in one slice attempt
@@ -93,7 +93,7 @@ def test_trains_on_every_host_and_matches_a_single_process(data, cluster, tmp_pa
     assert "train_lm" in host1_log.read_text()  # host 1 ran its own process, logging locally
     lev = (run_dir / "logs" / f"{h}.log.log").read_text()
     assert "Process count: 2" in lev or "process_count" in lev or '"num_hosts": 2' in lev or "2 processes" in lev \
-        or TM.read_metrics(str(run_dir / "logs" / f"{h}.log.log"))["steps"]
+        or metrics.read_metrics(str(run_dir / "logs" / f"{h}.log.log"))["steps"]
     # secrets: nowhere in files, logs, job metadata
     for root in (wd, data[1]):
         for f in root.rglob("*"):
@@ -116,7 +116,7 @@ def test_trains_on_every_host_and_matches_a_single_process(data, cluster, tmp_pa
     for t in cfg["trainer"].get("tracker") or []:
         if t.get("type") == "wandb":
             t["mode"] = "disabled"
-    ref = LR.run_training(cfg, str(single), str(single / "train.log"),
+    ref = train_run.run_training(cfg, str(single), str(single / "train.log"),
                           env={"JAX_PLATFORMS": "cpu", "JAX_NUM_CPU_DEVICES": "8"})
     multi = dict(result["loss_history"])
     single_ = dict(ref["loss_history"])
@@ -163,7 +163,7 @@ def test_host_process_host_and_slice_losses_resume_without_snakemake_retry(data,
         t0 = time.time()
         sa = _wait_running(run_dir, 0, p)
         at = _wait_step_after(run_dir, h, 4, p)
-        wait_for(lambda: CK.latest_checkpoint(ckdir), 300, "a checkpoint", p)
+        wait_for(lambda: checkpoints.latest_checkpoint(ckdir), 300, "a checkpoint", p)
         # 1. one host's training process dies (SIGKILL, as the OOM killer would)
         [pid] = cluster.trainer_pids("slice-a", 1)
         at = logged_steps(run_dir, h)[-1]
@@ -208,7 +208,7 @@ def test_host_process_host_and_slice_losses_resume_without_snakemake_retry(data,
     for prev, s in zip(sas, sas[1:]):
         assert s["resumed_from_step"] >= 1 and s["resumed_from_step"] >= prev["resumed_from_step"], shown
     done = json.loads((wd / "checkpoints/demo/done").read_text())
-    assert done["steps"] == 24 and CK.hf_export_complete(done["hf_export"])
+    assert done["steps"] == 24 and checkpoints.hf_export_complete(done["hf_export"])
     row = status(wd, prof, cluster.head)
     n = len(sas) - 1
     assert row["state"] == "done" and row["preemptions"] == n
@@ -238,18 +238,18 @@ def test_old_shape_pinned_to_the_slice_head_fails_fast(data, cluster, tmp_path, 
     cfg = tmp_path / "levanter_config.json"
     cfg.write_text(json.dumps(levanter_config(plan, "demo")))
     # the old entrypoint ran trajsft's local training (run_training) as the one process of the job
-    entry = ("python -c 'import json, sys; from trajsft.train import run as LR; "
-             "LR.run_training(json.load(open(sys.argv[1])), sys.argv[2], sys.argv[3])' "
+    entry = ("python -c 'import json, sys; from trajsft.train import run as train_run; "
+             "train_run.run_training(json.load(open(sys.argv[1])), sys.argv[2], sys.argv[3])' "
              f"{cfg} {tmp_path / 'old'} {tmp_path / 'old.log'}")
     t0 = time.time()
-    sid, _ = rayjobs.submit_or_attach(cluster.address, entry, f"old-shape-{int(t0)}",
+    sid, _ = cluster_jobs.submit_or_attach(cluster.address, entry, f"old-shape-{int(t0)}",
                                       runtime_env={"working_dir": str(REPO / "src"), "excludes": ["**/__pycache__/"]},
                                       entrypoint_resources={f"TPU-{TPU}-head": 1}, auth_token=cluster.head.token)
-    st = wait_for(lambda: (s := rayjobs._Conn(cluster.address, cluster.head.token).status(sid)) in
-                  rayjobs.TERMINAL_STATUSES and s, 120, "the old-shape job to end")
+    st = wait_for(lambda: (s := cluster_jobs._Conn(cluster.address, cluster.head.token).status(sid)) in
+                  cluster_jobs.TERMINAL_STATUSES and s, 120, "the old-shape job to end")
     assert st == "FAILED" and time.time() - t0 < 120
     # Ray's job message carries the tail of the driver's output (the log file of a job whose driver ran on
     # another node may not be collected yet)
-    said = rayjobs._Conn(cluster.address, cluster.head.token).job_info(sid).message or ""
-    said += rayjobs.job_logs(cluster.address, sid, auth_token=cluster.head.token)
+    said = cluster_jobs._Conn(cluster.address, cluster.head.token).job_info(sid).message or ""
+    said += cluster_jobs.job_logs(cluster.address, sid, auth_token=cluster.head.token)
     assert "SingleProcessOnPod: this is worker 0 of the 2-host TPU slice slice-" in said and "run_on_pod" in said, said

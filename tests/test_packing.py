@@ -90,7 +90,7 @@ def test_a_cache_written_in_ffd_order_is_packed_into_the_ffd_bins(tmp_path):
     from levanter.data.packing import GreedyPrepackedDataset
 
     from trajsft.data import chat_cache
-    from trajsft.data import cache as DC
+    from trajsft.data import cache as data_cache
     from trajsft.data.transform import gzip_jsonl
 
     rng = random.Random(3)
@@ -102,13 +102,13 @@ def test_a_cache_written_in_ffd_order_is_packed_into_the_ffd_bins(tmp_path):
     from trajsft.data.template import load_template
 
     seq_len = 160
-    first = DC.build_chat_cache([str(shard)], [], str(tmp_path / "cache"), DEMO_TOKENIZER, load_template(),
+    first = data_cache.build_chat_cache([str(shard)], [], str(tmp_path / "cache"), DEMO_TOKENIZER, load_template(),
                                 seq_len=seq_len)
     lengths = first["train"]["lengths"]
     assert first["engine"] == "inprocess" and len(lengths) == 40
     bins = P.first_fit_decreasing(lengths, seq_len)
     order = P.cache_order(bins)
-    st = DC.reorder_chat_cache(str(tmp_path / "cache"), str(tmp_path / "packed"), {"train": order}, seq_len=seq_len)
+    st = data_cache.reorder_chat_cache(str(tmp_path / "cache"), str(tmp_path / "packed"), {"train": order}, seq_len=seq_len)
     tr = st["train"]
     assert tr["lengths"] == [lengths[i] for i in order]
     pos, expect = 0, []
@@ -117,13 +117,13 @@ def test_a_cache_written_in_ffd_order_is_packed_into_the_ffd_bins(tmp_path):
         pos += len(b)
     assert tr["packed_ranges"] == expect and tr["packed_sequences"] == len(bins)
     # the non-pad share in the stats is what the packed examples Levanter yields hold
-    cache = DC._open_chat_split(str(tmp_path / "packed" / "train"))
+    cache = data_cache._open_chat_split(str(tmp_path / "packed" / "train"))
     ds = GreedyPrepackedDataset(cache.store.tree, seq_len, max_segments_per_example=64, pad_with_zeros=True,
                                 slice_strategy="left").as_sync_dataset()
     non_pad = sum(int((seg["input_ids"] >= 0).sum()) for data, seg in ds.get_batch(range(len(bins))))
     assert tr["packed_non_pad"] == pytest.approx(non_pad / (len(bins) * seq_len))
     # rows are copied, not re-tokenized: identical arrays, ledger metadata kept
-    src = DC._open_chat_split(str(tmp_path / "cache" / "train"))
+    src = data_cache._open_chat_split(str(tmp_path / "cache" / "train"))
     a = src.store.get_batch_sync(order[:5])
     b = cache.store.get_batch_sync(list(range(5)))
     for x, y in zip(a, b):

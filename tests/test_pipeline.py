@@ -15,7 +15,7 @@ import pytest
 import chromium
 from pipeline_utils import REPO, env, kill_group, plan, run, start, wait_for
 from test_cards import assert_png
-from trajsft.train import checkpoints as CK
+from trajsft.train import checkpoints
 
 pytestmark = pytest.mark.integration
 LAUNCH = "[trajsft.levanter_run] launch train_lm"
@@ -276,10 +276,10 @@ def test_kill_and_resume(tmp_path):
     # 2. kill after a checkpoint was written (a killed Snakemake leaves its lock: --unlock first)
     run(wd, "--unlock", config=over)
     p = start(wd, "checkpoints/demo/done", config=over, log=wd / "attempt2.log")
-    ck = wait_for(lambda: CK.latest_checkpoint(str(run_dir / "checkpoints")), 600, "a trainer checkpoint", p)
+    ck = wait_for(lambda: checkpoints.latest_checkpoint(str(run_dir / "checkpoints")), 600, "a trainer checkpoint", p)
     kill_group(p)
     assert not (wd / "checkpoints/demo/done").exists()
-    latest = CK.latest_checkpoint(str(run_dir / "checkpoints"))
+    latest = checkpoints.latest_checkpoint(str(run_dir / "checkpoints"))
     assert latest["completed_steps"] >= ck["completed_steps"] >= 1 and latest["completed_steps"] < 40
     [row] = json.loads(cli(wd, "status", "demo", "--json", "--configfile", str(wd / "test-overrides.yaml")).stdout)
     assert row["state"] == "failed" and row["cause"] == "killed (no end recorded)"

@@ -138,10 +138,9 @@ def test_student_revision_is_pinned_hashed_and_passed_on():
     assert p.cfg["students"]["qwen3-8b"]["hf_revision"] == QWEN3_8B_REV
     tok = next(a for a in p.chain("minimax-m2.5") if a.kind == "tokenized")
     assert tok.spec["tokenizer"] == f"Qwen/Qwen3-8B@{QWEN3_8B_REV}"  # what the tokenize rule loads
-    from trajsft.train.step import _model_args
+    from trajsft.train.levanter_config import initialize_from_hf
 
-    args = _model_args(p.specs.students["qwen3-8b"])
-    assert args["initialize_from_hf"] == f"Qwen/Qwen3-8B@{QWEN3_8B_REV}"  # Levanter's RepoRef syntax
+    assert initialize_from_hf(p.specs.students["qwen3-8b"]) == f"Qwen/Qwen3-8B@{QWEN3_8B_REV}"  # Levanter's RepoRef
     # a new revision is a new student: new tokenized cache and checkpoint dir, same shards
     other = plan(students={"qwen3-8b": {"hf_revision": "0" * 40, "tokenizer_revision": "0" * 40}})
     a, b = names(p, "minimax-m2.5"), names(other, "minimax-m2.5")
@@ -151,18 +150,18 @@ def test_student_revision_is_pinned_hashed_and_passed_on():
 def test_pinned_tokenizer_resolves_to_a_snapshot_of_that_revision(monkeypatch):
     import huggingface_hub
 
-    from trajsft.data import cache as DC
-    from trajsft.train import levanter_config as LC
+    from trajsft.data import cache as data_cache
+    from trajsft.train import levanter_config
 
     calls = []
     monkeypatch.setattr(huggingface_hub, "snapshot_download",
                         lambda repo, revision, allow_patterns: calls.append((repo, revision, allow_patterns)) or "/snap")
-    assert DC.resolve_tokenizer(f"Qwen/Qwen3-8B@{QWEN3_8B_REV}") == "/snap"
+    assert data_cache.resolve_tokenizer(f"Qwen/Qwen3-8B@{QWEN3_8B_REV}") == "/snap"
     assert calls[0][:2] == ("Qwen/Qwen3-8B", QWEN3_8B_REV) and "tokenizer.json" in calls[0][2]
     assert all(not f.endswith(".safetensors") for f in calls[0][2])
-    assert DC.resolve_tokenizer("demo/tokenizer") == "demo/tokenizer" and DC.resolve_tokenizer("gs://b/t@x") == "gs://b/t@x"
+    assert data_cache.resolve_tokenizer("demo/tokenizer") == "demo/tokenizer" and data_cache.resolve_tokenizer("gs://b/t@x") == "gs://b/t@x"
     cfg = {"data": {"tokenizer": f"Qwen/Qwen3-8B@{QWEN3_8B_REV}"}, "model": {"tokenizer": "Qwen/Qwen3-8B"}}
-    assert LC.resolve_hub_refs(cfg) == {"data": {"tokenizer": "/snap"}, "model": {"tokenizer": "Qwen/Qwen3-8B"}}
+    assert levanter_config.resolve_hub_refs(cfg) == {"data": {"tokenizer": "/snap"}, "model": {"tokenizer": "Qwen/Qwen3-8B"}}
 
 
 def test_seq_len_is_in_the_tokenized_hash():

@@ -18,11 +18,11 @@ import pytest
 import requests
 
 from ray_fixtures import ray_client_env, ray_head  # noqa: F401  (pytest fixtures)
-from trajsft.cluster import follow as ray_follow
-from trajsft.cluster import jobs as rj
-from trajsft.cluster import preflight as ray_preflight
-from trajsft.cluster import run_job as ray_run
-from trajsft.cluster import secrets as ray_secrets
+from trajsft.cluster import follow
+from trajsft.cluster import jobs as cluster_jobs
+from trajsft.cluster import preflight as cluster_preflight
+from trajsft.cluster import run_job
+from trajsft.cluster import secrets as cluster_secrets
 
 PY = "python"  # resolved on the head's PATH (ray_fixtures puts the venv first)
 
@@ -32,7 +32,7 @@ def _uid() -> str:
 
 
 def _wait_status(address, job_id, want, timeout=60.0, token=None):
-    conn = rj._Conn(address, token)
+    conn = cluster_jobs._Conn(address, token)
     deadline = time.monotonic() + timeout
     st = None
     while time.monotonic() < deadline:
@@ -51,58 +51,58 @@ def _py(code: str) -> str:
 
 
 def test_submission_id_is_deterministic():
-    assert rj.submission_id("abc123", 0) == "trajsft-abc123-a0"
-    assert rj.submission_id("abc123", 7) == rj.submission_id("abc123", 7)
-    assert rj.submission_id("abc123", 1) != rj.submission_id("abc123", 2)
+    assert cluster_jobs.submission_id("abc123", 0) == "trajsft-abc123-a0"
+    assert cluster_jobs.submission_id("abc123", 7) == cluster_jobs.submission_id("abc123", 7)
+    assert cluster_jobs.submission_id("abc123", 1) != cluster_jobs.submission_id("abc123", 2)
     for bad_hash in ("", "a b", "../x", None):
         with pytest.raises(ValueError):
-            rj.submission_id(bad_hash, 0)
+            cluster_jobs.submission_id(bad_hash, 0)
     for bad_attempt in (-1, 1.5, True):
         with pytest.raises(ValueError):
-            rj.submission_id("abc", bad_attempt)
+            cluster_jobs.submission_id("abc", bad_attempt)
 
 
 def test_normalize_address():
-    assert rj.normalize_address("127.0.0.1:8265") == "http://127.0.0.1:8265"
-    assert rj.normalize_address("http://h:1/") == "http://h:1"
-    assert rj.normalize_address("https://ray.example") == "https://ray.example:8265"
+    assert cluster_jobs.normalize_address("127.0.0.1:8265") == "http://127.0.0.1:8265"
+    assert cluster_jobs.normalize_address("http://h:1/") == "http://h:1"
+    assert cluster_jobs.normalize_address("https://ray.example") == "https://ray.example:8265"
     with pytest.raises(ValueError):
-        rj.normalize_address("ray://h:10001")
+        cluster_jobs.normalize_address("ray://h:10001")
 
 
 def test_resolve_auth_token_precedence(monkeypatch, tmp_path):
     monkeypatch.setenv("HOME", str(tmp_path))
     for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"):
         monkeypatch.delenv(k, raising=False)
-    assert rj.resolve_auth_token() is None
+    assert cluster_jobs.resolve_auth_token() is None
     (tmp_path / ".ray").mkdir()
     (tmp_path / ".ray" / "auth_token").write_text("fromdefault\n")
-    assert rj.resolve_auth_token() == "fromdefault"
+    assert cluster_jobs.resolve_auth_token() == "fromdefault"
     f = tmp_path / "tok"
     f.write_text("frompath\n")
     monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(f))
-    assert rj.resolve_auth_token() == "frompath"
+    assert cluster_jobs.resolve_auth_token() == "frompath"
     monkeypatch.setenv("RAY_AUTH_TOKEN", "fromenv")
-    assert rj.resolve_auth_token() == "fromenv"
-    assert rj.resolve_auth_token("explicit") == "explicit"
+    assert cluster_jobs.resolve_auth_token() == "fromenv"
+    assert cluster_jobs.resolve_auth_token("explicit") == "explicit"
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
-    assert rj.resolve_auth_token() is None
+    assert cluster_jobs.resolve_auth_token() is None
     monkeypatch.delenv("RAY_AUTH_MODE")
     monkeypatch.delenv("RAY_AUTH_TOKEN")
     monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(tmp_path / "missing"))
-    with pytest.raises(rj.ClusterUnauthorized):
-        rj.resolve_auth_token()
+    with pytest.raises(cluster_jobs.ClusterUnauthorized):
+        cluster_jobs.resolve_auth_token()
 
 
 def test_log_writer_dedup_partial_lines_and_redaction(tmp_path):
     log = tmp_path / "job.log"
-    w = ray_follow._LogWriter(log, "job@1", {"HF_TOKEN": "s3cr3tvalue"})
+    w = follow._LogWriter(log, "job@1", {"HF_TOKEN": "s3cr3tvalue"})
     pos = w.feed(0, "a\nb")  # "b" is held back until its newline
     pos = w.feed(pos, "\nkey=s3cr3tvalue\n")
     w.close()
     assert log.read_text() == "a\nb\nkey=<redacted:HF_TOKEN>\n"
     # Re-attach: the stream is replayed from the start; only new text is appended.
-    w = ray_follow._LogWriter(log, "job@1", {"HF_TOKEN": "s3cr3tvalue"})
+    w = follow._LogWriter(log, "job@1", {"HF_TOKEN": "s3cr3tvalue"})
     assert w.committed == len("a\nb\nkey=s3cr3tvalue\n")
     pos = w.feed(0, "a\nb\nkey=s3cr3tvalue\nc\n")
     w.feed(0, "a\nb\nkey=s3cr3tvalue\nc\nd")  # polling style (full text again)
@@ -110,21 +110,21 @@ def test_log_writer_dedup_partial_lines_and_redaction(tmp_path):
     w.close()
     assert log.read_text() == "a\nb\nkey=<redacted:HF_TOKEN>\nc\nd"
     # Another job (or the same id on a restarted cluster) starts at 0.
-    w = ray_follow._LogWriter(log, "job@2", None)
+    w = follow._LogWriter(log, "job@2", None)
     assert w.committed == 0
     w.close()
 
 
 def test_log_writer_cuts_unrecorded_tail_after_crash(tmp_path):
     log = tmp_path / "job.log"
-    w = ray_follow._LogWriter(log, "job@1", None)
+    w = follow._LogWriter(log, "job@1", None)
     w.marker("start")
     w.feed(0, "one\ntwo\n")
     w.close()
     good = log.read_bytes()
     with open(log, "a") as f:  # written, but killed before the sidecar update
         f.write("three\n")
-    w = ray_follow._LogWriter(log, "job@1", None)
+    w = follow._LogWriter(log, "job@1", None)
     assert log.read_bytes() == good
     w.feed(0, "one\ntwo\nthree\nfour\n")
     w.close()
@@ -134,14 +134,14 @@ def test_log_writer_cuts_unrecorded_tail_after_crash(tmp_path):
 def test_secret_names_are_moved_out_of_runtime_env(monkeypatch):
     monkeypatch.setenv("HF_TOKEN", "hfvalue")
     renv = {"env_vars": {"WANDB_API_KEY": "wv", "PLAIN": "1"}, "pip": []}
-    got = ray_secrets._collect_secrets(["HF_TOKEN"], renv)
+    got = cluster_secrets._collect_secrets(["HF_TOKEN"], renv)
     assert got == {"HF_TOKEN": "hfvalue", "WANDB_API_KEY": "wv"}
     assert renv["env_vars"] == {"PLAIN": "1"}
     monkeypatch.delenv("HF_TOKEN")
     with pytest.raises(ValueError, match="export HF_TOKEN"):
-        ray_secrets._collect_secrets(["HF_TOKEN"], {})
+        cluster_secrets._collect_secrets(["HF_TOKEN"], {})
     with pytest.raises(ValueError, match="HF_TOKEN") as ei:
-        ray_secrets._assert_not_leaked({"HF_TOKEN": "hfvalue"}, entrypoint="echo hfvalue")
+        cluster_secrets._assert_not_leaked({"HF_TOKEN": "hfvalue"}, entrypoint="echo hfvalue")
     assert "hfvalue" not in str(ei.value)
 
 
@@ -150,7 +150,7 @@ def test_secret_bundles_get_distinct_package_uris():
 
     uris, names = set(), set()
     for _ in range(2):
-        with ray_secrets._secret_bundle({"HF_TOKEN": "same"}) as (name, path):
+        with cluster_secrets._secret_bundle({"HF_TOKEN": "same"}) as (name, path):
             assert oct(Path(path, "secrets.json").stat().st_mode & 0o777) == "0o600"
             uris.add(get_uri_for_directory(path, include_gitignore=True))
             names.add(name)
@@ -163,11 +163,11 @@ def test_preflight_unreachable_is_fast_and_one_line(tmp_path):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     t0 = time.monotonic()
-    probs = ray_preflight.preflight(f"http://127.0.0.1:{port}", [], {"TPU": 1}, str(tmp_path))
+    probs = cluster_preflight.preflight(f"http://127.0.0.1:{port}", [], {"TPU": 1}, str(tmp_path))
     assert time.monotonic() - t0 < 6
     assert len(probs) == 1, probs
     assert "unreachable" in probs[0] and "refused" in probs[0] and "\n" not in probs[0]
-    summary = ray_preflight.cluster_summary(f"127.0.0.1:{port}")
+    summary = cluster_preflight.cluster_summary(f"127.0.0.1:{port}")
     assert summary["reachable"] is False and "refused" in summary["error"]
 
 
@@ -177,7 +177,7 @@ def test_preflight_unwritable_storage_root(tmp_path, monkeypatch):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    probs = ray_preflight.preflight(f"http://127.0.0.1:{port}", [], {}, str(f / "sub"))
+    probs = cluster_preflight.preflight(f"http://127.0.0.1:{port}", [], {}, str(f / "sub"))
     storage = [p for p in probs if "storage root" in p]
     assert len(storage) == 1 and "not writable" in storage[0]
 
@@ -190,18 +190,18 @@ def test_preflight_unwritable_storage_root(tmp_path, monkeypatch):
 @pytest.mark.timeout(120)
 def test_success_with_custom_resource_logs_and_attach(ray_head, tmp_path):  # noqa: F811
     tok = ray_head.token
-    sid = rj.submission_id(_uid(), 0)
+    sid = cluster_jobs.submission_id(_uid(), 0)
     ep = _py("import time\nfor i in range(8):\n    print('line', i, flush=True)\n    time.sleep(0.7)\nprint('DONE')")
-    job_id, attached = rj.submit_or_attach(
+    job_id, attached = cluster_jobs.submit_or_attach(
         ray_head.address, ep, sid, None, {"TPU-v5p-32-head": 1}, {"purpose": "test"}, None, auth_token=tok
     )
     assert (job_id, attached) == (sid, False)
     # Same id again -> attach, no duplicate.
-    job_id2, attached2 = rj.submit_or_attach(
+    job_id2, attached2 = cluster_jobs.submit_or_attach(
         ray_head.address, ep, sid, None, {"TPU-v5p-32-head": 1}, None, None, auth_token=tok
     )
     assert (job_id2, attached2) == (sid, True)
-    conn = rj._Conn(ray_head.address, tok)
+    conn = cluster_jobs._Conn(ray_head.address, tok)
     assert [j.submission_id for j in conn.client.list_jobs()].count(sid) == 1
     assert conn.job_info(sid).metadata["purpose"] == "test"
 
@@ -211,10 +211,10 @@ def test_success_with_custom_resource_logs_and_attach(ray_head, tmp_path):  # no
     def seen_line1() -> bool:
         return log.exists() and "line 1\n" in log.read_text()
 
-    with pytest.raises(rj.FollowInterrupted):
-        ray_follow.follow(ray_head.address, sid, log, 0.3, should_stop=seen_line1, auth_token=tok)
+    with pytest.raises(cluster_jobs.FollowInterrupted):
+        follow.follow(ray_head.address, sid, log, 0.3, should_stop=seen_line1, auth_token=tok)
     # ... and re-attach: no line may be duplicated.
-    assert ray_follow.follow(ray_head.address, sid, log, 0.3, auth_token=tok) == "SUCCEEDED"
+    assert follow.follow(ray_head.address, sid, log, 0.3, auth_token=tok) == "SUCCEEDED"
     text = log.read_text()
     assert text.count("[trajsft] following Ray job") == 2
     for i in range(8):
@@ -222,23 +222,23 @@ def test_success_with_custom_resource_logs_and_attach(ray_head, tmp_path):  # no
     assert "DONE\n" in text
     assert text.count("Running entrypoint for job") == 1
     # Following a finished job again writes nothing new but the markers.
-    assert ray_follow.follow(ray_head.address, sid, log, 0.3, auth_token=tok) == "SUCCEEDED"
+    assert follow.follow(ray_head.address, sid, log, 0.3, auth_token=tok) == "SUCCEEDED"
     assert log.read_text().count("line 0\n") == 1
     # submit_or_attach reports a SUCCEEDED job as attached.
-    assert rj.submit_or_attach(ray_head.address, ep, sid, auth_token=tok) == (sid, True)
+    assert cluster_jobs.submit_or_attach(ray_head.address, ep, sid, auth_token=tok) == (sid, True)
 
 
 @pytest.mark.integration
 @pytest.mark.timeout(120)
 def test_stop_and_cluster_summary(ray_client_env, tmp_path):  # noqa: F811
     head = ray_client_env  # token comes from RAY_AUTH_TOKEN in the environment here
-    sid = rj.submission_id(_uid(), 0)
-    rj.submit_or_attach(head.address, _py("import time\nprint('started', flush=True)\ntime.sleep(600)"),
+    sid = cluster_jobs.submission_id(_uid(), 0)
+    cluster_jobs.submit_or_attach(head.address, _py("import time\nprint('started', flush=True)\ntime.sleep(600)"),
                         sid, entrypoint_resources={"TPU": 1})
     _wait_status(head.address, sid, {"RUNNING"})
     deadline = time.monotonic() + 20  # resource usage comes from a periodic report
     while True:
-        s = ray_preflight.cluster_summary(head.address)
+        s = cluster_preflight.cluster_summary(head.address)
         if s["tpu"].get("TPU", {}).get("free") == 3.0 or time.monotonic() > deadline:
             break
         time.sleep(0.5)
@@ -247,21 +247,21 @@ def test_stop_and_cluster_summary(ray_client_env, tmp_path):  # noqa: F811
     assert s["tpu"]["TPU"] == {"total": 4.0, "free": 3.0}
     assert s["tpu"]["TPU-v5p-32-head"]["total"] == 2.0
     t0 = time.monotonic()
-    assert rj.stop(head.address, sid, wait_s=60) == "STOPPED"
+    assert cluster_jobs.stop(head.address, sid, wait_s=60) == "STOPPED"
     stop_s = time.monotonic() - t0
-    assert ray_follow.follow(head.address, sid, tmp_path / "stopped.log", 0.3) == "STOPPED"
+    assert follow.follow(head.address, sid, tmp_path / "stopped.log", 0.3) == "STOPPED"
     assert "started" in (tmp_path / "stopped.log").read_text()
-    s = ray_preflight.cluster_summary(head.address)
+    s = cluster_preflight.cluster_summary(head.address)
     assert sid not in s["jobs"]["ours_running"]
     print(f"stop took {stop_s:.1f}s")
     # A job needing a resource the cluster lacks stays PENDING.
-    sid2 = rj.submission_id(_uid(), 0)
-    rj.submit_or_attach(head.address, "echo never", sid2, entrypoint_resources={"TPU-v4-8-head": 1})
+    sid2 = cluster_jobs.submission_id(_uid(), 0)
+    cluster_jobs.submit_or_attach(head.address, "echo never", sid2, entrypoint_resources={"TPU-v4-8-head": 1})
     time.sleep(2)
-    assert rj._Conn(head.address).status(sid2) == "PENDING"
-    assert sid2 in ray_preflight.cluster_summary(head.address)["jobs"]["ours_pending"]
+    assert cluster_jobs._Conn(head.address).status(sid2) == "PENDING"
+    assert sid2 in cluster_preflight.cluster_summary(head.address)["jobs"]["ours_pending"]
     # Documented Ray behaviour: the stop is queued until the job gets scheduled.
-    assert rj.stop(head.address, sid2, wait_s=2) == "PENDING"
+    assert cluster_jobs.stop(head.address, sid2, wait_s=2) == "PENDING"
 
 
 @pytest.mark.integration
@@ -271,22 +271,22 @@ def test_failed_job_then_next_attempt(ray_head, tmp_path):  # noqa: F811
     h = _uid()
     marker = tmp_path / "ran-once"
     ep = f"if [ -f {marker} ]; then echo second-run-ok; else touch {marker}; echo first-run-fails; exit 1; fi"
-    sid0 = rj.submission_id(h, 0)
-    rj.submit_or_attach(ray_head.address, ep, sid0, entrypoint_resources={"TPU": 1}, auth_token=tok)
+    sid0 = cluster_jobs.submission_id(h, 0)
+    cluster_jobs.submit_or_attach(ray_head.address, ep, sid0, entrypoint_resources={"TPU": 1}, auth_token=tok)
     log = tmp_path / "run.log"
-    assert ray_follow.follow(ray_head.address, sid0, log, 0.3, auth_token=tok) == "FAILED"
-    with pytest.raises(rj.JobAlreadyTerminal) as ei:
-        rj.submit_or_attach(ray_head.address, ep, sid0, auth_token=tok)
+    assert follow.follow(ray_head.address, sid0, log, 0.3, auth_token=tok) == "FAILED"
+    with pytest.raises(cluster_jobs.JobAlreadyTerminal) as ei:
+        cluster_jobs.submit_or_attach(ray_head.address, ep, sid0, auth_token=tok)
     assert ei.value.status == "FAILED"
     # run_job skips the FAILED attempt and submits a1.
-    res = ray_run.run_job(ray_head.address, ep, h, log, entrypoint_resources={"TPU": 1}, poll_s=0.3,
+    res = run_job.run_job(ray_head.address, ep, h, log, entrypoint_resources={"TPU": 1}, poll_s=0.3,
                      auth_token=tok, handle_signals=False)
-    assert (res.job_id, res.status, res.attempt, res.attached) == (rj.submission_id(h, 1), "SUCCEEDED", 1, False)
+    assert (res.job_id, res.status, res.attempt, res.attached) == (cluster_jobs.submission_id(h, 1), "SUCCEEDED", 1, False)
     text = log.read_text()
     assert "first-run-fails" in text and "second-run-ok" in text
     # A job that exits non-zero -> JobFailed from run_job.
-    with pytest.raises(rj.JobFailed) as ei:
-        ray_run.run_job(ray_head.address, "echo about-to-fail; exit 3", _uid(), tmp_path / "fail.log",
+    with pytest.raises(cluster_jobs.JobFailed) as ei:
+        run_job.run_job(ray_head.address, "echo about-to-fail; exit 3", _uid(), tmp_path / "fail.log",
                    entrypoint_resources={"TPU": 1}, poll_s=0.3, auth_token=tok, handle_signals=False)
     assert ei.value.status == "FAILED"
     assert "about-to-fail" in (tmp_path / "fail.log").read_text()
@@ -315,9 +315,9 @@ def _wait_log(child, log, needle, timeout=60.0):
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_run_job_child_reattach_then_signal_stops_ray_job(ray_head, tmp_path, sig):  # noqa: F811
     h = _uid()
-    sid = rj.submission_id(h, 0)
+    sid = cluster_jobs.submission_id(h, 0)
     log = tmp_path / "child.log"
-    conn = rj._Conn(ray_head.address, ray_head.token)
+    conn = cluster_jobs._Conn(ray_head.address, ray_head.token)
     children = []
     try:
         # 1) The pipeline process dies hard: the Ray job keeps running.
@@ -347,7 +347,7 @@ def test_run_job_child_reattach_then_signal_stops_ray_job(ray_head, tmp_path, si
     assert b.returncode == 128 + sig, out.decode()
     assert conn.status(sid) == "STOPPED"
     assert [j.submission_id for j in conn.list_jobs()].count(sid) == 1
-    assert conn.job_info(rj.submission_id(h, 1)) is None
+    assert conn.job_info(cluster_jobs.submission_id(h, 1)) is None
     text = log.read_text()
     assert f"stopped on {signal.Signals(sig).name}: STOPPED" in text
     ticks = [int(line.split()[1]) for line in text.splitlines() if line.startswith("tick ")]
@@ -364,29 +364,29 @@ def test_preflight_against_cluster(ray_head, tmp_path, monkeypatch):  # noqa: F8
     monkeypatch.delenv("TRAJSFT_TEST_MISSING", raising=False)
     store = str(tmp_path / "store")
     res = {"TPU-v5p-32-head": 1, "TPU": 4}
-    assert ray_preflight.preflight(addr, ["TRAJSFT_TEST_PRESENT"], res, store, auth_token=tok) == []
+    assert cluster_preflight.preflight(addr, ["TRAJSFT_TEST_PRESENT"], res, store, auth_token=tok) == []
     assert not list((tmp_path / "store").iterdir())  # probe object removed
 
-    probs = ray_preflight.preflight(addr, ["TRAJSFT_TEST_PRESENT", "TRAJSFT_TEST_MISSING"], res, store, auth_token=tok)
+    probs = cluster_preflight.preflight(addr, ["TRAJSFT_TEST_PRESENT", "TRAJSFT_TEST_MISSING"], res, store, auth_token=tok)
     assert len(probs) == 1 and "TRAJSFT_TEST_MISSING" in probs[0] and "export TRAJSFT_TEST_MISSING=" in probs[0]
 
     # no live slice of that type (autoscaler at min_workers 0, or right after a preemption): a note, not a problem
     notes: list[str] = []
-    assert ray_preflight.preflight(addr, [], {"TPU-v4-8-head": 1}, store, auth_token=tok, notes=notes) == []
+    assert cluster_preflight.preflight(addr, [], {"TPU-v4-8-head": 1}, store, auth_token=tok, notes=notes) == []
     assert len(notes) == 1 and "no live TPU-v4-8-head" in notes[0] and "waiting for a slice" in notes[0]
     notes = []
-    assert ray_preflight.preflight(addr, [], {"TPU": 8}, store, auth_token=tok, notes=notes) == []
+    assert cluster_preflight.preflight(addr, [], {"TPU": 8}, store, auth_token=tok, notes=notes) == []
     assert len(notes) == 1 and "waiting for a slice" in notes[0]
 
     (tmp_path / "file").write_text("")
-    probs = ray_preflight.preflight(addr, [], res, str(tmp_path / "file" / "sub"), auth_token=tok)
+    probs = cluster_preflight.preflight(addr, [], res, str(tmp_path / "file" / "sub"), auth_token=tok)
     assert len(probs) == 1 and "not writable" in probs[0]
 
     if ray_head.auth_mode == "token":
-        probs = ray_preflight.preflight(addr, [], res, store, auth_token="wrong-token")
+        probs = cluster_preflight.preflight(addr, [], res, store, auth_token="wrong-token")
         assert len(probs) == 1 and "rejected the auth token" in probs[0], probs
         monkeypatch.setenv("RAY_AUTH_MODE", "disabled")  # -> we send no token
-        probs = ray_preflight.preflight(addr, [], res, store)
+        probs = cluster_preflight.preflight(addr, [], res, store)
         assert len(probs) == 1 and "requires token auth" in probs[0] and "RAY_AUTH_TOKEN" in probs[0], probs
         monkeypatch.delenv("RAY_AUTH_MODE")
         # Token from a file via RAY_AUTH_TOKEN_PATH.
@@ -394,7 +394,7 @@ def test_preflight_against_cluster(ray_head, tmp_path, monkeypatch):  # noqa: F8
         tf.write_text(tok + "\n")
         monkeypatch.delenv("RAY_AUTH_TOKEN", raising=False)
         monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(tf))
-        assert ray_preflight.preflight(addr, [], res, store) == []
+        assert cluster_preflight.preflight(addr, [], res, store) == []
 
 
 @pytest.mark.integration
@@ -422,7 +422,7 @@ def test_secrets_reach_job_but_are_not_leaked(ray_head, tmp_path, monkeypatch): 
     )
     log = tmp_path / "secret-job.log"
     h_ = _uid()
-    res = ray_run.run_job(
+    res = run_job.run_job(
         ray_head.address, _py(code), h_, log,
         runtime_env={"env_vars": {"EXTRA_TOKEN": extra, "PLAIN_SETTING": "visible"}},
         entrypoint_resources={"TPU": 1}, env_vars=["HF_TOKEN", "WANDB_API_KEY"],
@@ -433,7 +433,7 @@ def test_secrets_reach_job_but_are_not_leaked(ray_head, tmp_path, monkeypatch): 
     for line in ("HF ok", "WANDB ok", "EXTRA ok", "PLAIN visible", "BUNDLE_IN_JOB_CONFIG False"):
         assert line in text, text
 
-    conn = rj._Conn(ray_head.address, tok)
+    conn = cluster_jobs._Conn(ray_head.address, tok)
     hdr = {"Authorization": f"Bearer {tok}"} if tok else {}
     exposed = [
         repr(conn.job_info(res.job_id)),
@@ -464,5 +464,5 @@ def test_secrets_reach_job_but_are_not_leaked(ray_head, tmp_path, monkeypatch): 
     assert not list(ray_head.temp_dir.rglob("secrets.json"))
     # Submitting with a secret inside the entrypoint is refused up front.
     with pytest.raises(ValueError, match="HF_TOKEN"):
-        rj.submit_or_attach(ray_head.address, f"echo {hf}", rj.submission_id(_uid(), 0),
+        cluster_jobs.submit_or_attach(ray_head.address, f"echo {hf}", cluster_jobs.submission_id(_uid(), 0),
                             env_vars=["HF_TOKEN"], auth_token=tok)

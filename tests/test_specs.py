@@ -321,12 +321,12 @@ def test_eval_matrix_settings_change_no_hash():
 
 # ---- the pinned revisions and the model reach Levanter ----------------------------------------
 def test_revisions_and_dimensions_are_passed_on_to_levanter(monkeypatch):
-    from trajsft.train import step as steps_train
+    from trajsft.train import step as train_step
 
     p = C.Plan(C.validate(copy.deepcopy(BASE)), base_dir=C.REPO_DIR)
-    monkeypatch.setattr(steps_train, "train_data", lambda plan, name: {
+    monkeypatch.setattr(train_step, "train_data", lambda plan, name: {
         "cache_dir": f"/cache/{name}", "packed_sequences": 1000, "tokens_in_window": 10})
-    lev = steps_train.levanter_config(p, "gpt-5-mini")
+    lev = train_step.levanter_config(p, "gpt-5-mini")
     assert lev["initialize_from_hf"] == f"Qwen/Qwen3-8B@{QWEN3_8B_REV}"  # Levanter's RepoRef syntax
     assert lev["model"]["reference_checkpoint"] == f"Qwen/Qwen3-8B@{QWEN3_8B_REV}"
     assert lev["data"]["tokenizer"] == f"Qwen/Qwen3-8B@{QWEN3_8B_REV}"
@@ -335,7 +335,7 @@ def test_revisions_and_dimensions_are_passed_on_to_levanter(monkeypatch):
     tok = next(a for a in p.chain("gpt-5-mini") if a.kind == "tokenized")
     assert tok.spec["tokenizer"] == f"Qwen/Qwen3-8B@{QWEN3_8B_REV}"  # what the tokenize rule loads
 
-    demo = steps_train.levanter_config(p, "demo")
+    demo = train_step.levanter_config(p, "demo")
     assert "initialize_from_hf" not in demo
     for k, v in BASE["students"]["tiny"]["model"].items():
         assert demo["model"][k] == v
@@ -345,13 +345,13 @@ def test_revisions_and_dimensions_are_passed_on_to_levanter(monkeypatch):
 def levanter(cfg, target, monkeypatch) -> str:
     import json
 
-    from trajsft.train import step as steps_train
+    from trajsft.train import step as train_step
 
-    monkeypatch.setattr(steps_train, "train_data", lambda plan, name: {
+    monkeypatch.setattr(train_step, "train_data", lambda plan, name: {
         "cache_dir": f"/cache/{name.rsplit('-', 1)[0]}", "packed_sequences": 1000, "tokens_in_window": 10})
     p = C.Plan(C.validate(cfg), base_dir=C.REPO_DIR)
     run = p.target(target)["run"]
-    return json.dumps(steps_train.levanter_config(p, target), sort_keys=True).replace(run.hash, "<hash>")
+    return json.dumps(train_step.levanter_config(p, target), sort_keys=True).replace(run.hash, "<hash>")
 
 
 RUN_FIELDS = sorted(k for k in PERTURB if declared(*k) & {"checkpoints"} and k[0] != "Ref"

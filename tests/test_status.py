@@ -13,25 +13,25 @@ import fsspec
 import pytest
 
 from trajsft.plan import config as C
-from trajsft.cluster import jobs as rayjobs
+from trajsft.cluster import jobs as cluster_jobs
 from trajsft.observe import status
 from trajsft.observe.status_row import Facts, Job, needs_resume_point, render, row
 
 H = "abc1234567"
 RUN = f"demo-{H}"
-CK = f"results/checkpoints/{RUN}"
-LOG = f"{CK}/train.log"
+checkpoints = f"results/checkpoints/{RUN}"
+LOG = f"{checkpoints}/train.log"
 
 
 def facts(**kw) -> Facts:
-    return Facts(**{"target": "demo", "hash": H, "run": RUN, "cluster": "local", "checkpoint_dir": CK, "log": LOG,
+    return Facts(**{"target": "demo", "hash": H, "run": RUN, "cluster": "local", "checkpoint_dir": checkpoints, "log": LOG,
                     **kw})
 
 
 def expect(**kw) -> dict:
     r = {"target": "demo", "state": "not started", "hash": H, "run": RUN, "cluster": "local", "ray_job_id": None,
          "attempt": None, "step": None, "steps_total": None, "loss": None, "eval_loss": None, "wandb_url": None,
-         "checkpoint_dir": CK, "hf_export": None, "log": LOG, "cause": None, "next": None, "preemptions": 0,
+         "checkpoint_dir": checkpoints, "hf_export": None, "log": LOG, "cause": None, "next": None, "preemptions": 0,
          "failures": 0, "detail": None, "previous_done": None}
     assert set(kw) <= set(r), set(kw) - set(r)
     return {**r, **kw}
@@ -42,7 +42,7 @@ def job(attempt, st, message=""):
 
 
 DONE = {"target": "demo", "hash": H, "run": RUN, "finished": "2026-11-20T10:00:00+00:00", "steps": 27,
-        "final_loss": 3.343, "hf_export": f"{CK}/hf/step-26", "attempts": 2, "ray_job_id": None, "cluster": "local"}
+        "final_loss": 3.343, "hf_export": f"{checkpoints}/hf/step-26", "attempts": 2, "ray_job_id": None, "cluster": "local"}
 OLD = {**DONE, "hash": "0ld0000000", "run": "demo-0ld0000000", "finished": "2026-11-19T10:00:00+00:00",
        "hf_export": "results/checkpoints/demo-0ld0000000/hf/step-26"}
 OLD_SUMMARY = {k: OLD[k] for k in ("run", "hash", "finished", "hf_export", "steps", "final_loss")}
@@ -65,9 +65,9 @@ def test_data_ready_says_where_the_next_run_starts():
 def test_progress_from_levanter_metrics():
     metrics = {0: {"train/loss": 3.0}, 1: {"train/loss": 2.5, "eval/loss": 2.9}, 3: {"eval/loss": 2.7},
                4: {"train/loss": 2.0, "learning_rate": 1e-4}}
-    f = facts(data_ready=True, steps_total=12, metrics=metrics, hf_export=f"{CK}/hf/step-3", resume_step=5)
+    f = facts(data_ready=True, steps_total=12, metrics=metrics, hf_export=f"{checkpoints}/hf/step-3", resume_step=5)
     assert row(f) == expect(state="data ready", step=5, steps_total=12, loss=2.0, eval_loss=2.7,
-                            hf_export=f"{CK}/hf/step-3", next="resume from step 5")
+                            hf_export=f"{checkpoints}/hf/step-3", next="resume from step 5")
 
 
 # ---- a local run: the newest attempt --------------------------------------------------------
@@ -221,7 +221,7 @@ def test_done_beats_every_training_fact():
                 jobs=(job(1, "FAILED", "OOM"),), launcher_tail=("trajsft preflight: no",), resume_step=3,
                 metrics={0: {"train/loss": 9.0}}, steps_total=99)
     f = facts(done=DONE, **busy)
-    assert row(f) == expect(state="done", step=27, steps_total=27, loss=3.343, hf_export=f"{CK}/hf/step-26",
+    assert row(f) == expect(state="done", step=27, steps_total=27, loss=3.343, hf_export=f"{checkpoints}/hf/step-26",
                             attempt=2)
     assert not needs_resume_point(f)
 
@@ -230,10 +230,10 @@ def test_done_takes_cluster_job_and_wandb_from_the_marker():
     f = facts(cluster="c1", wandb_url="https://wandb.ai/e/p/runs/" + H,
               done={**DONE, "cluster": "tpu-east5", "ray_job_id": f"trajsft-{H}-a1", "wandb_url": "https://w/x"})
     assert row(f) == expect(state="done", cluster="tpu-east5", ray_job_id=f"trajsft-{H}-a1", attempt=2, step=27,
-                            steps_total=27, loss=3.343, hf_export=f"{CK}/hf/step-26", wandb_url="https://w/x")
+                            steps_total=27, loss=3.343, hf_export=f"{checkpoints}/hf/step-26", wandb_url="https://w/x")
     f = facts(cluster="c1", wandb_url="https://wandb.ai/e/p/runs/" + H, done={**DONE, "cluster": None})
     assert row(f) == expect(state="done", cluster="c1", attempt=2, step=27, steps_total=27, loss=3.343,
-                            hf_export=f"{CK}/hf/step-26", wandb_url="https://wandb.ai/e/p/runs/" + H)
+                            hf_export=f"{checkpoints}/hf/step-26", wandb_url="https://wandb.ai/e/p/runs/" + H)
 
 
 def test_done_for_a_previous_hash_then_back_to_it():
@@ -246,10 +246,10 @@ def test_done_for_a_previous_hash_then_back_to_it():
     # back to the old config (its marker gone, the new one's left): done, only the marker to rewrite
     f = facts(done={**DONE, "hash": "n3w0000000", "run": "demo-n3w0000000", "finished": "2026-11-21T10:00:00+00:00"},
               kept=DONE, manifests=(DONE,), jobs=(job(0, "FAILED"),))
-    assert row(f) == expect(state="done", step=27, steps_total=27, loss=3.343, hf_export=f"{CK}/hf/step-26",
+    assert row(f) == expect(state="done", step=27, steps_total=27, loss=3.343, hf_export=f"{checkpoints}/hf/step-26",
                             attempt=2, next="rewrite the missing done marker (no training)", previous_done={
                                 "run": "demo-n3w0000000", "hash": "n3w0000000",
-                                "finished": "2026-11-21T10:00:00+00:00", "hf_export": f"{CK}/hf/step-26",
+                                "finished": "2026-11-21T10:00:00+00:00", "hf_export": f"{checkpoints}/hf/step-26",
                                 "steps": 27, "final_loss": 3.343})
 
 
@@ -271,7 +271,7 @@ def test_render_of_a_failed_row():
     assert render([r]).splitlines() == [
         "TARGET  STATE   HASH        CLUSTER  RAY JOB  TRY  STEP  LOSS  ",
         f"demo    failed  {H}  local    -        1    5/12  2.0000",
-        f"  demo: checkpoints {CK}; W&B https://wandb.ai/e/p/runs/{H}",
+        f"  demo: checkpoints {checkpoints}; W&B https://wandb.ai/e/p/runs/{H}",
         f"  demo: config changed since the finished run demo-0ld0000000 (2026-11-19T10:00:00+00:00, HF export "
         f"{OLD['hf_export']}); the row above is the current config (hash {H})",
         "  demo: cause: out of memory; next rerun will resume from step 5",
@@ -353,16 +353,16 @@ def test_gather_the_ray_job_list(workdir, monkeypatch):
         return [{"submission_id": f"trajsft-{run.hash}-a0", "attempt": 0, "status": "FAILED", "message": "OOM",
                  "start_time": 1, "end_time": 2, "metadata": {}}]
 
-    monkeypatch.setattr(rayjobs, "run_jobs", run_jobs)
+    monkeypatch.setattr(cluster_jobs, "run_jobs", run_jobs)
     f = status.gather(plan, "demo")
     assert f.cluster == "c1" and f.jobs == (Job(f"trajsft-{run.hash}-a0", 0, "FAILED", "OOM"),)
     assert f.cluster_error is None and seen == [("http://127.0.0.1:9", run.hash)]
     assert status.gather(plan, "demo", query_ray=False).jobs == () and len(seen) == 1  # --offline
 
     def unreachable(address, content_hash):
-        raise rayjobs.RayJobsError("Ray cluster at http://127.0.0.1:9 is not reachable")
+        raise cluster_jobs.RayJobsError("Ray cluster at http://127.0.0.1:9 is not reachable")
 
-    monkeypatch.setattr(rayjobs, "run_jobs", unreachable)
+    monkeypatch.setattr(cluster_jobs, "run_jobs", unreachable)
     f = status.gather(plan, "demo")
     assert (f.jobs, f.cluster_error) == ((), "Ray cluster at http://127.0.0.1:9 is not reachable")
 
@@ -401,7 +401,7 @@ def _layout(root, entries, fs=None):
 def test_resume_checkpoint_is_the_one_levanter_discovers(tmp_path, layout):
     from levanter.checkpoint import discover_latest_checkpoint
 
-    from trajsft.train import checkpoints as CK
+    from trajsft.train import checkpoints
 
     root = str(tmp_path / "checkpoints")
     os.makedirs(root)
@@ -409,7 +409,7 @@ def test_resume_checkpoint_is_the_one_levanter_discovers(tmp_path, layout):
     (tmp_path / "checkpoints" / "notes.txt").write_text("a file, not a checkpoint")
     ours, theirs = status.resume_checkpoint(root), discover_latest_checkpoint(root)
     assert (ours and os.path.realpath(ours["path"])) == (theirs and os.path.realpath(theirs))
-    assert ours == CK.latest_checkpoint(root)
+    assert ours == checkpoints.latest_checkpoint(root)
     if layout == "temporary newer than permanent":
         assert ours["completed_steps"] == 14 and ours["is_temporary"]
     assert status.resume_checkpoint(str(tmp_path / "missing")) is None

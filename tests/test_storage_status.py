@@ -77,7 +77,7 @@ def test_failure_causes_in_priority_order():
 
 
 class _FakeConn:
-    """The two dashboard calls rayjobs.stop makes, answering from a scripted status sequence."""
+    """The two dashboard calls cluster_jobs.stop makes, answering from a scripted status sequence."""
 
     def __init__(self, statuses):
         self.statuses, self.stops = list(statuses), 0
@@ -91,12 +91,12 @@ class _FakeConn:
 
 
 def test_stop_polls_until_terminal_and_gives_up_after_wait():
-    from trajsft.cluster import jobs as rayjobs
+    from trajsft.cluster import jobs as cluster_jobs
 
     conn = _FakeConn(["RUNNING", "RUNNING", "RUNNING", "STOPPED"])
-    assert rayjobs.stop("http://127.0.0.1:1", "j", wait_s=5, poll_s=0.01, _conn=conn) == "STOPPED"
+    assert cluster_jobs.stop("http://127.0.0.1:1", "j", wait_s=5, poll_s=0.01, _conn=conn) == "STOPPED"
     assert conn.stops == 1 and conn.statuses == ["STOPPED"]
     stuck = _FakeConn(["PENDING"])  # never scheduled: the last status seen after wait_s
-    assert rayjobs.stop("http://127.0.0.1:1", "j", wait_s=0.2, poll_s=0.05, _conn=stuck) == "PENDING"
+    assert cluster_jobs.stop("http://127.0.0.1:1", "j", wait_s=0.2, poll_s=0.05, _conn=stuck) == "PENDING"
     done = _FakeConn(["SUCCEEDED"])  # already terminal: no stop request
-    assert rayjobs.stop("http://127.0.0.1:1", "j", _conn=done) == "SUCCEEDED" and done.stops == 0
+    assert cluster_jobs.stop("http://127.0.0.1:1", "j", _conn=done) == "SUCCEEDED" and done.stops == 0

@@ -22,8 +22,8 @@ from pipeline_utils import REPO, SNAKEMAKE, alive, attempts, kill9_snakemake_onl
 from slice_fixtures import start_emulated_cluster
 from tpu_utils import (HF, WK, data_rules, jobs, make_profile, run_hash, sm_cmd, sm_env, snakemake, status,
                        trajsft, workdir)
-from trajsft.train import checkpoints as CK
-from trajsft.cluster import jobs as rayjobs
+from trajsft.train import checkpoints
+from trajsft.cluster import jobs as cluster_jobs
 
 pytestmark = pytest.mark.integration
 
@@ -102,7 +102,7 @@ def test_end_to_end_on_ray_and_no_secret_leaks(data, ray_head):
     assert done["executor"] == "ray" and done["cluster"] == "us-east5-a" and done["steps"] == 4
     assert done["ray_job_id"] == f"trajsft-{h}-a0"
     assert done["checkpoint_dir"] == str(data[1] / "checkpoints" / f"demo-{h}")
-    assert CK.hf_export_complete(done["hf_export"])
+    assert checkpoints.hf_export_complete(done["hf_export"])
     [job] = jobs(ray_head, h)
     assert job["status"] == "SUCCEEDED"
     log = (wd / "logs/train/demo.log").read_text()  # the Ray job's log, streamed into the rule log
@@ -153,13 +153,13 @@ def test_stopped_job_is_retried_then_a_kill9ed_snakemake_reattaches_to_the_retry
     ckdir = str(run_dir / "checkpoints")
     p = _start(wd, prof, ray_head, wd / "snakemake.log")
     job = _running_job(ray_head, h, p)
-    wait_for(lambda: CK.latest_checkpoint(ckdir), 600, "a checkpoint", p)
+    wait_for(lambda: checkpoints.latest_checkpoint(ckdir), 600, "a checkpoint", p)
     row = status(wd, prof, ray_head)
     assert row["state"] == "training running" and row["ray_job_id"] == a0 and row["steps_total"] == 24
     c = json.loads(trajsft(wd, ray_head, "clusters", str(prof), "--json").stdout)[0]
     assert c["jobs"]["ours_running"] == [a0]
-    assert rayjobs.stop(ray_head.address, job["submission_id"], 60, auth_token=ray_head.token) == "STOPPED"  # like a preemption
-    resumed_from = CK.latest_checkpoint(ckdir)["completed_steps"]
+    assert cluster_jobs.stop(ray_head.address, job["submission_id"], 60, auth_token=ray_head.token) == "STOPPED"  # like a preemption
+    resumed_from = checkpoints.latest_checkpoint(ckdir)["completed_steps"]
     row = wait_for(lambda: (r := status(wd, prof, ray_head))["state"] in ("failed", "retrying") and r, 120,
                    "status to show the stopped attempt", p)
     assert row["cause"] == "stopped" and row["next"] == f"resume from step {resumed_from}"

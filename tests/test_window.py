@@ -17,7 +17,7 @@ import pytest
 
 from trajsft.report import cards
 from trajsft.plan import config as C
-from trajsft.data import cache as DC
+from trajsft.data import cache as data_cache
 from trajsft.data import download
 from trajsft.data import shard
 from trajsft import steps
@@ -26,7 +26,7 @@ STATS = {"chats": 5, "lengths": [10, 100, 40, 300, 64], "empty_windows": [3]}
 
 
 def test_window_plan_truncate_keeps_long_chats_and_counts_them():
-    wp = DC.window_plan(STATS, 64, "truncate")
+    wp = data_cache.window_plan(STATS, 64, "truncate")
     assert wp["keep"] == [0, 1, 2, 4] and wp["dropped"] == [(3, "empty_window")]
     assert wp["counts"] == {
         "chats_in": 5, "chats_out": 4,
@@ -37,13 +37,13 @@ def test_window_plan_truncate_keeps_long_chats_and_counts_them():
 
 
 def test_window_plan_drop_drops_long_chats():
-    wp = DC.window_plan(STATS, 64, "drop")
+    wp = data_cache.window_plan(STATS, 64, "drop")
     assert wp["keep"] == [0, 2, 4]  # exactly seq_len tokens still fits
     assert wp["dropped"] == [(1, "longer_than_seq_len"), (3, "empty_window")]
     assert wp["counts"]["dropped_longer_than_seq_len"] == {"chats": 1, "tokens": 100}
     assert wp["counts"]["truncated"] == {"chats": 0, "tokens_cut": 0}
     with pytest.raises(ValueError):
-        DC.window_plan(STATS, 64, "split")
+        data_cache.window_plan(STATS, 64, "split")
 
 
 def _plan(tmp_path, **over):
@@ -69,7 +69,7 @@ def test_seq_len_and_long_chats_are_hashed_into_the_tokenized_artifact_only(tmp_
 def test_card_counts_window_choices_and_stays_consistent():
     shards = {"teacher": "t", "rows_in": 5, "kept": {"train": 5, "validation": 0}, "kept_total": 5, "skipped": {},
               "skipped_total": 0, "events": {}, "trajectories": [{"turns": 1, "tool_calls": 0, "messages": 3, "chars": 9}] * 5}
-    tok = {"teacher": "t", "window": {"seq_len": 64, "long_chats": "truncate", "train": DC.window_plan(STATS, 64)["counts"]},
+    tok = {"teacher": "t", "window": {"seq_len": 64, "long_chats": "truncate", "train": data_cache.window_plan(STATS, 64)["counts"]},
            "stats": {"train": {"chats": 4, "tokens": 214, "assistant_tokens": 20, "lengths": [10, 100, 40, 64],
                                "assistant_lengths": [5, 5, 5, 5]}}}
     card = cards.dataset_card(shards, tok, 64)
@@ -98,7 +98,7 @@ def _dataset(root: Path) -> dict:
 
 
 def _run(tmp_path, long_chats: str, seq_len: int = 96):
-    from trajsft.data import tokenize as tokenize_step
+    from trajsft.data import tokenize
 
     ds = tmp_path / "ds"
     if not ds.exists():
@@ -110,12 +110,12 @@ def _run(tmp_path, long_chats: str, seq_len: int = 96):
     shards = shard.shards(plan, names["shards"])
     Path(plan.get("shards", names["shards"]).manifest).parent.mkdir(parents=True, exist_ok=True)
     Path(plan.get("shards", names["shards"]).manifest).write_text(json.dumps(shards))
-    return plan, tokenize_step.tokenize(plan, names["tokenized"])
+    return plan, tokenize.tokenize(plan, names["tokenized"])
 
 
 @pytest.mark.integration
 def test_tokenize_drops_empty_windows_and_honours_long_chats(tmp_path):
-    from trajsft.data import tokenize as tokenize_step
+    from trajsft.data import tokenize
 
     plan, m = _run(tmp_path, "truncate")
     tr = m["window"]["train"]
@@ -130,8 +130,8 @@ def test_tokenize_drops_empty_windows_and_honours_long_chats(tmp_path):
     mpath = Path(plan.get("tokenized", tok_name).manifest)
     mpath.parent.mkdir(parents=True, exist_ok=True)
     mpath.write_text(json.dumps(m))
-    assert tokenize_step.tokenized_cache_dir(plan, tok_name) == m["cache_dir"]
-    assert DC.chat_cache_stats(m["cache_dir"], 96)["train"]["lengths"] == st["lengths"]
+    assert tokenize.tokenized_cache_dir(plan, tok_name) == m["cache_dir"]
+    assert data_cache.chat_cache_stats(m["cache_dir"], 96)["train"]["lengths"] == st["lengths"]
     # the kept chats are in first-fit-decreasing order: Levanter packs them into the FFD bins
     pk = m["packing"]["train"]
     assert st["lengths"] == sorted(st["lengths"], reverse=True)[:1] + st["lengths"][1:]  # the longest opens bin 0

@@ -58,13 +58,13 @@ def cmd_logs(args) -> int:
     p = run_paths(plan, t)
     path = Path(p["log"])
     if not path.exists() and plan.cfg["executor"] == "ray":
-        from .cluster import jobs as rayjobs
+        from .cluster import jobs as cluster_jobs
 
-        jobs = rayjobs.run_jobs(plan.cfg["ray"]["address"], p["run"].hash)
+        jobs = cluster_jobs.run_jobs(plan.cfg["ray"]["address"], p["run"].hash)
         if not jobs:
             print(f"trajsft: no log yet for {t} ({path}) and no Ray job for {p['run'].name}", file=sys.stderr)
             return 1
-        lines = rayjobs.job_logs(plan.cfg["ray"]["address"], jobs[-1]["submission_id"]).splitlines()
+        lines = cluster_jobs.job_logs(plan.cfg["ray"]["address"], jobs[-1]["submission_id"]).splitlines()
         print("\n".join(lines[-args.n:]))
         return 0
     if not path.exists():
@@ -97,7 +97,7 @@ def cmd_clusters(args) -> int:
 
 
 def cmd_stop(args) -> int:
-    from .cluster import jobs as rayjobs
+    from .cluster import jobs as cluster_jobs
 
     plan = _load(args)
     if plan.cfg["executor"] != "ray":
@@ -107,11 +107,11 @@ def cmd_stop(args) -> int:
     rc = 0
     for t in _targets(plan, args.targets):
         run = plan.target(t)["run"]
-        active = [j for j in rayjobs.run_jobs(address, run.hash) if j["status"] in ("PENDING", "RUNNING")]
+        active = [j for j in cluster_jobs.run_jobs(address, run.hash) if j["status"] in ("PENDING", "RUNNING")]
         if not active:
             print(f"{t}: no running Ray job for {run.name} on {plan.cfg['ray'].get('cluster')}")
         for j in active:
-            st = rayjobs.stop(address, j["submission_id"], 120)
+            st = cluster_jobs.stop(address, j["submission_id"], 120)
             print(f"{t}: {j['submission_id']} {st}")
             rc |= st not in ("STOPPED", "SUCCEEDED", "FAILED")
     return rc
@@ -203,7 +203,7 @@ def cmd_plan(args) -> int:
 def cmd_eval(args) -> int:
     """The cross-teacher matrix of the config's ``eval:`` section (rows and columns may be narrowed),
     from the targets' latest HF exports or checkpoints; the same code as rule ``eval_matrix``."""
-    from .report import matrix as eval_matrix
+    from .report import matrix
     from . import logs
 
     overrides = {}
@@ -228,11 +228,11 @@ def cmd_eval(args) -> int:
                                 f"(snakemake {art.manifest})")
     logs.setup(None, plan.cfg.get("log_level", "INFO"))
     out = {k: str(Path(args.out, f"matrix.{k}")) for k in ("json", "png", "html")}
-    doc = eval_matrix.build(plan, out)
+    doc = matrix.build(plan, out)
     if args.json:
         print(json.dumps(doc, indent=2))
     else:
-        print(eval_matrix.render_text(doc))
+        print(matrix.render_text(doc))
         print(f"written: {out['json']}, {out['png']}, {out['html']}")
     return 0
 
@@ -305,9 +305,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"trajsft: {line}", file=sys.stderr)
         return 2
     except Exception as e:  # a cluster that is not up / rejects us: one line, not a traceback
-        from .cluster import jobs as rayjobs
+        from .cluster import jobs as cluster_jobs
 
-        if not isinstance(e, rayjobs.RayJobsError):
+        if not isinstance(e, cluster_jobs.RayJobsError):
             raise
         address = ((getattr(args, "_cfg", None) or {}).get("ray") or {}).get("address", "the cluster")
         hint = {"ClusterUnreachable": f"is the Ray cluster up? check with: trajsft clusters {args.profile or ''}".rstrip(),

@@ -64,18 +64,18 @@ def run_rule(snakemake) -> None:
     cfg = plan.cfg
     log_path = snakemake.log[0] if snakemake.log else None
     if step == "train":
-        from .train import step as steps_train  # never jax/levanter: train_lm runs in a child
+        from .train import step as train_step  # never jax/levanter: train_lm runs in a child
     if step == "train" and log_path:
-        log_path = steps_train.link_rule_log(plan, name, log_path)
+        log_path = train_step.link_rule_log(plan, name, log_path)
     logs.setup(log_path, cfg.get("log_level", "INFO"))
     # die with our Snakemake run (even after `kill -9` of Snakemake), cleaning up like on SIGTERM
     signals.install_stop_handler()
     detach = step == "train" and cfg.get("executor") == "ray"  # the Ray job lives on: a rerun re-attaches
-    signals.watch_snakemake(on_gone=steps_train.detach_from_ray_job if detach else None, log_path=log_path)
+    signals.watch_snakemake(on_gone=train_step.detach_from_ray_job if detach else None, log_path=log_path)
     started = time.time()
     try:
         if step == "train":
-            result = steps_train.train(plan, name, done_path=snakemake.output[0])
+            result = train_step.train(plan, name, done_path=snakemake.output[0])
         else:
             result = _step_function(step)(plan, name)
     except USER_ERRORS as e:

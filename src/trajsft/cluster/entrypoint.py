@@ -29,7 +29,7 @@ import tempfile
 from .. import io
 from ..io import is_remote, join
 from ..observe import provenance
-from ..train import checkpoints as CK, hf_export as HX, run as LR
+from ..train import checkpoints, hf_export, run as train_run
 
 log = logging.getLogger("trajsft")
 
@@ -106,11 +106,11 @@ def main(argv: list[str] | None = None) -> int:
     cfg = json.loads(io.read_bytes(args.config))
     _absolute_local_refs(cfg)
     work = args.run_dir if not is_remote(args.run_dir) else tempfile.mkdtemp(prefix="trajsft-driver-")
-    run = LR.prepare_run(cfg, work)
+    run = train_run.prepare_run(cfg, work)
     progress = _record(args.run_dir, args.attempt)
 
     def checkpoint_step():
-        ck = CK.latest_checkpoint(run.checkpoint_dir)
+        ck = checkpoints.latest_checkpoint(run.checkpoint_dir)
         return ck["completed_steps"] if ck else None
 
     def make_job(tag: str) -> HostJob:
@@ -132,15 +132,15 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(f"[trajsft.remote_train] run already complete at step {ckpt['completed_steps']}: not relaunched",
               flush=True)
-    if not CK.hf_export_complete(run.final_hf):
+    if not checkpoints.hf_export_complete(run.final_hf):
         # the slice's own export was interrupted: a single-process CPU step here, never one host of a pod
         print(f"[trajsft.remote_train] final HF export {run.final_hf} incomplete: exporting on the driver's CPU",
               flush=True)
-        HX.export_hf(run.cfg, ckpt["path"], run.final_hf, env={"JAX_PLATFORMS": "cpu"},
+        hf_export.export_hf(run.cfg, ckpt["path"], run.final_hf, env={"JAX_PLATFORMS": "cpu"},
                      log_path=os.path.join(work, "export_hf.log"), cwd=work)
-    tmpl = HX._chat_template_of(run.cfg)
+    tmpl = hf_export._chat_template_of(run.cfg)
     if tmpl and not is_remote(run.final_hf):
-        HX._write_chat_template(run.final_hf, tmpl)
+        hf_export._write_chat_template(run.final_hf, tmpl)
     primary = next((h["result"] for h in host_results if "result" in h), None)
     result = primary or {"run_id": run.cfg["trainer"]["id"], "final_loss": None, "launched": False,
                          "resumed_from_step": None, "loss_history": []}

@@ -12,11 +12,21 @@ once complete (a partial last line is held back until its newline arrives or
 the job ends) and the file is flushed per chunk; the offset is updated after
 each flush together with the file size; if we were killed between the two,
 the unrecorded tail is truncated on the next open, so lines are neither
-duplicated nor lost.  If the websocket keeps failing, ``follow`` falls back to
-polling ``get_job_logs`` (full text, delta written).  Short ``[trajsft] ...``
+duplicated nor lost.  Short ``[trajsft] ...``
 marker lines are written when following starts and ends.  ``log_path`` must be
 written by ``follow`` only (do not redirect our own stderr into it): bytes
 appended by someone else after our last write would be cut as "unrecorded".
+
+Reconnecting (tenacity)
+-----------------------
+``_Follower.tail_policy`` reconnects the websocket every ``poll_s`` (a session that ends before the
+job is terminal is retried; the status is checked after each session and every ``poll_s`` during
+one). After three drops in a row that delivered nothing it gives up and ``poll_policy`` polls
+``get_job_logs`` (full text, delta written) every ``poll_s`` instead. The sleeps between attempts
+check ``should_stop``. A dashboard outage is ridden out for ``unreachable_grace_s``: that window is
+hand-written (``_Follower.status``) because it must not block: the follower keeps draining the tail
+and writing the log between status calls, where a tenacity retry would wait until the dashboard
+answers.
 """
 
 from __future__ import annotations
@@ -29,6 +39,8 @@ import os
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
+
+import tenacity
 
 from .jobs import TERMINAL_STATUSES, _Conn, ClusterUnreachable, FollowInterrupted, JobNotFound
 from .secrets import _scrub
@@ -121,105 +133,158 @@ class _LogWriter:
             self.f.close()
 
 
-async def _follow_async(
-    conn: _Conn,
-    job_id: str,
-    writer: _LogWriter,
-    poll_s: float,
-    should_stop: Callable[[], bool],
-    unreachable_grace_s: float,
-) -> str:
-    client = conn.client
-    failures = 0
-    use_tail = True
-    unreachable_since: float | None = None
+class _TailDropped(Exception):
+    """The websocket tail failed (dropped, head restarting...) and the job is not terminal yet."""
 
-    async def status_or_none() -> str | None:
-        """Job status; None while the dashboard is briefly unreachable."""
-        nonlocal unreachable_since
+    def __init__(self, cause: BaseException):
+        super().__init__(str(cause))
+        self.cause = cause
+
+
+class _TailEnded(Exception):
+    """The tail ended (Ray closes it a few seconds after the job) but the status is not terminal yet."""
+
+
+class _NotTerminal(Exception):
+    """Polling: the job is not terminal yet."""
+
+
+class _Follower:
+    """The retry policies of :func:`follow`, on a job's log writer (see the module docstring)."""
+
+    MAX_EMPTY_DROPS = 3  # consecutive tail sessions that dropped before delivering anything: poll instead
+
+    def __init__(self, conn: _Conn, job_id: str, writer: _LogWriter, poll_s: float, should_stop: Callable[[], bool],
+                 unreachable_grace_s: float):
+        self.conn, self.job_id, self.writer = conn, job_id, writer
+        self.poll_s, self.should_stop, self.grace_s = poll_s, should_stop, unreachable_grace_s
+        self.empty_drops = 0
+        self.unreachable_since: float | None = None
+
+    def check_stop(self) -> None:
+        if self.should_stop():
+            raise FollowInterrupted(self.job_id)
+
+    async def sleep(self, seconds: float) -> None:
+        """tenacity's sleep between attempts: checks ``should_stop`` every 0.2 s."""
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            self.check_stop()
+            await asyncio.sleep(min(0.2, self.poll_s))
+        self.check_stop()
+
+    def _retrying(self, retry, stop=tenacity.stop_never, **kw) -> tenacity.AsyncRetrying:
+        return tenacity.AsyncRetrying(retry=retry, stop=stop, wait=tenacity.wait_fixed(self.poll_s), sleep=self.sleep,
+                                      reraise=True, **kw)
+
+    def tail_policy(self) -> tenacity.AsyncRetrying:
+        """Reconnect the tail every ``poll_s`` until the job is terminal; after MAX_EMPTY_DROPS drops in a row
+        without data, give up (returns None: poll instead). A session that delivered data resets the count."""
+
+        def log_drop(rs: tenacity.RetryCallState) -> None:
+            e = rs.outcome.exception()
+            if isinstance(e, _TailDropped):
+                log.warning("log tail for %s interrupted (%s); reconnecting", self.job_id, e.cause)
+
+        def give_up(rs: tenacity.RetryCallState) -> None:
+            log.warning("log tail for %s keeps failing; polling get_job_logs instead", self.job_id)
+
+        return self._retrying(tenacity.retry_if_exception_type((_TailDropped, _TailEnded)),
+                              stop=lambda rs: self.empty_drops >= self.MAX_EMPTY_DROPS, after=log_drop,
+                              retry_error_callback=give_up)
+
+    def poll_policy(self) -> tenacity.AsyncRetrying:
+        """Poll the full log every ``poll_s`` until the job is terminal."""
+        return self._retrying(tenacity.retry_if_exception_type(_NotTerminal))
+
+    async def status(self) -> str | None:
+        """Job status; None while the dashboard is unreachable, for up to ``unreachable_grace_s``.
+
+        Hand-written, not a tenacity policy: the grace window is a deadline checked at each status call,
+        while the caller keeps draining the tail and writing the log in between; a tenacity retry would
+        block the caller until the dashboard answers."""
         try:
-            st = await asyncio.to_thread(conn.status, job_id)
+            st = await asyncio.to_thread(self.conn.status, self.job_id)
         except ClusterUnreachable as e:
             now = time.monotonic()
-            if unreachable_since is None:
-                unreachable_since = now
-                log.warning("%s; retrying for up to %gs", e, unreachable_grace_s)
-            if now - unreachable_since > unreachable_grace_s:
+            if self.unreachable_since is None:
+                self.unreachable_since = now
+                log.warning("%s; retrying for up to %gs", e, self.grace_s)
+            if now - self.unreachable_since > self.grace_s:
                 raise
             return None
-        unreachable_since = None
+        self.unreachable_since = None
         return st
 
-    while True:
-        if should_stop():
-            raise FollowInterrupted(job_id)
-        if use_tail:
-            queue: asyncio.Queue = asyncio.Queue()
-            done = object()
+    async def tail_session(self) -> str:
+        """One websocket session; returns the terminal status, else raises _TailDropped or _TailEnded."""
+        queue: asyncio.Queue = asyncio.Queue()
+        done = object()
 
-            async def produce(q: asyncio.Queue = queue) -> None:
-                try:
-                    async for chunk in client.tail_job_logs(job_id):
-                        await q.put(chunk)
-                    await q.put(done)
-                except asyncio.CancelledError:
-                    raise
-                except Exception as e:  # websocket dropped, head restarting...
-                    await q.put(e)
-
-            task = asyncio.create_task(produce())
-            pos = 0
-            got_data = False
-            next_check = time.monotonic() + poll_s
+        async def produce() -> None:
             try:
-                while True:
-                    if should_stop():
-                        raise FollowInterrupted(job_id)
-                    if time.monotonic() >= next_check:
-                        # Ray closes the tail only a few seconds after the job
-                        # ended; polling the status lets us finish sooner (the
-                        # final get_job_logs below delivers the rest).
-                        next_check = time.monotonic() + poll_s
-                        if await status_or_none() in TERMINAL_STATUSES:
-                            break
-                    try:
-                        item = await asyncio.wait_for(queue.get(), timeout=min(poll_s, 1.0))
-                    except asyncio.TimeoutError:
-                        continue
-                    if item is done:
-                        break
-                    if isinstance(item, Exception):
-                        failures += 0 if got_data else 1
-                        log.warning("log tail for %s interrupted (%s); reconnecting", job_id, item)
-                        break
-                    got_data = True
-                    failures = 0
-                    pos = writer.feed(pos, item)
-            finally:
-                task.cancel()
-                with contextlib.suppress(BaseException):
-                    await task
-            if failures >= 3:
-                log.warning("log tail for %s keeps failing; polling get_job_logs instead", job_id)
-                use_tail = False
-        else:
-            with contextlib.suppress(ClusterUnreachable):
-                text = await asyncio.to_thread(conn.job_logs, job_id)
-                writer.feed(0, text)
+                async for chunk in self.conn.client.tail_job_logs(self.job_id):
+                    await queue.put(chunk)
+                await queue.put(done)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # websocket dropped, head restarting...
+                await queue.put(e)
 
-        status = await status_or_none()
+        task = asyncio.create_task(produce())
+        pos, got_data, dropped = 0, False, None
+        next_check = time.monotonic() + self.poll_s
+        try:
+            while True:
+                self.check_stop()
+                if time.monotonic() >= next_check:
+                    # Ray closes the tail only a few seconds after the job ended; polling the status
+                    # lets us finish sooner (the final get_job_logs delivers the rest).
+                    next_check = time.monotonic() + self.poll_s
+                    if await self.status() in TERMINAL_STATUSES:
+                        break
+                try:
+                    item = await asyncio.wait_for(queue.get(), timeout=min(self.poll_s, 1.0))
+                except asyncio.TimeoutError:
+                    continue
+                if item is done:
+                    break
+                if isinstance(item, Exception):
+                    self.empty_drops += 0 if got_data else 1
+                    dropped = item
+                    break
+                got_data = True
+                self.empty_drops = 0
+                pos = self.writer.feed(pos, item)
+        finally:
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+        status = await self.status()
         if status in TERMINAL_STATUSES:
-            # Catch up on anything the tail did not deliver (full text, delta only).
-            with contextlib.suppress(Exception):
-                text = await asyncio.to_thread(conn.job_logs, job_id)
-                writer.feed(0, text)
-            writer.finish()
             return status
-        deadline = time.monotonic() + poll_s
-        while time.monotonic() < deadline:
-            if should_stop():
-                raise FollowInterrupted(job_id)
-            await asyncio.sleep(min(0.2, poll_s))
+        raise _TailDropped(dropped) if dropped is not None else _TailEnded()
+
+    async def poll_once(self) -> str:
+        """The full log (delta written); returns the terminal status, else raises _NotTerminal."""
+        with contextlib.suppress(ClusterUnreachable):
+            self.writer.feed(0, await asyncio.to_thread(self.conn.job_logs, self.job_id))
+        status = await self.status()
+        if status in TERMINAL_STATUSES:
+            return status
+        raise _NotTerminal()
+
+    async def run(self) -> str:
+        self.check_stop()
+        status = await self.tail_policy()(self.tail_session)
+        if status is None:  # the tail kept failing
+            await self.sleep(self.poll_s)
+            status = await self.poll_policy()(self.poll_once)
+        # Catch up on anything the tail did not deliver (full text, delta only).
+        with contextlib.suppress(Exception):
+            self.writer.feed(0, await asyncio.to_thread(self.conn.job_logs, self.job_id))
+        self.writer.finish()
+        return status
 
 
 def follow(
@@ -256,11 +321,8 @@ def follow(
             f"following Ray job {job_id} on {conn.address} (status {info.status}, "
             f"resuming at log char {writer.committed})"
         )
-        status = asyncio.run(
-            _follow_async(
-                conn, job_id, writer, poll_s, should_stop or (lambda: False), unreachable_grace_s
-            )
-        )
+        follower = _Follower(conn, job_id, writer, poll_s, should_stop or (lambda: False), unreachable_grace_s)
+        status = asyncio.run(follower.run())
         writer.marker(f"Ray job {job_id} finished: {status}")
         return status
     except FollowInterrupted:

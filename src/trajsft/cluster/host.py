@@ -31,7 +31,7 @@ from typing import Any, Optional
 from .. import io
 from ..errors import HostLost, TrainingFailed
 from ..observe.status import tail
-from ..train import checkpoints as CK, launch as LL, levanter_config as LC, metrics as TM, run as LR
+from ..train import checkpoints, launch, levanter_config, metrics, run as train_run
 
 ALLOW_CPU_ENV = "TRAJSFT_ALLOW_CPU_TRAINING"  # set on emulated/test Ray nodes only, never by a profile
 
@@ -177,7 +177,7 @@ def run_host(job: HostJob) -> dict:
     secrets = ray.get(job.channel.secrets.remote())  # straight from the driver's memory
 
     work = local_dir(job, host)
-    run = LR.prepare_run(job.levanter, work, log_dir=os.path.join(work, "logs"))
+    run = train_run.prepare_run(job.levanter, work, log_dir=os.path.join(work, "logs"))
     cfg = run.cfg
     if emulated():
         cfg["trainer"]["require_accelerator"] = False
@@ -186,15 +186,16 @@ def run_host(job: HostJob) -> dict:
         for t in cfg["trainer"].get("tracker") or []:
             if t.get("type") == "wandb":
                 t["mode"] = node_wandb_mode
-    config_path = LC.write_config(LC.resolve_hub_refs(cfg), os.path.join(work, f"levanter_config.{job.attempt_tag}.yaml"))
-    LR._ensure_reference_checkpoint(cfg)
+    config_path = levanter_config.write_config(levanter_config.resolve_hub_refs(cfg),
+                                               os.path.join(work, f"levanter_config.{job.attempt_tag}.yaml"))
+    train_run._ensure_reference_checkpoint(cfg)
     env = dict(secrets)
     if emulated():
         chips = len(ray.get_runtime_context().get_accelerator_ids().get("TPU") or [])
         env.update({"JAX_NUM_CPU_DEVICES": str(max(1, chips)), "JAX_CPU_COLLECTIVES_IMPLEMENTATION": "gloo"})
     log_path = os.path.join(work, "train.log" if host.primary else f"train-{host.slice_id}-{host.worker_id}.log")
-    ckpt = CK.latest_checkpoint(run.checkpoint_dir)
-    header = (f"{TM._LAUNCH_MARK} train_lm id={cfg['trainer']['id']} at {dt.datetime.now().isoformat()} "
+    ckpt = checkpoints.latest_checkpoint(run.checkpoint_dir)
+    header = (f"{metrics._LAUNCH_MARK} train_lm id={cfg['trainer']['id']} at {dt.datetime.now().isoformat()} "
               f"on {host} ({job.attempt_tag}; latest checkpoint: {ckpt['path'] if ckpt else None})")
     stop = threading.Event()
     tee = threading.Thread(target=_tee, args=(log_path, stop), daemon=True) if host.primary else None
@@ -203,9 +204,9 @@ def run_host(job: HostJob) -> dict:
             pass
         tee.start()
     try:
-        rc = LL._run_subprocess(
-            [*LL.TRAIN_CHILD, "--config_path", config_path, *distributed_args(host, job)],
-            log_path, LL.levanter_env(work, env), work, header)
+        rc = launch._run_subprocess(
+            [*launch.TRAIN_CHILD, "--config_path", config_path, *distributed_args(host, job)],
+            log_path, launch.levanter_env(work, env), work, header)
     finally:
         stop.set()
         if tee:
@@ -221,8 +222,8 @@ def run_host(job: HostJob) -> dict:
     out = {"slice": host.slice_name, "worker": host.worker_id, "slice_id": host.slice_id, "returncode": rc,
            "seconds": round(time.time() - started, 1)}
     if host.primary:
-        ckpt = CK.latest_checkpoint(run.checkpoint_dir)
+        ckpt = checkpoints.latest_checkpoint(run.checkpoint_dir)
         if ckpt is not None:
-            out["result"] = LR.collect_result(run, log_path, ckpt, launched=True, returncode=rc,
+            out["result"] = train_run.collect_result(run, log_path, ckpt, launched=True, returncode=rc,
                                               config_path=config_path)
     return out

@@ -22,8 +22,8 @@ from .. import io
 from ..errors import ConfigError, DataError, PreflightError
 from ..io import is_remote, join
 from ..plan.config import REPO_DIR, Plan
-from ..train import checkpoints as CK
-from . import jobs as rayjobs, preflight as ray_preflight, run_job as ray_run
+from ..train import checkpoints
+from . import jobs as cluster_jobs, preflight as cluster_preflight, run_job
 
 log = logging.getLogger("trajsft")
 
@@ -91,7 +91,7 @@ def preflight(cfg: dict, notes: list[str] | None = None) -> list[str]:
         ray = ray_settings(cfg)
     except ConfigError as e:
         return [str(e)]
-    return ray_preflight.preflight(ray["address"], required_env(cfg), {slice_head_resource(ray): ray["num_slices"]},
+    return cluster_preflight.preflight(ray["address"], required_env(cfg), {slice_head_resource(ray): ray["num_slices"]},
                              cfg["storage_root"], notes=notes)
 
 
@@ -139,7 +139,7 @@ def train_on_ray(plan: Plan, target: str, lev: dict, paths: dict, attempt: int) 
                 "trajsft_run_dir": run_dir}
     log.info("submitting %s to Ray cluster %s (%s)", run.name, ray.get("cluster", ""), ray["address"])
     try:
-        res = ray_run.run_job(
+        res = run_job.run_job(
             ray["address"], entrypoint, run.hash, paths["log"],
             runtime_env=runtime_env(cfg),
             entrypoint_resources=None,  # the driver runs on a CPU node; it schedules the slice itself
@@ -147,18 +147,18 @@ def train_on_ray(plan: Plan, target: str, lev: dict, paths: dict, attempt: int) 
             env_vars=forwarded_env(cfg),
             poll_s=float(ray.get("poll_seconds", 5)),
         )
-    except rayjobs.JobFailed as e:
+    except cluster_jobs.JobFailed as e:
         raise DataError(f"{e} (a Snakemake retry resumes from the latest checkpoint in {run_dir})") from None
-    except rayjobs.JobInterrupted as e:
+    except cluster_jobs.JobInterrupted as e:
         raise DataError(f"interrupted: {e}") from None
-    except rayjobs.RayJobsError as e:
+    except cluster_jobs.RayJobsError as e:
         raise DataError(f"Ray: {e}") from None
     log.info("Ray job %s %s (attached=%s)", res.job_id, res.status, res.attached)
     try:
         result = json.loads(io.read_bytes(join(run_dir, "training_result.json")))
     except FileNotFoundError:
         raise DataError(f"Ray job {res.job_id} SUCCEEDED but wrote no {run_dir}/training_result.json") from None
-    if not CK.hf_export_complete(result.get("hf_export") or ""):
+    if not checkpoints.hf_export_complete(result.get("hf_export") or ""):
         raise DataError(f"Ray job {res.job_id} SUCCEEDED but the final HF export {result.get('hf_export')} is incomplete")
     result["ray_job_id"] = res.job_id
     result["ray_attached"] = res.attached

@@ -10,7 +10,7 @@ from pathlib import Path
 from ..errors import DataError
 from ..io import is_remote, join
 from ..plan.config import Plan
-from . import cache as DC, template
+from . import cache as data_cache, template
 
 log = logging.getLogger("trajsft")
 
@@ -71,14 +71,15 @@ def tokenize(plan: Plan, name: str) -> dict:
     loc = art.location if is_remote(art.location) else os.path.abspath(art.location)
 
     engine = plan.cfg.get("tokenize_engine", "inprocess")
-    stats = DC.build_chat_cache(urls["train"], urls.get("validation", []), join(loc, "cache"), tokenizer=spec["tokenizer"],
-                                chat_template=template.load_template(), seq_len=seq_len, engine=engine)
+    stats = data_cache.build_chat_cache(urls["train"], urls.get("validation", []), join(loc, "cache"),
+                                        tokenizer=spec["tokenizer"], chat_template=template.load_template(),
+                                        seq_len=seq_len, engine=engine)
     window, dropped, orders, bins, report = {"seq_len": seq_len, "long_chats": policy}, [], {}, {}, {}
     for split in ("train", "validation"):
         if not stats.get(split):
             continue
         st = stats[split]
-        wp = DC.window_plan(st, seq_len, policy)
+        wp = data_cache.window_plan(st, seq_len, policy)
         window[split] = wp["counts"]
         if wp["dropped"]:
             ids = _traj_ids(urls[split])
@@ -105,7 +106,7 @@ def tokenize(plan: Plan, name: str) -> dict:
         log.warning("%s: every validation chat was dropped: no eval loss", spec["teacher"])
     final_dir = join(loc, "cache-packed")
     first = stats
-    stats = DC.reorder_chat_cache(join(loc, "cache"), final_dir, orders, seq_len=seq_len)
+    stats = data_cache.reorder_chat_cache(join(loc, "cache"), final_dir, orders, seq_len=seq_len)
     for split, order in orders.items():
         st = stats[split]
         if st["lengths"] != [first[split]["lengths"][i] for i in order]:

@@ -58,7 +58,7 @@ def _read_json(path: str) -> dict | list | None:
 
 
 def _latest_hf_export(run_dir: str) -> str | None:
-    from ..train import checkpoints as CK
+    from ..train import checkpoints
 
     try:
         found = io.glob(io.join(run_dir, "hf", "step-*"))
@@ -66,7 +66,7 @@ def _latest_hf_export(run_dir: str) -> str | None:
         return None
     steps = sorted(found, key=lambda p: int(p.rsplit("step-", 1)[1]) if p.rsplit("step-", 1)[1].isdigit() else -1)
     for p in reversed(steps):
-        if CK.hf_export_complete(p):
+        if checkpoints.hf_export_complete(p):
             return p
     return None
 
@@ -95,18 +95,18 @@ def resume_checkpoint(checkpoint_dir: str) -> dict | None:
 
 
 def _jobs(address: str, content_hash: str) -> tuple[tuple[Job, ...], str | None]:
-    from ..cluster import jobs as rayjobs
+    from ..cluster import jobs as cluster_jobs
 
     try:
-        jobs = rayjobs.run_jobs(address, content_hash)
-    except rayjobs.RayJobsError as e:
+        jobs = cluster_jobs.run_jobs(address, content_hash)
+    except cluster_jobs.RayJobsError as e:
         return (), str(e)
     return tuple(Job(j["submission_id"], j["attempt"], j["status"], j["message"]) for j in jobs), None
 
 
 def _training_facts(plan: C.Plan, target: str, p: dict, query_ray: bool, attempts: tuple[dict, ...]) -> dict:
     """The facts of a run that is not finished: data, progress, Ray jobs, the newest attempt, the launcher."""
-    from ..train import metrics as TM
+    from ..train import metrics
 
     run_dir = p["run_dir"]
     lev = _read_json(io.join(run_dir, "levanter_config.json")) or (
@@ -120,7 +120,7 @@ def _training_facts(plan: C.Plan, target: str, p: dict, query_ray: bool, attempt
     return {
         "data_ready": all(Path(a.manifest).exists() for a in plan.target(target)["tokenized"]),
         "steps_total": lev["trainer"]["num_train_steps"] if lev else None,
-        "metrics": TM.read_metrics(p["log"])["steps"],
+        "metrics": metrics.read_metrics(p["log"])["steps"],
         "hf_export": _latest_hf_export(run_dir),
         "log_tail": "\n".join(tail(p["log"], 60)),
         "jobs": jobs, "cluster_error": err,
@@ -161,7 +161,7 @@ def target_status(plan: C.Plan, target: str, query_ray: bool = True) -> dict:
 
 
 def clusters(profiles: list[str] | None = None) -> list[dict]:
-    from ..cluster import preflight as ray_preflight
+    from ..cluster import preflight as cluster_preflight
 
     out = []
     if profiles:  # names under profiles/ or profile directories
@@ -176,7 +176,7 @@ def clusters(profiles: list[str] | None = None) -> list[dict]:
         ray = plan_cfg.get("ray") or {}
         if plan_cfg["executor"] != "ray" or not ray.get("address"):
             continue
-        s = ray_preflight.cluster_summary(ray["address"])
+        s = cluster_preflight.cluster_summary(ray["address"])
         s.update(profile=pdir.name if pdir.parent == C.REPO_DIR / "profiles" else str(pdir), cluster=ray.get("cluster"), tpu_type=ray.get("tpu_type"))
         out.append(s)
     return out

@@ -35,7 +35,7 @@ DOWNSTREAM = {
 
 # Model dimensions (Levanter's Qwen3 ``model`` fields) of a student that gives none or only some:
 # a random-init student starts from ``tiny``, an hf-init student from the entry of its name
-# (Qwen/Qwen3-8B's config.json, spelled out so that *our* seq_len is kept; see levanter_run).
+# (Qwen/Qwen3-8B's config.json, spelled out so that *our* seq_len is kept; see train/levanter_config.py).
 MODEL_DIMS: dict[str, dict[str, int]] = {
     "tiny": {"hidden_dim": 64, "intermediate_dim": 128, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2,
              "head_dim": 16},

@@ -195,7 +195,7 @@ def plot_heatmap(doc: Mapping, out_png: str) -> str:
 
 def build(plan: Plan, out: Mapping[str, str]) -> dict:
     """Evaluate every row's model on every column and write ``out["json"|"png"|"html"]``."""
-    from ..train import eval as levanter_eval
+    from ..train import eval as train_eval
     from ..data.tokenize import tokenized_cache_dir
 
     if plan.cfg.get("eval") is None:
@@ -223,10 +223,10 @@ def build(plan: Plan, out: Mapping[str, str]) -> dict:
         student = run.spec["student"]
         tokenizer = plan.resolve_ref(student["tokenizer"], student.get("tokenizer_revision"))
         columns = {c: tokenized_cache_dir(plan, spec["cells"][row][c]) for c in spec["columns"]}
-        cfg = levanter_eval.eval_config(train_cfg, columns, tokenizer, spec["max_eval_batches"])
+        cfg = train_eval.eval_config(train_cfg, columns, tokenizer, spec["max_eval_batches"])
         log.info("eval %s (%s step %d, %s) on %s", row, src["kind"], src["step"], src["path"], ", ".join(columns))
         kw = {"hf_export": src["path"]} if src["kind"] == "hf_export" else {"checkpoint": src["path"]}
-        scores[row] = levanter_eval.evaluate(cfg, **kw)
+        scores[row] = train_eval.evaluate(cfg, **kw)
         models[row] = src
         for c, s in scores[row].items():
             log.info("  %s on %s: loss %s over %d tokens (%d sequences)", row, c, s["loss"], s["tokens"], s["sequences"])

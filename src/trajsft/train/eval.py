@@ -17,7 +17,7 @@ import os
 import tempfile
 from typing import Mapping, Optional
 
-from . import levanter_config as LC
+from . import levanter_config
 
 
 def eval_config(train_cfg: Mapping, columns: Mapping[str, str], tokenizer: str,
@@ -30,7 +30,7 @@ def eval_config(train_cfg: Mapping, columns: Mapping[str, str], tokenizer: str,
     stay the target's. No tracker: results are returned, not logged to W&B; Levanter's own log goes
     to ``log_dir`` as ``eval-<run id>.log`` (never into the run's training log).
     """
-    cfg = copy.deepcopy(LC._plain(train_cfg))
+    cfg = copy.deepcopy(levanter_config._plain(train_cfg))
     data = cfg["data"]
     fmt = data["configs"][next(iter(data["configs"]))]["format"] if "configs" in data else data["format"]
     cfg["data"] = {
@@ -75,7 +75,7 @@ def evaluate(cfg: Mapping, *, hf_export: Optional[str] = None, checkpoint: Optio
     if (hf_export is None) == (checkpoint is None):
         raise ValueError("give exactly one of hf_export and checkpoint")
     with tempfile.TemporaryDirectory(prefix="trajsft-eval-") as tmp:
-        path = LC.write_config(cfg, os.path.join(tmp, "eval.yaml"))
+        path = levanter_config.write_config(cfg, os.path.join(tmp, "eval.yaml"))
         config: TrainLmConfig = draccus.parse(config_class=TrainLmConfig, config_path=path, args=[])
     root = logging.getLogger()
     ours = list(root.handlers)

@@ -1,29 +1,97 @@
-"""The ``levanter.main.train_lm`` config as a plain dict, and the model presets.
+"""The ``levanter.main.train_lm`` config of a training run, built from the plan's typed specs.
 
-``levanter_config(...) -> dict`` builds it (dump it with ``write_config``); ``steps_for_epochs``
-turns epochs into optimizer steps; ``resolve_hub_refs`` pins Hub references to local snapshots. The plan-to-config mapping is :func:`trajsft.train.step.levanter_config`.
+The rule process never imports jax or Levanter (issue 10: the train rule's own overhead stays within
+1.05x of bare ``train_lm``, and ``import levanter.main.train_lm`` alone costs 5-16 s of CPU). So the
+config is built in Levanter's own wire format: the dict that ``train_lm --config_path`` reads and
+draccus decodes into ``TrainLmConfig`` in the child. It is built by one small function per section,
+each named after the Levanter dataclass it encodes; ``tests/test_levanter_config.py`` decodes every
+section into that dataclass with draccus (an unknown or misspelled key fails) and round-trips the
+whole dict through ``TrainLmConfig``:
+
+==========================  =================================================================
+``train_lm_config``         ``levanter.main.train_lm.TrainLmConfig`` (epoch, HF export, init)
+``data_config``             ``UrlSingleDatasetLMConfig`` (one teacher) or ``LMMixtureDatasetConfig``
+``source_config``           ``UrlDatasetSourceConfig`` (one per teacher of a mixture)
+``chat_format``             ``ChatLmDatasetFormat`` (``type: chat``)
+``qwen3_config``            ``levanter.models.qwen.Qwen3Config`` (``type: qwen3``)
+``trainer_config``          ``levanter.trainer.TrainerConfig``
+``wandb_config``            ``WandbConfig`` (``type: wandb``), followed by ``JsonLoggerConfig``
+``checkpointer_config``     ``levanter.checkpoint.CheckpointerConfig``
+``adam_config``             ``levanter.optim.AdamConfig`` (``type: adam``)
+==========================  =================================================================
+
+What the specs hash (:class:`~trajsft.plan.specs.TrainingSpec`, :class:`~trajsft.plan.specs.StudentSpec`,
+the target's teacher weights) comes from the :class:`~trajsft.plan.specs.TargetSpec`; everything else
+(ids and paths, the tokenized data, the step count, cosmetic W&B and checkpoint settings) from a
+:class:`RunInputs`. The plan-to-inputs side is :func:`trajsft.train.step.levanter_config`.
+``write_config`` dumps a config as YAML; ``resolve_hub_refs`` pins Hub references to local snapshots.
 """
 
 from __future__ import annotations
 
-import math
 import os
 import re
-from typing import Any, Mapping, Optional, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Optional
 
 from ..data.cache import _chat_format, resolve_tokenizer
 from ..io import is_remote, write_text
-from ..plan.specs import MODEL_DIMS
+from ..plan.specs import StudentSpec, TargetSpec, TrainingSpec
 
 
 _RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
-# Qwen3 architectures expressed in Levanter's ``model`` (type: qwen3) fields: the students' dimensions
-# (``tiny``: CPU demo / tests, random init, ~100k parameters with a small vocab; ``qwen3-8b``: Qwen/Qwen3-8B's
-# config.json) live in the plan's specs, which hash them; these fields are the same for every student.
+# Levanter Qwen3 fields that are the same for every student (its dimensions are in StudentSpec.model).
 QWEN3_FIXED: dict = {"layer_norm_epsilon": 1e-6, "tie_word_embeddings": False, "use_bias": False}
-MODEL_PRESETS: dict[str, dict] = {name: {**dims, **QWEN3_FIXED} for name, dims in MODEL_DIMS.items()}
-_PRESET_HF_DEFAULT = {"qwen3-8b": "Qwen/Qwen3-8B"}
+# Mixture sampling granularity (Levanter's default).
+MIXTURE_BLOCK_SIZE = 2048
+
+
+@dataclass(frozen=True)
+class DataSource:
+    """A tokenized teacher as training reads it (from its tokenize manifest)."""
+
+    cache_dir: str
+    packed_sequences: int  # the seq_len sequences Levanter packs from the train split
+
+
+@dataclass(frozen=True)
+class WandbSettings:
+    """W&B tracking (cosmetic: never hashed). The run id is :attr:`RunInputs.run_id`."""
+
+    mode: str = "offline"  # offline, online or disabled
+    project: str = "trajsft"
+    entity: Optional[str] = None
+    tags: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class RunInputs:
+    """What a run's config needs besides its specs (none of it is hashed by the run).
+
+    ``tokenizer`` is the student's tokenizer (``StudentSpec.tokenizer``) as this launch reads it: a local
+    dir, relative to the job's working dir on Ray, or ``repo@revision``. ``sources`` maps each teacher of
+    the target to its tokenized data. ``num_train_steps`` comes from :mod:`trajsft.plan.schedule`
+    (``epochs``, ``epochs_of`` and ``max_steps`` over rows or packed sequences). ``keep_every`` keeps a
+    permanent checkpoint every that many steps (the final step always); ``hf_save_steps`` exports every
+    that many (default: only at the end). ``watch_interval`` is Levanter's grad/param-norm logging period
+    (0 = off, saves a compile); ``jax_compilation_cache_dir`` enables JAX's persistent compilation cache.
+    """
+
+    run_id: str
+    run_dir: str
+    tokenizer: str
+    chat_template: str
+    sources: Mapping[str, DataSource]
+    num_train_steps: int
+    accelerator: str = "cpu"
+    save_interval: str = "30m"
+    keep_every: Optional[int] = None
+    hf_save_steps: Optional[int] = None
+    hf_save_dtype: Optional[str] = None
+    watch_interval: int = 10
+    jax_compilation_cache_dir: Optional[str] = None
+    wandb: WandbSettings = field(default_factory=WandbSettings)
 
 
 def resolve_hub_refs(cfg: dict) -> dict:
@@ -36,317 +104,206 @@ def resolve_hub_refs(cfg: dict) -> dict:
 
 
 # --------------------------------------------------------------------------------------
-# config
+# the sections
 # --------------------------------------------------------------------------------------
 
 
-def steps_for_epochs(packed_sequences: int, train_batch_size: int, epochs: float) -> int:
-    """``ceil(epochs * packed_sequences / train_batch_size)`` (>= 1).
+def chat_format(chat_template: str) -> dict:
+    """``ChatLmDatasetFormat``: packed chats, loss on the assistant turns only, our template.
 
-    An "example" is one packed ``seq_len`` sequence (what the data loader batches), so this is the
-    exact number of optimizer steps for ``epochs`` passes. With ``epochs == 1`` the last batch is
-    partial; Levanter pads it with zero-loss examples.
-    """
-    if packed_sequences <= 0:
-        raise ValueError("packed_sequences must be > 0")
-    return max(1, math.ceil(float(epochs) * packed_sequences / int(train_batch_size)))
+    The template must be in the *format*: ``data.chat_template`` is also set, but this Levanter version
+    ignores it for chat caches."""
+    return _chat_format(chat_template)
 
 
-def _normalize_sources(sources) -> dict[str, dict]:
-    if isinstance(sources, str):
-        return {"data": {"cache_dir": sources}}
-    if isinstance(sources, Mapping):
-        out = {}
-        for name, spec in sources.items():
-            if isinstance(spec, str):
-                spec = {"cache_dir": spec}
-            out[str(name)] = dict(spec)
-        return out
-    raise TypeError("sources must be a cache dir or a mapping name -> {cache_dir, weight, ...}")
+def source_config(teacher: str, source: DataSource, chat_template: str) -> dict:
+    """``UrlDatasetSourceConfig`` of one teacher: its prebuilt cache (no URLs: nothing to rebuild from),
+    tagged with the teacher's name (Levanter's eval reports per tag)."""
+    if not source.cache_dir:
+        raise ValueError(f"source {teacher!r} has no cache_dir")
+    return {"cache_dir": source.cache_dir, "format": chat_format(chat_template), "train_urls": [],
+            "validation_urls": [], "tags": [teacher]}
 
 
-def levanter_config(
-    *,
-    run_id: str,
-    run_dir: str,
-    tokenizer: str,
-    chat_template: str,
-    sources,
-    seq_len: int,
-    train_batch_size: int,
-    epochs: float = 1.0,
-    num_train_steps: Optional[int] = None,
-    model: str | Mapping = "tiny",
-    initialize_from_hf: Optional[str] = None,
-    use_hf_model_config: bool = False,
-    reference_checkpoint: Optional[str] = None,
-    rope_theta: float = 1_000_000.0,
-    learning_rate: float = 1e-5,
-    lr_schedule: str = "cosine",
-    warmup: float = 0.03,
-    decay: Optional[float] = None,
-    min_lr_ratio: float = 0.1,
-    weight_decay: float = 0.0,
-    max_grad_norm: Optional[float] = 1.0,
-    beta1: float = 0.9,
-    beta2: float = 0.95,
-    epsilon: float = 1e-8,
-    seed: int = 0,
-    accelerator: str = "cpu",
-    mp: Optional[str] = None,
-    per_device_parallelism: int = -1,
-    per_device_eval_parallelism: int = -1,
-    checkpoint_dir: Optional[str] = None,
-    hf_dir: Optional[str] = None,
-    save_interval: str = "30m",
-    keep_every: Optional[int] = None,
-    hf_save_steps: Optional[int] = None,
-    hf_save_dtype: Optional[str] = None,
-    steps_per_eval: Optional[int] = None,
-    max_eval_batches: Optional[int] = None,
-    wandb_mode: str = "offline",
-    wandb_project: str = "trajsft",
-    wandb_entity: Optional[str] = None,
-    wandb_tags: Sequence[str] = (),
-    shuffle: bool = True,
-    mixture_block_size: int = 2048,
-    watch_interval: int = 10,
-    jax_compilation_cache_dir: Optional[str] = None,
-) -> dict:
-    """The full ``levanter.main.train_lm`` config as a plain dict (YAML-dumpable).
-
-    Data
-        ``sources`` maps a teacher name to ``{"cache_dir": <prebuilt cache>, "weight": float,
-        "packed_sequences": int, "train_urls": [...], "validation_urls": [...]}`` (only
-        ``cache_dir`` is required; a bare string is a single cache dir). One source gives a
-        ``UrlSingleDatasetLMConfig``-style ``data`` section; several give an
-        ``LMMixtureDatasetConfig`` (one ``configs`` entry per teacher, each with its own
-        ``cache_dir``, ``train_weights`` from ``weight`` (default 1.0), stop strategy ``restart``).
-        Every source uses ``format: {type: chat, pack: true, mask_user_turns: true,
-        chat_template: <ours>}``; the template must be in the *format* (``data.chat_template`` is
-        also set but this Levanter version ignores it for chat caches). The URL lists are optional:
-        the prebuilt cache is loaded when present; with URLs Levanter could rebuild a missing one.
-
-    Steps / epochs
-        If ``num_train_steps`` is None it is ``steps_for_epochs(sum(packed_sequences), B, epochs)``
-        (``packed_sequences`` per source from ``build_chat_cache(..., seq_len=...)`` stats), i.e. one
-        training example = one packed sequence. For a single source that needs more than one pass,
-        top-level ``epoch`` is set to the number of passes so Levanter cycles the data
-        (``EpochDataset``); without it the loader stops at the end of the data. Mixtures are
-        infinite (``restart``), so ``epoch`` stays 0 (Levanter rejects epochs for mixtures) and
-        "epochs" means passes over the *total* packed data, split between teachers by weight.
-
-    Model (``type: qwen3``)
-        ``model`` is a preset name from ``MODEL_PRESETS`` (``"tiny"`` random init for CPU,
-        ``"qwen3-8b"``) or a dict of Levanter Qwen3 fields. ``seq_len`` and ``rope`` (theta) are
-        always ours. ``initialize_from_hf`` (HF repo / local dir / gs:// path; defaults to
-        ``Qwen/Qwen3-8B`` for the ``qwen3-8b`` preset) loads pretrained weights;
-        ``reference_checkpoint`` defaults to it (for the tiny model to ``<run_dir>/hf_reference``,
-        which ``run_training`` fills with a minimal config.json: Levanter's HF export copies
-        ``architectures`` from the reference and would otherwise try the Hub). ``model.tokenizer``
-        is set to our tokenizer so Levanter never loads one from the reference.
-        ``use_hf_model_config`` is off by default on purpose: when on, Levanter replaces the
-        *whole* model config by the HF one, including ``seq_len := max_position_embeddings``
-        (40960 for Qwen3-8B) and our gradient-checkpointing / attention settings.
-
-    Checkpoints / exports
-        Trainer checkpoints go to ``checkpoint_dir`` (default ``<run_dir>/checkpoints``) and HF
-        exports to ``hf_dir`` (default ``<run_dir>/hf``), both ``/step-<k>`` without the run id
-        appended. ``save_interval`` writes temporary (rotating) checkpoints; ``keep`` keeps a
-        permanent checkpoint every ``keep_every`` steps and ALWAYS at the final step (Levanter does
-        not force a checkpoint at the end: its end-of-training forced hooks call the checkpointer
-        without ``force``; the keep policy ``[{every: keep_every, until: N-2}, {every: N-1}]`` makes
-        the final step a scheduled one). The HF export hook runs every ``hf_save_steps`` (default:
-        only at the end; the forced end-of-training hooks always export the final step).
-
-    Tracking
-        ``trainer.tracker`` is ``[wandb, json_logger]``: W&B (``wandb_mode`` offline/online/disabled,
-        ``id = name = run_id``, ``resume: allow``; its directory comes from ``WANDB_DIR`` which
-        ``run_training`` points at ``run_dir``) plus Levanter's ``json_logger`` tracker, which writes
-        every metric as a JSON line to the log, where ``read_metrics`` reads the losses back.
-
-    ``watch_interval`` is Levanter's grad/param-norm logging period (0 = off, saves one compile).
-    ``jax_compilation_cache_dir`` enables JAX's persistent compilation cache (relaunches skip
-    recompiling).
-
-    ``accelerator="cpu"`` sets ``require_accelerator: false`` and f32; "tpu"/"gpu" use
-    ``mp: p=f32,c=bfloat16``. ``per_device_parallelism=-1`` means the whole batch at once (no
-    gradient accumulation); set it to get micro-batching. Eval runs every ``steps_per_eval`` steps
-    (default ~10 evals per run) when a validation split is configured (and at the end).
-    """
-    if not _RUN_ID_RE.match(run_id):
-        raise ValueError(f"run_id {run_id!r} must match {_RUN_ID_RE.pattern} (used as W&B id and dir name)")
-    srcs = _normalize_sources(sources)
-    if not srcs:
+def data_config(target: TargetSpec, run: RunInputs) -> dict:
+    """One teacher: ``UrlSingleDatasetLMConfig`` (its source fields at the top level). Several:
+    ``LMMixtureDatasetConfig`` with one ``configs`` entry per teacher, ``train_weights`` from the target's
+    (normalised) weights and stop strategy ``restart`` (the mixture never runs out)."""
+    if not run.sources:
         raise ValueError("no data sources")
-    run_dir = run_dir if is_remote(run_dir) else os.path.abspath(run_dir)
-    fmt = _chat_format(chat_template)
-    B = int(train_batch_size)
-
-    # ---- steps
-    packed = {n: s.get("packed_sequences") for n, s in srcs.items()}
-    if num_train_steps is None:
-        missing = [n for n, p in packed.items() if not p]
-        if missing:
-            raise ValueError(
-                f"num_train_steps not given and packed_sequences unknown for {missing}; pass "
-                "build_chat_cache(..., seq_len=...)['train']['packed_sequences'] in sources"
-            )
-        num_train_steps = steps_for_epochs(sum(int(p) for p in packed.values()), B, epochs)
-    N = int(num_train_steps)
-    if N < 2:
-        raise ValueError("num_train_steps must be >= 2 (Levanter never checkpoints step 0)")
-
-    # ---- data
-    def source_entry(name: str, spec: dict) -> dict:
-        if not spec.get("cache_dir"):
-            raise ValueError(f"source {name!r} has no cache_dir")
-        return {
-            "cache_dir": spec["cache_dir"],
-            "format": dict(fmt),
-            "train_urls": list(spec.get("train_urls") or []),
-            "validation_urls": list(spec.get("validation_urls") or []),
-            "tags": [name],
-        }
-
-    epoch = 0
-    if len(srcs) == 1:
-        (name, spec), = srcs.items()
-        data = {
-            "tokenizer": tokenizer,
-            "chat_template": chat_template,
-            **source_entry(name, spec),
-            "shuffle": bool(shuffle),
-            "permutation_type": "feistel",
-        }
-        p = packed[name]
-        if p:
-            # smallest number of passes e whose ceil(e * P / B) batches (last one padded) cover N steps
-            passes = (N - 1) * B // int(p) + 1
-            epoch = passes if passes > 1 else 0
-    else:
-        data = {
-            "tokenizer": tokenizer,
-            "chat_template": chat_template,
-            "cache_dir": None,
-            "configs": {n: source_entry(n, s) for n, s in srcs.items()},
-            "train_weights": {n: float(s.get("weight", 1.0)) for n, s in srcs.items()},
-            "stop_strategy": "restart",
-            "mixture_block_size": int(mixture_block_size),
-            "shuffle": bool(shuffle),
-            "permutation_type": "feistel",
-        }
-
-    # ---- model
-    if isinstance(model, str):
-        if model not in MODEL_PRESETS:
-            raise ValueError(f"unknown model preset {model!r}; known: {sorted(MODEL_PRESETS)}")
-        if initialize_from_hf is None:
-            initialize_from_hf = _PRESET_HF_DEFAULT.get(model)
-        model_fields = dict(MODEL_PRESETS[model])
-    else:
-        model_fields = dict(model)
-        model_fields.pop("type", None)
-    if reference_checkpoint is None:
-        reference_checkpoint = initialize_from_hf or os.path.join(run_dir, "hf_reference")
-    model_cfg = {
-        "type": "qwen3",
-        "seq_len": int(seq_len),
-        **model_fields,
-        "rope": {"type": "default", "theta": float(rope_theta)},
-        "reference_checkpoint": reference_checkpoint,
-        "tokenizer": tokenizer,
+    common = {"tokenizer": run.tokenizer, "chat_template": run.chat_template}
+    if len(run.sources) == 1:
+        (teacher, source), = run.sources.items()
+        return {**common, **source_config(teacher, source, run.chat_template), "shuffle": True,
+                "permutation_type": "feistel"}
+    weights = dict(target.weights)
+    return {
+        **common,
+        "cache_dir": None,
+        "configs": {t: source_config(t, s, run.chat_template) for t, s in run.sources.items()},
+        "train_weights": {t: float(weights[t]) for t in run.sources},
+        "stop_strategy": "restart",
+        "mixture_block_size": MIXTURE_BLOCK_SIZE,
+        "shuffle": True,
+        "permutation_type": "feistel",
     }
 
-    # ---- trainer
-    accelerator = accelerator.lower()
-    if accelerator not in ("cpu", "tpu", "gpu"):
-        raise ValueError("accelerator must be cpu, tpu or gpu")
-    if mp is None:
-        mp = "f32" if accelerator == "cpu" else "p=f32,c=bfloat16"
-    ckpt_dir = checkpoint_dir or os.path.join(run_dir, "checkpoints")
-    hf_dir = hf_dir or os.path.join(run_dir, "hf")
-    last = N - 1  # 0-based index of the final step (what hooks / checkpoint names use)
-    if keep_every and 0 < keep_every < last and last - 1 >= 1:
-        keep = [{"every": int(keep_every), "until": last - 1}, {"every": last, "until": None}]
+
+def initialize_from_hf(student: StudentSpec) -> Optional[str]:
+    """The pretrained weights of an ``init: hf`` student as Levanter's ``RepoRef`` (``repo@revision``)."""
+    if student.init == "random":
+        return None
+    return student.hf_checkpoint.hub_ref()
+
+
+def qwen3_config(student: StudentSpec, training: TrainingSpec, run: RunInputs) -> dict:
+    """``Qwen3Config``: the student's dimensions, our ``seq_len`` and rope theta.
+
+    ``reference_checkpoint`` (what Levanter's HF export copies ``architectures`` from) is the initial
+    checkpoint, or for a random-init student ``<run_dir>/hf_reference``, which ``run_training`` fills with
+    a minimal config.json (otherwise Levanter would try the Hub). ``tokenizer`` is ours, so Levanter never
+    loads one from the reference."""
+    return {
+        "type": "qwen3",
+        "seq_len": int(training.seq_len),
+        **student.model.dims(),
+        **QWEN3_FIXED,
+        "rope": {"type": "default", "theta": float(student.rope_theta)},
+        "reference_checkpoint": initialize_from_hf(student) or os.path.join(_run_dir(run), "hf_reference"),
+        "tokenizer": run.tokenizer,
+    }
+
+
+def wandb_config(run: RunInputs) -> dict:
+    """``WandbConfig``: ``id = name = run_id`` and ``resume: allow`` (a retry continues the same run); its
+    directory comes from ``WANDB_DIR``, which ``run_training`` points at the run dir."""
+    w = run.wandb
+    return {"type": "wandb", "mode": w.mode, "project": w.project, "entity": w.entity, "id": run.run_id,
+            "name": run.run_id, "tags": list(w.tags), "resume": "allow", "save_code": False}
+
+
+def checkpointer_config(run: RunInputs) -> dict:
+    """``CheckpointerConfig``: checkpoints in ``<run_dir>/checkpoints/step-<k>`` (no run id appended).
+
+    ``save_interval`` writes temporary (rotating) checkpoints; ``keep`` keeps a permanent one every
+    ``keep_every`` steps and ALWAYS at the final step: Levanter's end-of-training hooks call the
+    checkpointer without ``force``, so the keep policy ``[{every: keep_every, until: N-2}, {every: N-1}]``
+    makes the final step (index N-1) a scheduled one."""
+    last = int(run.num_train_steps) - 1  # 0-based index of the final step (what hooks / checkpoint names use)
+    k = run.keep_every
+    if k and 0 < k < last and last - 1 >= 1:
+        keep = [{"every": int(k), "until": last - 1}, {"every": last, "until": None}]
     else:
         keep = [{"every": last, "until": None}]
-    if steps_per_eval is None:
-        steps_per_eval = max(1, N // 10)
+    return {"base_path": os.path.join(_run_dir(run), "checkpoints"), "save_interval": run.save_interval,
+            "keep": keep, "append_run_id_to_base_path": False}
 
-    trainer = {
-        "id": run_id,
-        "seed": int(seed),
-        "mp": mp,
-        "train_batch_size": B,
-        "per_device_parallelism": int(per_device_parallelism),
-        "per_device_eval_parallelism": int(per_device_eval_parallelism),
-        "num_train_steps": N,
-        "steps_per_eval": int(steps_per_eval),
-        "max_eval_batches": max_eval_batches,
+
+def trainer_config(training: TrainingSpec, run: RunInputs) -> dict:
+    """``TrainerConfig``: the whole batch per step (``per_device_parallelism: -1``, no accumulation),
+    f32 on CPU (``require_accelerator: false``) and ``p=f32,c=bfloat16`` on TPU/GPU, an eval every
+    ~N/10 steps (when a validation split exists, and at the end), trackers ``[wandb, json_logger]``
+    (the JSON lines in the log are where ``read_metrics`` reads the losses back), and no Ray cluster
+    started inside training (the caches are prebuilt)."""
+    accelerator = run.accelerator.lower()
+    if accelerator not in ("cpu", "tpu", "gpu"):
+        raise ValueError("accelerator must be cpu, tpu or gpu")
+    n = int(run.num_train_steps)
+    trainer: dict[str, Any] = {
+        "id": run.run_id,
+        "seed": int(training.seed),
+        "mp": "f32" if accelerator == "cpu" else "p=f32,c=bfloat16",
+        "train_batch_size": int(training.batch_size),
+        "per_device_parallelism": -1,
+        "per_device_eval_parallelism": -1,
+        "num_train_steps": n,
+        "steps_per_eval": max(1, n // 10),
+        "max_eval_batches": None,
         "require_accelerator": accelerator != "cpu",
-        "log_dir": os.path.join(run_dir, "logs"),
+        "log_dir": os.path.join(_run_dir(run), "logs"),
         "log_jaxprs": False,
         "log_xla_hlo": False,
-        "tracker": [
-            {
-                "type": "wandb",
-                "mode": wandb_mode,
-                "project": wandb_project,
-                "entity": wandb_entity,
-                "id": run_id,
-                "name": run_id,
-                "tags": list(wandb_tags),
-                "resume": "allow",
-                "save_code": False,
-            },
-            {"type": "json_logger"},
-        ],
-        "checkpointer": {
-            "base_path": ckpt_dir,
-            "save_interval": save_interval,
-            "keep": keep,
-            "append_run_id_to_base_path": False,
-        },
-        # caches are prebuilt: don't start a Ray cluster inside training
+        "tracker": [wandb_config(run), {"type": "json_logger"}],
+        "checkpointer": checkpointer_config(run),
         "ray": {"auto_start_cluster": False},
     }
-    if jax_compilation_cache_dir:
-        trainer["jax_compilation_cache_dir"] = jax_compilation_cache_dir
-    if int(watch_interval) != 10:
+    if run.jax_compilation_cache_dir:
+        trainer["jax_compilation_cache_dir"] = run.jax_compilation_cache_dir
+    if int(run.watch_interval) != 10:
         # grad/param norm logging (a JIT hook): every step where it fires uses a second compiled
         # variant of the train step; 0 disables it (one compile only; useful on CPU)
-        trainer["watch"] = {"interval": int(watch_interval)}
+        trainer["watch"] = {"interval": int(run.watch_interval)}
+    return trainer
 
-    optimizer = {
+
+def adam_config(training: TrainingSpec) -> dict:
+    """``AdamConfig``: every optimizer field of the training spec."""
+    t = training
+    return {
         "type": "adam",
-        "learning_rate": float(learning_rate),
-        "lr_schedule": lr_schedule,
-        "warmup": float(warmup),
-        "decay": None if decay is None else float(decay),
-        "min_lr_ratio": float(min_lr_ratio),
-        "weight_decay": float(weight_decay),
-        "max_grad_norm": None if max_grad_norm is None else float(max_grad_norm),
-        "beta1": float(beta1),
-        "beta2": float(beta2),
-        "epsilon": float(epsilon),
+        "learning_rate": float(t.learning_rate),
+        "lr_schedule": t.lr_schedule,
+        "warmup": float(t.warmup),
+        "decay": None if t.decay is None else float(t.decay),
+        "min_lr_ratio": float(t.min_lr_ratio),
+        "weight_decay": float(t.weight_decay),
+        "max_grad_norm": None if t.max_grad_norm is None else float(t.max_grad_norm),
+        "beta1": float(t.beta1),
+        "beta2": float(t.beta2),
+        "epsilon": float(t.epsilon),
     }
 
+
+def epoch(training: TrainingSpec, run: RunInputs) -> int:
+    """``TrainLmConfig.epoch``: passes Levanter cycles a single teacher's data for (its loader stops at the
+    end of the data otherwise): the smallest ``e`` whose ``ceil(e * P / B)`` batches (the last one padded
+    with zero-loss examples) cover N steps; 0 for one pass. A mixture is infinite (``restart``) and
+    Levanter rejects epochs for it: 0."""
+    if len(run.sources) != 1:
+        return 0
+    (source,) = run.sources.values()
+    passes = (int(run.num_train_steps) - 1) * int(training.batch_size) // int(source.packed_sequences) + 1
+    return passes if passes > 1 else 0
+
+
+def train_lm_config(target: TargetSpec, run: RunInputs) -> dict:
+    """``TrainLmConfig``: the full ``train_lm`` config of a target as a plain (YAML-dumpable) dict.
+
+    HF exports go to ``<run_dir>/hf/step-<k>`` every ``hf_save_steps`` (the forced end-of-training hooks
+    always export the final step). An ``init: hf`` student starts from ``initialize_from_hf`` with
+    ``use_hf_model_config: false`` on purpose: when on, Levanter replaces the *whole* model config by the
+    HF one, including ``seq_len := max_position_embeddings`` (40960 for Qwen3-8B)."""
+    if not _RUN_ID_RE.match(run.run_id):
+        raise ValueError(f"run_id {run.run_id!r} must match {_RUN_ID_RE.pattern} (used as W&B id and dir name)")
+    n = int(run.num_train_steps)
+    if n < 2:
+        raise ValueError("num_train_steps must be >= 2 (Levanter never checkpoints step 0)")
+    training, student = target.training, target.student
     cfg: dict[str, Any] = {
-        "data": data,
-        "model": model_cfg,
-        "trainer": trainer,
-        "optimizer": optimizer,
-        "epoch": int(epoch),
-        "hf_save_path": hf_dir,
-        "hf_save_steps": int(hf_save_steps or N),
+        "data": data_config(target, run),
+        "model": qwen3_config(student, training, run),
+        "trainer": trainer_config(training, run),
+        "optimizer": adam_config(training),
+        "epoch": epoch(training, run),
+        "hf_save_path": os.path.join(_run_dir(run), "hf"),
+        "hf_save_steps": int(run.hf_save_steps or n),
     }
-    if hf_save_dtype:
-        cfg["hf_save_dtype"] = hf_save_dtype
-    if initialize_from_hf:
-        cfg["initialize_from_hf"] = initialize_from_hf
-        cfg["use_hf_model_config"] = bool(use_hf_model_config)
+    if run.hf_save_dtype:
+        cfg["hf_save_dtype"] = run.hf_save_dtype
+    init = initialize_from_hf(student)
+    if init:
+        cfg["initialize_from_hf"] = init
+        cfg["use_hf_model_config"] = False
     return cfg
+
+
+def _run_dir(run: RunInputs) -> str:
+    return run.run_dir if is_remote(run.run_dir) else os.path.abspath(run.run_dir)
+
+
+# --------------------------------------------------------------------------------------
+# the file train_lm reads
+# --------------------------------------------------------------------------------------
 
 
 def write_config(config: Mapping, path: str) -> str:

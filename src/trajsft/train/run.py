@@ -32,22 +32,6 @@ from .levanter_config import _plain, resolve_hub_refs, write_config
 from .metrics import _eval_losses, _LAUNCH_MARK, _loss_history, read_metrics
 
 
-__all__ = [
-    "CHAT_FORMAT",
-    "MODEL_PRESETS",
-    "build_chat_cache",
-    "chat_cache_stats",
-    "count_packed_sequences",
-    "steps_for_epochs",
-    "levanter_config",
-    "write_config",
-    "latest_checkpoint",
-    "hf_export_complete",
-    "read_metrics",
-    "run_training",
-    "export_hf",
-    "levanter_env",
-]
 _RESULT_FILE = "training_result.json"
 _CONFIG_FILE = "levanter_config.yaml"
 

@@ -1,4 +1,4 @@
-"""Step ``train`` and the plan-to-Levanter-config mapping (``levanter_config``); needs Levanter, so
+"""Step ``train`` and the plan-to-Levanter-config inputs (``levanter_config``); needs Levanter, so
 :func:`trajsft.steps.run_rule` imports it lazily. ``STEPS`` holds the Levanter steps (``tokenize`` is
 :mod:`trajsft.data.tokenize`)."""
 
@@ -17,19 +17,11 @@ from ..io import is_remote, join, write_json
 from ..observe import provenance
 from ..plan import schedule
 from ..plan.config import STATE_DIR, Plan
-from ..plan.specs import StudentSpec
-from . import levanter_config as LC, run as LR
+from ..plan.specs import Ref
+from .levanter_config import DataSource, RunInputs, WandbSettings, train_lm_config
+from .run import run_training
 
 log = logging.getLogger("trajsft")
-
-
-def _model_args(student: StudentSpec) -> dict:
-    """Levanter's model fields and initial weights of a student (its dimensions are resolved and hashed in its spec)."""
-    model = {**student.model.dims(), **LC.QWEN3_FIXED}
-    if student.init == "random":
-        return {"model": model}
-    # "repo@revision": Levanter's RepoRef loads the pinned revision (weights, config, reference for export)
-    return {"model": model, "initialize_from_hf": student.hf_checkpoint.hub_ref()}
 
 
 def run_paths(plan: Plan, target: str) -> dict:
@@ -73,41 +65,26 @@ def compilation_cache_dir(cfg: dict) -> str:
 
 
 def levanter_config(plan: Plan, target: str) -> dict:
-    """The full train_lm config of a target (plain dict), with step count from the tokenized manifests."""
+    """The full train_lm config of a target (plain dict): its specs mapped by
+    :func:`trajsft.train.levanter_config.train_lm_config`, with the step count from the tokenized manifests."""
     p = run_paths(plan, target)
     run, spec = p["run"], p["run"].spec
-    tr, cfg = spec["training"], plan.cfg
+    target_spec = plan.specs.targets[target]
+    cfg, ck = plan.cfg, plan.cfg["checkpointing"]
     sources = {}
     for teacher, tok_name in spec["tokenized"].items():
         d = train_data(plan, tok_name)
-        sources[teacher] = {"cache_dir": d["cache_dir"], "weight": spec["weights"][teacher],
-                            "packed_sequences": d["packed_sequences"]}
-    steps = schedule.train_steps(tr, spec["rows"], {t: s["packed_sequences"] for t, s in sources.items()})
-    ck = cfg["checkpointing"]
-    B = int(tr["batch_size"])
+        sources[teacher] = DataSource(cache_dir=d["cache_dir"], packed_sequences=d["packed_sequences"])
+    B = int(target_spec.training.batch_size)
     wandb_project, wandb_entity = wandb_names(cfg)
-    return LC.levanter_config(
+    inputs = RunInputs(
         run_id=run.hash,  # W&B run id and trainer id: a retry continues the same run
         run_dir=p["run_dir"],
-        tokenizer=_tokenizer_ref(plan, spec["student"]["tokenizer"], spec["student"].get("tokenizer_revision")),
+        tokenizer=_tokenizer_ref(plan, target_spec.student.tokenizer),
         chat_template=template.load_template(),
         sources=sources,
-        seq_len=int(tr["seq_len"]),
-        train_batch_size=B,
-        epochs=float(tr["epochs"]),
-        num_train_steps=steps,
-        rope_theta=float(spec["student"].get("rope_theta", 1e6)),
-        learning_rate=float(tr["learning_rate"]),
-        lr_schedule=tr["lr_schedule"],
-        warmup=float(tr["warmup"]),
-        decay=float(tr["decay"]),
-        min_lr_ratio=float(tr["min_lr_ratio"]),
-        weight_decay=float(tr["weight_decay"]),
-        max_grad_norm=tr["max_grad_norm"],
-        beta1=float(tr["beta1"]),
-        beta2=float(tr["beta2"]),
-        epsilon=float(tr["epsilon"]),
-        seed=int(tr["seed"]),
+        num_train_steps=schedule.train_steps(
+            spec["training"], spec["rows"], {t: s.packed_sequences for t, s in sources.items()}),
         accelerator="tpu" if cfg["executor"] == "ray" else "cpu",
         save_interval=f"{ck['save_interval_minutes']}m",
         keep_every=schedule.resolve_every(ck["keep_every_steps"], spec["rows"], B),
@@ -115,18 +92,16 @@ def levanter_config(plan: Plan, target: str) -> dict:
         hf_save_dtype=ck["hf_save_dtype"],
         watch_interval=int(cfg["wandb"]["watch_interval"]),
         jax_compilation_cache_dir=compilation_cache_dir(cfg),
-        wandb_mode=cfg["wandb"]["mode"],
-        wandb_project=wandb_project,
-        wandb_entity=wandb_entity,
-        wandb_tags=[target],
-        **_model_args(plan.specs.targets[target].student),
+        wandb=WandbSettings(mode=cfg["wandb"]["mode"], project=wandb_project, entity=wandb_entity, tags=(target,)),
     )
+    return train_lm_config(target_spec, inputs)
 
 
-def _tokenizer_ref(plan: Plan, ref: str, revision: str | None = None) -> str:
-    resolved = plan.resolve_ref(ref, revision)
-    if plan.cfg["executor"] == "ray" and plan.local_path(ref) is not None:
-        # a local tokenizer dir ships with the workflow code: relative to the job's working dir
+def _tokenizer_ref(plan: Plan, tokenizer: Ref) -> str:
+    """The student's tokenizer as the launch reads it: a local dir (relative to the job's working dir on Ray,
+    where it ships with the workflow code), else ``repo@revision``."""
+    resolved = tokenizer.resolved()
+    if plan.cfg["executor"] == "ray" and tokenizer.local is not None:
         return os.path.relpath(resolved, plan.base_dir)
     return resolved
 
@@ -182,11 +157,11 @@ def train(plan: Plan, target: str, done_path: str | None = None) -> dict:
     log.info("training %s -> %s (attempt %d, %s)", target, p["run_dir"], attempt["attempt"], executor)
     try:
         if executor == "ray":
-            from ..cluster import submit as ray_train
+            from ..cluster import submit
 
-            result = ray_train.train_on_ray(plan, target, lev, p, attempt["attempt"])
+            result = submit.train_on_ray(plan, target, lev, p, attempt["attempt"])
         else:
-            result = LR.run_training(lev, p["run_dir"], p["log"])
+            result = run_training(lev, p["run_dir"], p["log"])
     except KeyboardInterrupt as e:  # SIGINT / SIGTERM / our Snakemake died: the trainer was stopped
         provenance.finish_attempt(p["run_dir"], attempt["attempt"], "interrupted", error=str(e or "SIGINT")[:500])
         raise
