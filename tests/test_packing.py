@@ -170,7 +170,7 @@ def test_the_worker_pool_writes_exactly_the_serial_cache(tmp_path, monkeypatch):
     from levanter.data.text import ChatProcessor
     from levanter.store.cache import CacheLedger
 
-    from trajsft.data import cache as DC
+    from trajsft.data import cache as data_cache
     from trajsft.data import chat_cache
     from trajsft.data.template import load_template
     from trajsft.data.transform import gzip_jsonl
@@ -185,16 +185,16 @@ def test_the_worker_pool_writes_exactly_the_serial_cache(tmp_path, monkeypatch):
             p.write_bytes(gzip_jsonl(chats))
             urls[split].append(str(p))
     monkeypatch.setattr(chat_cache, "POOL_TASK_BYTES", 2000)  # many small tasks, several in flight
-    serial = DC.build_chat_cache(urls["train"], urls["validation"], str(tmp_path / "serial"), DEMO_TOKENIZER,
+    serial = data_cache.build_chat_cache(urls["train"], urls["validation"], str(tmp_path / "serial"), DEMO_TOKENIZER,
                                  load_template(), seq_len=128, workers=0)
-    pooled = DC.build_chat_cache(urls["train"], urls["validation"], str(tmp_path / "pooled"), DEMO_TOKENIZER,
+    pooled = data_cache.build_chat_cache(urls["train"], urls["validation"], str(tmp_path / "pooled"), DEMO_TOKENIZER,
                                  load_template(), seq_len=128, workers=2)
     proc = ChatProcessor(load_tokenizer(DEMO_TOKENIZER), chat_template=load_template())
     for split, shards in (("train", train), ("validation", val)):
         chats = [c for s in shards for c in s]
         assert serial[split]["lengths"] == pooled[split]["lengths"] and len(pooled[split]["lengths"]) == len(chats)
-        a = DC._open_chat_split(str(tmp_path / "serial" / split)).store.get_batch_sync(list(range(len(chats))))
-        b = DC._open_chat_split(str(tmp_path / "pooled" / split)).store.get_batch_sync(list(range(len(chats))))
+        a = data_cache._open_chat_split(str(tmp_path / "serial" / split)).store.get_batch_sync(list(range(len(chats))))
+        b = data_cache._open_chat_split(str(tmp_path / "pooled" / split)).store.get_batch_sync(list(range(len(chats))))
         direct = proc(chats)
         for x, y, z in zip(a, b, direct):
             for k in ("input_ids", "assistant_masks"):
@@ -222,7 +222,7 @@ def test_the_worker_pool_runs_in_other_processes_and_keeps_the_order():
 
 def test_a_worker_error_reaches_the_build_and_nothing_is_published(tmp_path):
     """Levanter's ChatProcessor raises on a chat without an assistant turn; in a worker too."""
-    from trajsft.data import cache as DC
+    from trajsft.data import cache as data_cache
     from trajsft.data.template import load_template
     from trajsft.data.transform import gzip_jsonl
 
@@ -230,7 +230,7 @@ def test_a_worker_error_reaches_the_build_and_nothing_is_published(tmp_path):
     shard = tmp_path / "train-00000.jsonl.gz"
     shard.write_bytes(gzip_jsonl(chats))
     with pytest.raises(ValueError, match="did not contain an assistant message"):
-        DC.build_chat_cache([str(shard)], [], str(tmp_path / "cache"), DEMO_TOKENIZER, load_template(), workers=2)
+        data_cache.build_chat_cache([str(shard)], [], str(tmp_path / "cache"), DEMO_TOKENIZER, load_template(), workers=2)
     assert not list(tmp_path.glob("*cache*"))
 
 
