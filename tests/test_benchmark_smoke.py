@@ -111,6 +111,8 @@ def test_benchmark_smoke(capsys):
     assert sc["serial_16x"]["workers"] == 0 and sc["serial_16x"]["tokens"] == sc["runs"]["16"]["tokens"]
     assert sc["runs"]["16"]["workers"] == 0 and sc["runs"]["16"]["shard_bytes"] > 0
     assert sc["ratio_serial_over_raw"] == pytest.approx(sc["raw_all_cores"]["seconds"] / sc["serial_16x"]["seconds"])
+    # the pool, timed explicitly (the rule uses it only from POOL_MIN_CPUS cores): the same rows
+    assert sc["pool_16x"]["workers"] >= 2 and sc["pool_16x"]["tokens"] == sc["runs"]["16"]["tokens"]
     assert r["rule_demo"] is None
 
     # the human-readable table renders from the same figures

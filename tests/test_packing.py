@@ -237,7 +237,11 @@ def test_a_worker_error_reaches_the_build_and_nothing_is_published(tmp_path):
 def test_only_large_inputs_use_the_pool(monkeypatch):
     from trajsft.data import chat_cache
 
-    monkeypatch.setattr(chat_cache.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(chat_cache.os, "cpu_count", lambda: 8)
     assert chat_cache.pool_workers(chat_cache.POOL_MIN_BYTES - 1) == 0  # the demo's 36 KB: in this process
-    assert chat_cache.pool_workers(chat_cache.POOL_MIN_BYTES) == 2
+    assert chat_cache.pool_workers(chat_cache.POOL_MIN_BYTES) == 8
     assert chat_cache.pool_workers(10 * chat_cache.POOL_MIN_BYTES, workers=1) == 0  # one core: no pool
+    # 2 cores (this machine, CI): the pool measured slower than one process, so none by default
+    monkeypatch.setattr(chat_cache.os, "cpu_count", lambda: 2)
+    assert chat_cache.pool_workers(10 * chat_cache.POOL_MIN_BYTES) == 0
+    assert chat_cache.pool_workers(10 * chat_cache.POOL_MIN_BYTES, workers=2) == 2  # asked for: a pool

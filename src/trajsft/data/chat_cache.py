@@ -46,6 +46,10 @@ def exemplar() -> dict:
 # worker pool; smaller builds (the demo's 36 KB, ~0.4M tokens of the benchmark's chats) take a second or
 # two in one process and do not pay the fork (README "Performance"; the crossover is not measured)
 POOL_MIN_BYTES = 1 << 20
+# and only on machines with at least this many cores: on 2 cores the pool measured 0.77x of one
+# process on a quiet machine (two single-threaded workers plus the writer on 2 cores, against one
+# process whose encode already uses both), so there the build stays in one process
+POOL_MIN_CPUS = 4
 # a pool task: whole chats, up to this many bytes of JSON (or BATCH chats): small enough to keep
 # every worker busy to the end
 POOL_TASK_BYTES = 256 << 10
@@ -169,7 +173,7 @@ def _pooled(pool, tasks: Iterable[list[str]]) -> Iterator[list[dict]]:
     """The workers' results of ``tasks`` in order, at most two tasks per worker in flight (the
     shards are read only as fast as they are tokenized)."""
     pending: deque = deque()
-    limit = 2 * pool._processes
+    limit = 2 * pool.trajsft_workers
     for task in tasks:
         pending.append(pool.apply_async(_work, (task,)))
         if len(pending) >= limit:
@@ -179,8 +183,16 @@ def _pooled(pool, tasks: Iterable[list[str]]) -> Iterator[list[dict]]:
 
 
 def pool_workers(total_bytes: int, workers: Optional[int] = None) -> int:
-    """How many worker processes a build of ``total_bytes`` of shards uses (0: none, in this process)."""
-    n = workers if workers is not None else (os.cpu_count() or 1)
+    """How many worker processes a build of ``total_bytes`` of shards uses (0: none, in this process).
+
+    ``workers`` forces a pool of that size (the benchmark and tests); by default one worker per core,
+    on machines with at least ``POOL_MIN_CPUS`` cores."""
+    if workers is None:
+        n = os.cpu_count() or 1
+        if n < POOL_MIN_CPUS:
+            return 0
+    else:
+        n = workers
     return n if n > 1 and total_bytes >= POOL_MIN_BYTES else 0
 
 
@@ -200,6 +212,7 @@ def tokenize_pool(processor, workers: int):
     # parallel does not print tokenizers' "just got forked" warning
     with _tokenizers_parallel():
         pool = multiprocessing.get_context("fork").Pool(workers, initializer=_worker_init)
+        pool.trajsft_workers = workers  # what _pooled keeps in flight (not the pool's private _processes)
         try:
             yield pool
             pool.close()
