@@ -122,17 +122,16 @@ def write_split(split_dir: str, urls: Sequence[str], processor, batch_size: int 
     its workers and written here in shard order; the rows are the same."""
     from levanter.store.cache import SerialCacheWriter
 
+    if pool is not None:  # the workers tokenize (one process per core: no tokenizer threads here)
+        outputs, parallel = _pooled(pool, _tasks(iter_lines(urls), batch_size)), contextlib.nullcontext()
+    else:
+        outputs = (processor(batch) for batch in _batches(iter_records(urls), batch_size))
+        parallel = _tokenizers_parallel()
     rows = 0
-    if pool is not None:
-        with SerialCacheWriter(split_dir, exemplar(), metadata(processor)) as writer:
-            for out in _pooled(pool, _tasks(iter_lines(urls), batch_size)):
-                writer.write_batch(out)
-                rows += len(out)
-        return rows
-    with _tokenizers_parallel(), SerialCacheWriter(split_dir, exemplar(), metadata(processor)) as writer:
-        for batch in _batches(iter_records(urls), batch_size):
-            writer.write_batch(processor(batch))
-            rows += len(batch)
+    with parallel, SerialCacheWriter(split_dir, exemplar(), metadata(processor)) as writer:
+        for out in outputs:
+            writer.write_batch(out)
+            rows += len(out)
     return rows
 
 

@@ -1,6 +1,5 @@
-"""Step ``train`` and the plan-to-Levanter-config inputs (``levanter_config``); needs Levanter, so
-:func:`trajsft.steps.run_rule` imports it lazily. ``STEPS`` holds the Levanter steps (``tokenize`` is
-:mod:`trajsft.data.tokenize`)."""
+"""Step ``train`` and the plan-to-Levanter-config inputs (``levanter_config``). Imports neither jax nor
+Levanter: ``train_lm`` runs in a child process (local) or on the cluster's hosts (Ray)."""
 
 from __future__ import annotations
 
@@ -11,7 +10,7 @@ from pathlib import Path
 
 from .. import io
 from ..data import template
-from ..data.tokenize import _read_manifest, cache_dir, tokenize
+from ..data.tokenize import _read_manifest, cache_dir
 from ..errors import DataError, TrainingFailed
 from ..io import is_remote, join, write_json
 from ..observe import provenance
@@ -225,5 +224,3 @@ def _link(link: str, target: str) -> None:
         os.unlink(link)
     os.symlink(os.path.relpath(target, os.path.dirname(os.path.abspath(link))), link)
 
-
-STEPS = {"tokenize": tokenize, "train": train}
