@@ -188,3 +188,48 @@ def test_forced_hooks_run_once_per_step():
     t.run_hooks(Info(10), force=True)
     assert t.calls == [(5, False), (5, False), (9, True), (10, True)]
     assert isinstance(t, FakeTrainer) and type(t).__name__ == "FinalHooksOnceFakeTrainer"
+
+
+def test_final_hooks_skip_periodic_hooks_that_ran_at_the_last_step():
+    """The last step on the eval period: eval ran as scheduled, the forced end-of-training run must not
+    run it again; a hook run every step (the checkpointer) still gets its forced call. Levanter's own
+    TrainerHooks and callbacks."""
+    from levanter.callbacks import Callback
+    from levanter.trainer import TrainerHooks
+
+    from trajsft.train.train_lm_main import final_hooks_once
+
+    calls = []
+
+    class Record(Callback):
+        def __init__(self, name):
+            self.name = name
+
+        def on_step(self, info, force=False):
+            calls.append((self.name, info.step, force))
+
+    class Base:  # Levanter's Trainer.run_hooks, without the rest of the Trainer
+        def __init__(self):
+            self.hooks = TrainerHooks()
+
+        def run_hooks(self, info, force=False):
+            self.hooks.run_hooks(info, force=force)
+
+    class Info:
+        def __init__(self, step):
+            self.step = step
+
+    t = final_hooks_once(Base)()
+    for name, every in (("eval", 5), ("hf_export", 10), ("checkpointer", 1)):
+        t.hooks.add_hook(Record(name), every=every)
+    for step in range(21, 26):
+        t.run_hooks(Info(step))
+    t.run_hooks(Info(25), force=True)  # Trainer.train's end
+    t.run_hooks(Info(25), force=True)  # train_lm.main's second run (epoch > 0)
+    assert [c for c in calls if c[0] == "eval"] == [("eval", 25, False)]
+    assert [c for c in calls if c[0] == "hf_export"] == [("hf_export", 25, True)]
+    assert [c for c in calls if c[0] == "checkpointer"][-2:] == [("checkpointer", 25, False), ("checkpointer", 25, True)]
+    calls.clear()
+    t.run_hooks(Info(27))  # not on eval's period: the forced run runs every hook once
+    t.run_hooks(Info(27), force=True)
+    assert sorted(c for c in calls if c[2]) == [("checkpointer", 27, True), ("eval", 27, True), ("hf_export", 27, True)]

@@ -3,9 +3,14 @@
 Levanter 1.2.dev1644 runs the forced end-of-training hooks (eval, HF export, checkpointer, ...) in
 ``Trainer.train`` and, whenever ``config.epoch > 0``, a second time in ``train_lm.main`` on the same
 final step. ``levanter_config`` sets ``epoch`` for every single-teacher target (the data is cycled),
-so the final HF export (a full model) was written twice and eval ran twice more. Levanter has no
-switch for this; our thin layer is a ``Trainer`` subclass, put in ``train_lm``'s namespace, whose
-``run_hooks`` skips a forced run for a step that already had one. Everything else is Levanter's.
+so the final HF export (a full model) was written twice and eval ran twice more. And when the last
+step falls on a hook's period (e.g. eval every 5 steps, 25 steps), ``Trainer.train`` ran that hook
+once as scheduled and again in the forced run. Levanter has no switch for this; our thin layer is a
+``Trainer`` subclass, put in ``train_lm``'s namespace, whose ``run_hooks`` skips a forced run for a
+step that already had one and, in the forced run of a step whose scheduled run just happened, skips
+the periodic hooks (``every > 1``) that already ran at that step. Hooks run every step (the
+checkpointer, which decides by itself and must see ``force`` to write the final checkpoint) always
+get the forced call. Everything else is Levanter's.
 """
 
 from __future__ import annotations
@@ -23,16 +28,25 @@ def final_hooks_once(trainer_cls: type) -> type:
 
     class FinalHooksOnceTrainer(trainer_cls):
         _forced_step = None
+        _scheduled_step = None
 
         def run_hooks(self, info, force: bool = False):
-            if force:
-                if self._forced_step == info.step:
-                    # to the train log (Levanter's logging setup leaves other loggers at WARNING)
-                    print(f"trajsft: end-of-training hooks already ran for step {info.step}; not running them again",
-                          file=sys.stderr, flush=True)
-                    return
-                self._forced_step = info.step
-            return super().run_hooks(info, force=force)
+            if not force:
+                self._scheduled_step = info.step
+                return super().run_hooks(info, force=force)
+            if self._forced_step == info.step:
+                # to the train log (Levanter's logging setup leaves other loggers at WARNING)
+                print(f"trajsft: end-of-training hooks already ran for step {info.step}; not running them again",
+                      file=sys.stderr, flush=True)
+                return
+            self._forced_step = info.step
+            if self._scheduled_step != info.step:
+                return super().run_hooks(info, force=force)
+            # Levanter's TrainerHooks.run_hooks(force=True), less the periodic hooks that just ran
+            for hook in self.hooks.hooks:
+                if hook.every > 1 and info.step % hook.every == 0:
+                    continue
+                hook.fn.on_step(info, force=True)
 
     FinalHooksOnceTrainer.__name__ = FinalHooksOnceTrainer.__qualname__ = f"FinalHooksOnce{trainer_cls.__name__}"
     return FinalHooksOnceTrainer
