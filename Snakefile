@@ -1,5 +1,5 @@
 # trajsft: SFT a student LLM on agent trajectories from several teacher models.
-# Targets: checkpoints/<teacher-or-mixture>/done  (see README; `trajsft plan <target>`)
+# Targets: checkpoints/<teacher-or-mixture>/done  (see README.md and docs/; `trajsft plan <target>`)
 import os
 
 

@@ -297,3 +297,16 @@ def test_kill_and_resume(tmp_path):
     assert [a["outcome"] for a in attempts] == ["interrupted", "succeeded"]
     assert tok_manifest.exists() and (tok_dir / "cache").is_dir()
     assert not list(tok_dir.glob(".cache.building-*")), "stale build dir left behind"
+
+
+def test_status_example_is_a_real_demo_run(demo):
+    """docs/status-example.txt (scripts/render_docs.sh, shown in the README) is what `trajsft status`
+    prints after this demo run, paths relative to the run's directory; only the loss digits may differ
+    between machines."""
+    import re
+
+    wd, _ = demo
+    out = cli(wd, "status", "--offline").stdout.replace(f"{wd}/", "")
+    example = (REPO / "docs/status-example.txt").read_text()
+    loss = re.compile(r"(?<= )\d+\.\d{4}\b")
+    assert loss.sub("<loss>", out) == loss.sub("<loss>", example), "stale: run scripts/render_docs.sh"

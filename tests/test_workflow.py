@@ -56,7 +56,7 @@ NO_CONDA_LINT = "Specify a conda environment or container for each rule."
 
 def test_lint_is_clean_but_for_the_software_definition():
     """The only lint is Snakemake's request for a conda env or container per rule: the rules run in
-    the uv environment, since no conda env can be built and tested here (README, "Software")."""
+    the uv environment, since no conda env can be built and tested here (docs/development-and-layout.md, "Software of the rules")."""
     p = sm("--lint")
     out = p.stdout + p.stderr
     blocks = out.split("Lints for ")[1:]

@@ -2,7 +2,7 @@
 
 Levanter's own cache builder (``build_lm_dataset_cache``) runs on Ray: a local Ray start, builder and
 writer actors and tokenize workers that each re-import levanter/jax. For one machine's worth of
-chats that overhead is most of the tokenize step (README "Performance"), so this thin layer streams
+chats that overhead is most of the tokenize step (docs/performance.md), so this thin layer streams
 the shards through the same ``ChatProcessor`` and writes the same ``TreeStore`` layout and ledger
 (``CacheMetadata`` with the processor's metadata, as Levanter's builder writes it), which
 ``train_lm`` loads as is. Tokenization uses every core through the fast tokenizer's batch encode
@@ -44,7 +44,7 @@ def exemplar() -> dict:
 
 # shards of at least this many bytes (as stored, summed over a cache's splits) are tokenized by a
 # worker pool; smaller builds (the demo's 36 KB, ~0.4M tokens of the benchmark's chats) take a second or
-# two in one process and do not pay the fork (README "Performance"; the crossover is not measured)
+# two in one process and do not pay the fork (docs/performance.md; the crossover is not measured)
 POOL_MIN_BYTES = 1 << 20
 # and only on machines with at least this many cores: on 2 cores the pool measured 0.77x of one
 # process on a quiet machine (two single-threaded workers plus the writer on 2 cores, against one

@@ -48,7 +48,7 @@ _THINK_BLOCK_RE = re.compile(r"\A\s*<think>(?P<r>.*?)</think>(?P<c>.*)\Z", re.DO
 REASONING_KEYS = ("reasoning_content", "reasoning", "thinking")
 _TRUE, _FALSE = ("true", "1", "yes"), ("false", "0", "no")
 
-# every reason a row can be skipped for (README "Row validation")
+# every reason a row can be skipped for (docs/data-and-validation.md, "Row validation")
 REASONS = (
     "invalid_json", "too_deeply_nested", "integer_too_long", "invalid_unicode", "not_a_message_list",
     "unknown_role", "non_string_content", "conflicting_reasoning", "control_token_in_content", "bad_tool_calls",

@@ -1,7 +1,7 @@
 """Content hashes for artifact names.
 
 An artifact's name is ``<readable-name>-<short hash>``; the hash covers everything that
-affects the artifact's bytes (see README "Content addressing") and nothing cosmetic.
+affects the artifact's bytes (see docs/training-and-content-addressing.md) and nothing cosmetic.
 """
 
 from __future__ import annotations

@@ -199,7 +199,7 @@ def build(plan: Plan, out: Mapping[str, str]) -> dict:
     from ..data.tokenize import tokenized_cache_dir
 
     if plan.cfg.get("eval") is None:
-        raise ConfigError("config: no eval: section (the cross-teacher matrix is opt-in; see README)")
+        raise ConfigError("config: no eval: section (the cross-teacher matrix is opt-in; see docs/eval-and-export.md)")
     spec = matrix_spec(plan)
     models, scores, chats = {}, {}, {}
     for tok in {a.name for a in plan.eval_cells.values()}:

