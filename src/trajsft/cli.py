@@ -1,4 +1,7 @@
-"""`trajsft` command line: plan (and, as they land, status/logs/clusters/submit helpers)."""
+"""`trajsft` command line: where a target's artifacts live and what they hash (``plan``), the state of
+every run (``status``), a training log (``logs``), the clusters of the profiles (``clusters``), stopping
+a target's Ray jobs (``stop``), the cross-teacher matrix (``eval``) and a profile's checks
+(``preflight``). Running the pipeline itself is Snakemake's: ``snakemake checkpoints/<target>/done``."""
 
 from __future__ import annotations
 
@@ -9,6 +12,7 @@ import sys
 from pathlib import Path
 
 from . import io
+from .errors import quiet_on_closed_pipe
 from .plan import config as C
 
 
@@ -296,6 +300,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+@quiet_on_closed_pipe
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -315,8 +320,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"trajsft {args.cmd}: cannot use Ray at {address}: {' '.join(str(e).split())[:300]}"
               f"{'; ' + hint[type(e).__name__] if type(e).__name__ in hint else ''}", file=sys.stderr)
         return 1
-    except BrokenPipeError:  # `trajsft status | head`
-        return 0
 
 
 if __name__ == "__main__":

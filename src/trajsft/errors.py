@@ -41,3 +41,24 @@ class ClusterError(RuntimeError):
 
 class SliceLimitExceeded(ClusterError):
     """More preemptions or failures than the profile's ``max_preemptions`` / ``max_failures``."""
+
+
+def quiet_on_closed_pipe(main):
+    """Wrap a command's ``main`` so that output cut by a closed pipe (``trajsft status | head``)
+    ends the command quietly with exit 0 instead of a ``BrokenPipeError`` traceback. stdout is
+    pointed at /dev/null first, so the interpreter's own final flush does not fail either (the
+    recipe of Python's ``signal`` docs)."""
+    import functools
+    import os
+    import sys
+
+    @functools.wraps(main)
+    def wrapper(*args, **kwargs):
+        try:
+            return main(*args, **kwargs)
+        except BrokenPipeError:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            return 0
+
+    return wrapper

@@ -9,6 +9,7 @@ import logging
 import shlex
 import sys
 
+from ..errors import quiet_on_closed_pipe
 from .jobs import TERMINAL_STATUSES, JobInterrupted, RayJobsError, stop
 from .preflight import cluster_summary, preflight
 from .run_job import run_job
@@ -27,6 +28,7 @@ def _parse_kv_floats(items: list[str]) -> dict[str, float]:
     return out
 
 
+@quiet_on_closed_pipe
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m trajsft.cluster.cli")
     sub = p.add_subparsers(dest="cmd", required=True)

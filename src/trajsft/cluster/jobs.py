@@ -1,8 +1,8 @@
-"""Submit, attach to, follow and stop Ray jobs (Ray Jobs API, Ray 2.60).
+"""The Ray Jobs API client: submit or attach to, stop and list Ray jobs (Ray 2.60).
 
-This is the only place where ``trajsft`` talks to a Ray cluster.  Everything
-goes through the dashboard's HTTP API (``ray.job_submission.JobSubmissionClient``
-plus a few plain REST calls); we never ``ray.init()`` as a driver.
+Every call to a Ray cluster goes through here: the dashboard's HTTP API
+(``ray.job_submission.JobSubmissionClient`` plus a few plain REST calls, the
+connection in ``_Conn``); we never ``ray.init()`` as a driver.
 
 Public API
 ----------
@@ -13,21 +13,16 @@ entrypoint_resources, metadata, env_vars) -> (job_id, attached)``
     Submit unless a job with that id exists; PENDING/RUNNING/SUCCEEDED jobs are
     attached to (``attached=True``), FAILED/STOPPED raise
     :class:`JobAlreadyTerminal` so the caller can move to the next attempt id.
-``follow(address, job_id, log_path, poll_s) -> status``
-    Stream the job's driver log into ``log_path`` until the job is terminal.
 ``stop(address, job_id, wait_s) -> status``
     Ask Ray to stop the job and wait until it is terminal.
-``run_job(...) -> JobResult``
-    What the pipeline uses: pick the attempt id, submit-or-attach, follow,
-    stop the Ray job on SIGINT/SIGTERM (raising :class:`JobInterrupted`), and
-    succeed iff the job SUCCEEDED (else :class:`JobFailed`).
-``preflight(address, required_env, resources, storage_root) -> [problem, ...]``
-    One line per problem; empty list means OK.
-``cluster_summary(address) -> dict``
-    Reachability, running/pending jobs (ours = ``trajsft-`` prefix), TPU totals.
-``python -m trajsft.cluster.cli run|stop|summary|preflight ...``
-    Small CLI around the above (``run`` exits 0 on SUCCEEDED, 1 on failure,
-    128+signal when interrupted).
+``run_jobs(address, content_hash) -> [job, ...]``, ``job_logs(address, job_id) -> text``
+    The Ray jobs of one content hash (what ``trajsft status/logs/stop`` read), and a job's log.
+The errors (``RayJobsError`` and its subclasses) and ``JobResult``.
+
+Elsewhere: following a job's log into a file, :func:`trajsft.cluster.follow.follow`; running a job to
+the end (attempt ids, submit-or-attach, follow, stop on SIGINT/SIGTERM), :func:`trajsft.cluster.run_job.run_job`;
+preflight and the cluster summary, :mod:`trajsft.cluster.preflight`; the secrets, :mod:`trajsft.cluster.secrets`;
+the small CLI around them, ``python -m trajsft.cluster.cli run|stop|summary|preflight``.
 
 Every function takes an optional keyword ``auth_token``; see below.
 
@@ -54,10 +49,6 @@ same precedence (explicit ``auth_token=`` > ``RAY_AUTH_TOKEN`` >
 ``RAY_AUTH_MODE=disabled``) and always pass the header explicitly.  So clients
 need only the token; ``RAY_AUTH_MODE`` on the client is optional.  Sending a
 token to a cluster with auth disabled is harmless.
-
-Secrets: :mod:`trajsft.cluster.secrets`. Following the job log: :mod:`trajsft.cluster.follow`.
-Preflight and the cluster summary: :mod:`trajsft.cluster.preflight`; running a job to the end:
-:mod:`trajsft.cluster.run_job`.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Every field of every spec says, in its ``field(metadata=...)``, whether it is **hashed** (and into
 which artifact kinds: ``raw``, ``shards``, ``tokenized``, ``checkpoints`` (a training run),
 ``exports``) or **cosmetic**, with a one-line reason. :meth:`Spec.identity` returns exactly the
-fields hashed into one kind; :class:`trajsft.config.Plan` builds every artifact's hashed ``inputs``
+fields hashed into one kind; :class:`trajsft.plan.config.Plan` builds every artifact's hashed ``inputs``
 from those identities (plus upstream hashes and code versions). ``tests/test_specs.py`` checks that
 every field is declared, that every config key reaches a field, and that each declaration is true
 (changing a hashed field changes that artifact's hash and its downstream ones; a cosmetic one none).
