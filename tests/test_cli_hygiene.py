@@ -123,3 +123,76 @@ def test_cluster_cli_help_into_a_closed_pipe_exits_quietly():
     finally:
         os.close(w)
     assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the trajsft modules it imports, at module level or inside a function (a lazy import
+    hides a cycle, it does not remove it). ``from . import x`` counts x when x is a module."""
+    graph: dict[str, set[str]] = {}
+    for path in PKG.rglob("*.py"):
+        rel = path.relative_to(SRC).with_suffix("")
+        parts = list(rel.parts[:-1]) if rel.name == "__init__" else list(rel.parts)
+        mod = ".".join(parts)
+        pkg = parts if rel.name == "__init__" else parts[:-1]
+        deps = set()
+        for n in ast.walk(ast.parse(path.read_text())):
+            if isinstance(n, ast.Import):
+                deps |= {a.name for a in n.names if a.name.startswith("trajsft")}
+            elif isinstance(n, ast.ImportFrom):
+                base = pkg[: len(pkg) - n.level + 1] if n.level else []
+                target = ".".join([*base, *(n.module.split(".") if n.module else [])])
+                if not target.startswith("trajsft"):
+                    continue
+                for a in n.names:
+                    sub = f"{target}.{a.name}"
+                    deps.add(sub if _module_file(sub) else target)
+        graph[mod] = {d for d in deps if d != mod and _module_file(d)}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every strongly connected set of more than one module (Tarjan), sorted. A package's
+    ``__init__`` importing its own modules is not a cycle by itself: edges into a package from its
+    own modules are ignored (``from . import x`` inside the package)."""
+    edges = {m: {d for d in ds if not (m.startswith(d + ".") and _module_file(d).name == "__init__.py")}
+             for m, ds in graph.items()}
+    index, low, stack, on, out, counter = {}, {}, [], set(), [], [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in edges.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return sorted(out)
+
+
+def test_no_import_cycles_in_src():
+    graph = import_graph()
+    assert "trajsft.plan.specs" in graph["trajsft.plan.config"]
+    assert cycles(graph) == []
+
+
+def test_cycle_check_sees_a_lazy_cycle():
+    graph = import_graph()
+    graph["trajsft.plan.specs"] = graph["trajsft.plan.specs"] | {"trajsft.plan.config"}
+    assert ["trajsft.plan.config", "trajsft.plan.specs"] in cycles(graph)

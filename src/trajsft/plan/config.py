@@ -20,6 +20,7 @@ from . import hashing
 from ..errors import ConfigError
 from ..io import is_remote, join
 from . import specs as S
+from .specs import deep_merge  # noqa: F401  (the config layers' merge; C.deep_merge for callers)
 
 PACKAGE_DIR = Path(__file__).resolve().parent.parent  # src/trajsft
 REPO_DIR = PACKAGE_DIR.parent.parent  # src/trajsft -> repo root (editable install)
@@ -34,16 +35,6 @@ KINDS = ("raw", "shards", "tokenized", "checkpoints", "exports")
 
 
 REVISION_RE = re.compile(r"^(?:[0-9a-f]{7,40}|local)$")
-
-
-def deep_merge(base: dict, over: dict | None) -> dict:
-    out = copy.deepcopy(base)
-    for k, v in (over or {}).items():
-        if isinstance(v, dict) and isinstance(out.get(k), dict):
-            out[k] = deep_merge(out[k], v)
-        else:
-            out[k] = copy.deepcopy(v)
-    return out
 
 
 def validate(cfg: dict) -> dict:

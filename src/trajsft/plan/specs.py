@@ -14,6 +14,7 @@ A hashed field enters an artifact directly; the artifacts built from it change t
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import os
 from dataclasses import dataclass, field
@@ -241,9 +242,18 @@ class Specs:
     targets: Mapping[str, TargetSpec]
 
 
-def _merge(*layers: Mapping | None) -> dict:
-    from .config import deep_merge
+def deep_merge(base: dict, over: dict | None) -> dict:
+    """``over`` merged into a copy of ``base``, dicts key by key (config files, profiles, overrides)."""
+    out = copy.deepcopy(base)
+    for k, v in (over or {}).items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = deep_merge(out[k], v)
+        else:
+            out[k] = copy.deepcopy(v)
+    return out
 
+
+def _merge(*layers: Mapping | None) -> dict:
     out: dict = {}
     for layer in layers:
         out = deep_merge(out, layer)
