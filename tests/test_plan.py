@@ -116,7 +116,13 @@ def test_plan_cli_prints_locations_without_running(tmp_path):
     [t] = json.loads(out.stdout)
     assert t["checkpoint_dir"].startswith("gs://marin-us-east5/trajsft/checkpoints/minimax-m2.5-")
     assert t["checkpoint_dir"] == C.join("gs://marin-us-east5/trajsft", "checkpoints", names(plan(), "minimax-m2.5")["checkpoints"])
-    assert [a["kind"] for a in t["artifacts"]] == ["raw", "shards", "tokenized", "checkpoints"]
+    assert [a["kind"] for a in t["artifacts"]] == ["raw", "shards", "tokenized", "checkpoints", "exports"]
+    export = t["artifacts"][-1]
+    assert export["location"] == C.join("gs://marin-us-east5/trajsft", "exports", plan().target("minimax-m2.5")["export"].name)
+    assert export["on_request"] == "snakemake results/exports/minimax-m2.5/manifest.json"
+    text = subprocess.run([sys.executable, "-m", "trajsft.cli", "plan", "minimax-m2.5"], capture_output=True, text=True,
+                          check=True).stdout
+    assert f"  exports     results/exports/{plan().target('minimax-m2.5')['export'].name}" in text and "[on request]" in text
     bad = subprocess.run([sys.executable, "-m", "trajsft.cli", "plan", "nope"], capture_output=True, text=True)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "unknown target" in bad.stderr
 

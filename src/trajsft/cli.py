@@ -162,11 +162,14 @@ def cmd_plan(args) -> int:
         t = t.removeprefix("checkpoints/").removesuffix("/done")
         tgt = plan.target(t)
         rows = []
-        for a in plan.chain(t):
+        # the training chain, then the export (built on request: snakemake results/exports/<t>/manifest.json)
+        for a in [*plan.chain(t), tgt["export"]]:
             row = {
                 "kind": a.kind, "name": a.name, "hash": a.hash, "location": a.location,
                 "manifest": a.manifest, "exists": os.path.exists(a.manifest),
             }
+            if a.kind == "exports":
+                row["on_request"] = f"snakemake {a.manifest}"
             if args.explain:
                 row["hash_inputs"] = a.inputs
             rows.append(row)
@@ -192,7 +195,7 @@ def cmd_plan(args) -> int:
         print(f"  weights (checkpoints): {t['checkpoint_dir']}")
         print(f"  HF exports:            {t['hf_export']}/step-<N>")
         for a in t["artifacts"]:
-            state = "exists" if a["exists"] else "missing"
+            state = "exists" if a["exists"] else ("on request" if a.get("on_request") else "missing")
             print(f"  {a['kind']:<11} {a['location']:<60} [{state}]")
             if args.explain:
                 print("              hash inputs: " + json.dumps(a["hash_inputs"], sort_keys=True))
