@@ -1,6 +1,7 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -176,3 +177,18 @@ def test_seq_len_is_in_the_tokenized_hash():
     other = names(plan(training={"seq_len": 40960}), "minimax-m2.5")
     assert other["shards"] == base["shards"] and other["tokenized"] != base["tokenized"]
     assert C.FORMAT_VERSIONS["tokenized"] == 3 and C.FORMAT_VERSIONS["shards"] == 3
+
+
+def test_multislice_is_refused_at_plan_time(tmp_path):
+    """`ray.num_slices` > 1 reaches Levanter's run_on_pod but nothing tests multislice training: the
+    plan refuses it in one line, before anything runs."""
+    with pytest.raises(C.ConfigError, match=r"ray.num_slices: 2 is not supported") as e:
+        C.load([C.DEFAULT_CONFIG, str(Path(C.REPO_DIR, "profiles/tpu-east5/cluster.yaml"))], {"ray": {"num_slices": 2}})
+    assert "\n" not in str(e.value)
+    extra = tmp_path / "two-slices.yaml"
+    extra.write_text("ray:\n  num_slices: 2\n")
+    out = subprocess.run([sys.executable, "-m", "trajsft.cli", "plan", "minimax-m2.5", "--profile", "tpu-east5",
+                          "--configfile", str(extra)], capture_output=True, text=True, cwd=C.REPO_DIR)
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.startswith("trajsft: config: ray.num_slices: 2 is not supported") and out.stderr.count("\n") == 1
+    C.load([C.DEFAULT_CONFIG, str(Path(C.REPO_DIR, "profiles/tpu-east5/cluster.yaml"))])  # the profiles' num_slices: 1 plans

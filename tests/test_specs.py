@@ -301,7 +301,7 @@ def test_cosmetic_settings_change_no_hash(key):
         "wandb": {"mode": "online", "project": "p", "entity": "e", "watch_interval": 5},
         "checkpointing": {"save_interval_minutes": 3, "keep_every_steps": "quarter_epoch", "hf_export_every_steps": 7,
                           "hf_save_dtype": "float32"},
-        "ray": {"cluster": "c", "tpu_type": "v5p-32", "num_slices": 2, "max_preemptions": 3},
+        "ray": {"cluster": "c", "tpu_type": "v5p-64", "max_preemptions": 3},
         "default_targets": ["gpt-5-mini"], "report_targets": ["demo"],
     }
 

@@ -171,6 +171,11 @@ def check_references(cfg: dict) -> None:
         if not REVISION_RE.match(str(t["revision"])):
             raise ConfigError(f"config: teachers.{name}.revision {t['revision']!r} is not a commit sha "
                               "(7-40 hex digits) or 'local'")
+    slices = (cfg.get("ray") or {}).get("num_slices", 1)
+    if slices != 1:
+        # the knob reaches Levanter's run_on_pod, but nothing here exercises multislice training
+        raise ConfigError(f"config: ray.num_slices: {slices} is not supported (multislice training is untested): "
+                          "set num_slices: 1 and a larger ray.tpu_type (e.g. v5p-64) instead")
     for name, st in students.items():
         if st["init"] == "hf" and not st.get("hf_checkpoint"):
             raise ConfigError(f"config: students.{name} has init: hf but no hf_checkpoint")
