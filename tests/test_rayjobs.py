@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import secrets
 import shlex
@@ -466,3 +467,35 @@ def test_secrets_reach_job_but_are_not_leaked(ray_head, tmp_path, monkeypatch): 
     with pytest.raises(ValueError, match="HF_TOKEN"):
         cluster_jobs.submit_or_attach(ray_head.address, f"echo {hf}", cluster_jobs.submission_id(_uid(), 0),
                             env_vars=["HF_TOKEN"], auth_token=tok)
+
+
+def test_driver_identity_leaves_out_the_attempt():
+    """A rerun that re-attaches has a new train-rule attempt: same identity, so no warning; another
+    config is another identity."""
+    from trajsft.cluster.submit import RAY_DEFAULTS, driver_command
+
+    ray = {**RAY_DEFAULTS, "tpu_type": "v5p-32"}
+    ep1, id1 = driver_command("gs://b/run/levanter_config.json", "gs://b/run", ray, 1)
+    ep2, id2 = driver_command("gs://b/run/levanter_config.json", "gs://b/run", ray, 2)
+    assert ep1 != ep2 and "--attempt 1" in ep1 and id1 == id2 and "--attempt" not in id1
+    _, other = driver_command("gs://b/other/levanter_config.json", "gs://b/other", ray, 1)
+    assert other != id1
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(120)
+def test_reattach_warns_only_when_the_job_differs(ray_head, tmp_path, caplog):  # noqa: F811
+    tok = ray_head.token
+    h = _uid()
+    same = _py("import sys; print('driver', sys.argv[1:], flush=True)")
+    kw = dict(entrypoint_resources={"TPU": 1}, poll_s=0.3, auth_token=tok, handle_signals=False)
+    first = run_job.run_job(ray_head.address, f"{same} --attempt 1", h, tmp_path / "a.log", identity=same, **kw)
+    assert (first.status, first.attached) == ("SUCCEEDED", False)
+    with caplog.at_level(logging.WARNING, logger="trajsft.rayjobs"):
+        again = run_job.run_job(ray_head.address, f"{same} --attempt 2", h, tmp_path / "a.log", identity=same, **kw)
+    assert (again.job_id, again.attached) == (first.job_id, True)
+    assert "different entrypoint" not in caplog.text
+    with caplog.at_level(logging.WARNING, logger="trajsft.rayjobs"):
+        other = run_job.run_job(ray_head.address, _py("print('another job')"), h, tmp_path / "a.log", **kw)
+    assert (other.job_id, other.attached) == (first.job_id, True)
+    assert f"attached job {first.job_id} was submitted with a different entrypoint" in caplog.text

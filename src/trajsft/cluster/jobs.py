@@ -402,6 +402,7 @@ def submit_or_attach(
     entrypoint_num_cpus: float | None = None,
     python: str = "python",
     auth_token: str | None = None,
+    identity: str | None = None,
     _conn: _Conn | None = None,
 ) -> tuple[str, bool]:
     """Submit ``entrypoint`` as ``submission_id`` unless that job already exists.
@@ -414,7 +415,8 @@ def submit_or_attach(
     mapping); delivered via the secret bundle, never via job info.  Non-secret
     variables can go into ``runtime_env["env_vars"]`` directly (secret-looking
     names there are moved to the bundle).  ``python`` is the interpreter used
-    for the (stdlib-only) wrapper on the cluster.
+    for the (stdlib-only) wrapper on the cluster. ``identity`` (default ``entrypoint``) is hashed
+    into the metadata as ``trajsft_entrypoint_sha256``: what a re-attach compares.
     """
     conn = _conn or _Conn(address, auth_token)
     existing = conn.job_info(submission_id)
@@ -427,7 +429,7 @@ def submit_or_attach(
     md.update(
         {
             "trajsft": "1",
-            "trajsft_entrypoint_sha256": hashlib.sha256(entrypoint.encode()).hexdigest(),
+            "trajsft_entrypoint_sha256": hashlib.sha256((identity or entrypoint).encode()).hexdigest(),
         }
     )
     if secret_values:

@@ -63,8 +63,13 @@ def run_job(
     poll_s: float = 2.0,
     handle_signals: bool = True,
     auth_token: str | None = None,
+    identity: str | None = None,
 ) -> JobResult:
     """Run (or re-attach to) the job for ``content_hash``; succeed iff SUCCEEDED.
+
+    ``identity`` (default: ``entrypoint``) is what makes two submissions the same job; it is stored
+    (hashed) in the job's metadata, and re-attaching to a job whose identity differs logs a warning.
+    The entrypoint may carry more (the train rule's attempt number) without making every re-attach warn.
 
     Attempt ids ``trajsft-<hash>-a<n>`` are scanned from a0 (at most ``MAX_ATTEMPTS``):
     FAILED/STOPPED attempts are skipped, a PENDING/RUNNING/SUCCEEDED one is
@@ -86,7 +91,7 @@ def run_job(
     for k, v in ((runtime_env or {}).get("env_vars") or {}).items():
         if SECRET_NAME_RE.search(k):
             redact[k] = str(v)
-    want_sha = hashlib.sha256(entrypoint.encode()).hexdigest()
+    want_sha = hashlib.sha256((identity or entrypoint).encode()).hexdigest()
 
     attempt = 0
     retries_left = retries
@@ -107,6 +112,7 @@ def run_job(
                         metadata=metadata,
                         env_vars=env_vars,
                         python=python,
+                        identity=identity,
                         _conn=conn,
                     )
                 except JobAlreadyTerminal as e:
@@ -117,7 +123,8 @@ def run_job(
                     info = conn.job_info(job_id)
                     sha = (info.metadata or {}).get("trajsft_entrypoint_sha256") if info else None
                     if sha and sha != want_sha:
-                        log.warning("attached job %s was submitted with a different entrypoint", job_id)
+                        log.warning("attached job %s was submitted with a different entrypoint (another "
+                                    "config or code version?)", job_id)
                 if got:
                     raise FollowInterrupted(job_id)
                 status = follow(

@@ -122,6 +122,19 @@ def runtime_env(cfg: dict) -> dict:
     return env
 
 
+def driver_command(cfg_url: str, run_dir: str, ray: dict, attempt: int) -> tuple[str, str]:
+    """The Ray job's entrypoint (the driver) and its identity: the same command without
+    ``--attempt``. The attempt is the Snakemake-side record the driver files slice attempts under;
+    a rerun that re-attaches to a running job has a new one, so it is not part of what makes two
+    submissions the same job (``run_job`` warns only when the identities differ)."""
+    parts = [
+        "python -m trajsft.cluster.entrypoint", f"--config {shlex.quote(cfg_url)}", f"--run-dir {shlex.quote(run_dir)}",
+        f"--attempt {int(attempt)}", f"--tpu-type {shlex.quote(str(ray['tpu_type']))}",
+        f"--num-slices {int(ray['num_slices'])}", f"--max-preemptions {int(ray['max_preemptions'])}",
+        f"--max-failures {int(ray['max_failures'])}", f"--failure-grace {float(ray['failure_grace_seconds']):g}"]
+    return " ".join(parts), " ".join(p for p in parts if not p.startswith("--attempt "))
+
+
 def train_on_ray(plan: Plan, target: str, lev: dict, paths: dict, attempt: int) -> dict:
     cfg = plan.cfg
     ray = ray_settings(cfg)
@@ -130,17 +143,13 @@ def train_on_ray(plan: Plan, target: str, lev: dict, paths: dict, attempt: int) 
     run_dir = _abs(run.location)
     cfg_url = join(run_dir, "levanter_config.json")
     io.write_bytes(cfg_url, json.dumps(lev, indent=2, sort_keys=True).encode())
-    entrypoint = " ".join([
-        "python -m trajsft.cluster.entrypoint", f"--config {shlex.quote(cfg_url)}", f"--run-dir {shlex.quote(run_dir)}",
-        f"--attempt {int(attempt)}", f"--tpu-type {shlex.quote(str(ray['tpu_type']))}",
-        f"--num-slices {int(ray['num_slices'])}", f"--max-preemptions {int(ray['max_preemptions'])}",
-        f"--max-failures {int(ray['max_failures'])}", f"--failure-grace {float(ray['failure_grace_seconds']):g}"])
+    entrypoint, identity = driver_command(cfg_url, run_dir, ray, attempt)
     metadata = {"trajsft_target": target, "trajsft_run": run.name, "trajsft_cluster": str(ray.get("cluster", "")),
                 "trajsft_run_dir": run_dir}
     log.info("submitting %s to Ray cluster %s (%s)", run.name, ray.get("cluster", ""), ray["address"])
     try:
         res = run_job.run_job(
-            ray["address"], entrypoint, run.hash, paths["log"],
+            ray["address"], entrypoint, run.hash, paths["log"], identity=identity,
             runtime_env=runtime_env(cfg),
             entrypoint_resources=None,  # the driver runs on a CPU node; it schedules the slice itself
             metadata=metadata,
