@@ -147,3 +147,23 @@ def test_status_render_shows_the_slice_story():
     out = render([row]).splitlines()
     assert "  minimax-m2.5: preempted 2x, resumed at step 1200 on slice s-b (4 hosts)" in out
     assert render([{**row, "detail": None}]).count("preempted") == 0
+
+
+def test_host_tee_streams_only_what_this_launch_appends(tmp_path):
+    """The primary host's train log is appended to by every slice attempt of a run; each attempt
+    streams from the size it found, so no earlier line reaches the job log twice."""
+    import io as _io
+    import threading
+
+    from trajsft.cluster.host import _tee
+
+    log = tmp_path / "train.log"
+    log.write_text("attempt 1 line\n")
+    out, stop = _io.BytesIO(), threading.Event()
+    t = threading.Thread(target=_tee, args=(str(log), stop, log.stat().st_size, out))
+    t.start()
+    with open(log, "a") as f:
+        f.write("attempt 2 line\n")
+    stop.set()
+    t.join(timeout=10)
+    assert out.getvalue() == b"attempt 2 line\n"

@@ -209,6 +209,10 @@ def test_host_process_host_and_slice_losses_resume_without_snakemake_retry(data,
         assert s["resumed_from_step"] >= 1 and s["resumed_from_step"] >= prev["resumed_from_step"], shown
     done = json.loads((wd / "checkpoints/demo/done").read_text())
     assert done["steps"] == 24 and checkpoints.hf_export_complete(done["hf_export"])
+    # the job log has every slice attempt's launch once (each attempt streams only what it appended)
+    job_log = (wd / "logs/train/demo.log").read_text()
+    launches = [ln for ln in job_log.splitlines() if metrics._LAUNCH_MARK in ln]
+    assert len(launches) >= 4 and len(set(launches)) == len(launches), launches
     row = status(wd, prof, cluster.head)
     n = len(sas) - 1
     assert row["state"] == "done" and row["preemptions"] == n

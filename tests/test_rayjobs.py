@@ -499,3 +499,47 @@ def test_reattach_warns_only_when_the_job_differs(ray_head, tmp_path, caplog):  
         other = run_job.run_job(ray_head.address, _py("print('another job')"), h, tmp_path / "a.log", **kw)
     assert (other.job_id, other.attached) == (first.job_id, True)
     assert f"attached job {first.job_id} was submitted with a different entrypoint" in caplog.text
+
+
+FOREIGN_LOG_DRIVER = r"""
+import json, sys, time
+import ray
+from ray._private.ray_logging import global_worker_stdstream_dispatcher as dispatcher
+from trajsft.cluster.entrypoint import only_our_workers_in_the_job_log
+
+ray.init(num_cpus=1, include_dashboard=False, logging_level="WARNING")
+only_our_workers_in_the_job_log()
+arrived = []  # what Ray delivered to this driver, before our filter
+dispatcher.add_handler("spy", lambda data: arrived.extend(data.get("lines") or []))
+
+@ray.remote
+def host_task():
+    print("our worker line", flush=True)
+
+ray.get(host_task.remote())
+with open(sys.argv[1] + "/tpu_driver.vm.root.log.INFO.1", "a") as f:
+    f.write("FOREIGN libtpu line\n")
+deadline = time.time() + 30
+while time.time() < deadline and not ("FOREIGN libtpu line" in arrived and "our worker line" in arrived):
+    time.sleep(0.5)
+time.sleep(1)
+print("ARRIVED " + json.dumps(sorted(set(arrived) & {"FOREIGN libtpu line", "our worker line"})), flush=True)
+ray.shutdown()
+"""
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(120)
+def test_driver_output_has_worker_lines_not_foreign_tpu_logs(tmp_path):
+    """Ray's log monitor publishes every file in the TPU log dir (/tmp/tpu_logs, or $TPU_LOG_DIR) to
+    every driver; the training driver prints only its workers' lines, each once."""
+    tpu_logs = tmp_path / "tpu_logs"
+    tpu_logs.mkdir()
+    env = {**os.environ, "TPU_LOG_DIR": str(tpu_logs), "RAY_COLOR_PREFIX": "0", "RAY_DEDUP_LOGS": "0"}
+    p = subprocess.run([sys.executable, "-c", FOREIGN_LOG_DRIVER, str(tpu_logs)], capture_output=True, text=True,
+                       env=env, timeout=110, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert 'ARRIVED ["FOREIGN libtpu line", "our worker line"]' in p.stdout, p.stdout + p.stderr[-2000:]
+    printed = p.stdout + p.stderr
+    assert "FOREIGN libtpu line" not in printed.replace('ARRIVED ["FOREIGN libtpu line"', "")
+    assert sum("our worker line" in ln for ln in printed.splitlines() if not ln.startswith("ARRIVED")) == 1

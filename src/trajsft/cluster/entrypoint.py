@@ -10,6 +10,9 @@ starts a new attempt on the next slice, resuming from the latest checkpoint of t
 Snakemake attempt that submitted this job. When the run is complete the driver checks the final HF
 export (written on the slice by Levanter's own hook) and, if a kill interrupted it, rewrites it
 here as a single-process CPU step. The driver alone writes ``<run_dir>/training_result.json``.
+Its output is the job log: the primary host's ``train_lm`` log (each line once, see ``host._tee``)
+and this driver's lines, never files other programs leave in /tmp/tpu_logs
+(:func:`only_our_workers_in_the_job_log`).
 
 Secrets arrive in this process's environment through the secret bundle (see
 :mod:`trajsft.cluster.secrets`); the driver deletes the bundle from the cluster's KV store at once and
@@ -79,6 +82,31 @@ def _record(run_dir: str, attempt: int):
     return progress
 
 
+def _from_a_worker(handle):
+    def handle_worker_lines(data: dict) -> None:
+        if not data.get("pid") and not data.get("job"):
+            return
+        handle(data)
+
+    handle_worker_lines.__wrapped__ = handle
+    return handle_worker_lines
+
+
+def only_our_workers_in_the_job_log() -> None:
+    """Keep lines no worker wrote out of this driver's output (the job log). Every Ray node's log
+    monitor also publishes files that are not a worker's, with neither a pid nor a job: the libtpu logs
+    in /tmp/tpu_logs (``$TPU_LOG_DIR``), which Ray symlinks into its log dir, so each line comes once
+    per file name that reaches it (``tpu_driver.INFO`` and its target) and once per node on the
+    machine, whichever program wrote it; and ``gcs_server.err``. Ray has no switch for this, so the
+    driver's log handler (``ray_print_logs`` of Ray's stdstream dispatcher) skips those records;
+    worker output (our host tasks' ``train_lm`` log) and the autoscaler's events pass unchanged."""
+    from ray._private.ray_logging import global_worker_stdstream_dispatcher as dispatcher
+
+    with dispatcher._lock:
+        dispatcher.handlers = [(name, _from_a_worker(h) if name == "ray_print_logs" and not hasattr(h, "__wrapped__")
+                                else h) for name, h in dispatcher.handlers]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="trajsft.cluster.entrypoint")
     ap.add_argument("--config", required=True)
@@ -99,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     from .host import HostJob
 
     ray.init(logging_level="WARNING")
+    only_our_workers_in_the_job_log()
     hooks.setup()
     delete_secret_bundle()
     channel = slices.driver_channel(forwarded_secrets())

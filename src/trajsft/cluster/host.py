@@ -113,9 +113,12 @@ def local_dir(job: HostJob, host: HostInfo) -> str:
     return os.path.join(os.path.abspath(job.run_dir), "hosts", f"{host.slice_id}-{host.worker_id}")
 
 
-def _tee(path: str, stop: threading.Event) -> None:
-    """Copy what the launch appends to ``path`` onto stdout (Ray forwards it into the job log)."""
-    pos = 0
+def _tee(path: str, stop: threading.Event, start: int = 0, out=None) -> None:
+    """Copy what the launch appends to ``path`` after byte ``start`` onto stdout (Ray forwards it into
+    the job log). ``start`` is the log's size before this launch: the log is appended to by every slice
+    attempt of the run, and what earlier attempts wrote is in the job log already."""
+    out = out or sys.stdout.buffer
+    pos = start
     while True:
         done = stop.is_set()
         try:
@@ -126,8 +129,8 @@ def _tee(path: str, stop: threading.Event) -> None:
             chunk = b""
         if chunk:
             pos += len(chunk)
-            sys.stdout.buffer.write(chunk)
-            sys.stdout.flush()
+            out.write(chunk)
+            out.flush()
         if done:
             return
         time.sleep(0.5)
@@ -198,10 +201,11 @@ def run_host(job: HostJob) -> dict:
     header = (f"{metrics._LAUNCH_MARK} train_lm id={cfg['trainer']['id']} at {dt.datetime.now().isoformat()} "
               f"on {host} ({job.attempt_tag}; latest checkpoint: {ckpt['path'] if ckpt else None})")
     stop = threading.Event()
-    tee = threading.Thread(target=_tee, args=(log_path, stop), daemon=True) if host.primary else None
-    if tee:
-        with open(log_path, "ab"):
-            pass
+    tee = None
+    if host.primary:
+        with open(log_path, "ab") as f:
+            start = f.tell()  # earlier slice attempts' lines are in the job log already
+        tee = threading.Thread(target=_tee, args=(log_path, stop, start), daemon=True)
         tee.start()
     try:
         rc = launch._run_subprocess(
