@@ -4,6 +4,8 @@ Used by ``scripts/benchmark.py --train-overhead``; runnable alone::
 
     .venv/bin/python scripts/bench_train.py [--workdir DIR] [--json]
 
+(without ``--workdir`` the scratch dir is a temp dir, removed at the end, also on failure).
+
 On the bundled demo (tiny Qwen3 on CPU), in a scratch Snakemake workdir:
 
 1. builds the demo's data up to the tokenized cache with the real workflow (not measured);
@@ -25,6 +27,7 @@ import argparse
 import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -68,8 +71,22 @@ def bench_train_overhead(workdir: Optional[str] = None, unpatched: bool = False,
     from trajsft.train import levanter_config
     from trajsft.train import step as train_step
 
+    own = workdir is None  # a temp dir of ours is removed at the end, whatever happens
     wd = Path(workdir or tempfile.mkdtemp(prefix="trajsft-bench-train-"))
     wd.mkdir(parents=True, exist_ok=True)
+    try:
+        return _bench_train_overhead(wd, unpatched, log, C, launch, levanter_config, train_step, yaml)
+    except RuntimeError as e:
+        if own:  # the log goes with the dir: keep its tail in the error
+            tail = (wd / "bench_train.log").read_text(errors="replace").splitlines()[-20:]
+            raise RuntimeError(f"{e}\n" + "\n".join(tail)) from None
+        raise
+    finally:
+        if own:
+            shutil.rmtree(wd, ignore_errors=True)
+
+
+def _bench_train_overhead(wd: Path, unpatched: bool, log, C, launch, levanter_config, train_step, yaml) -> dict:
     logf = wd / "bench_train.log"
     env = dict(os.environ, HF_HUB_OFFLINE="1", WANDB_MODE="offline")
     env.setdefault("RAY_TMPDIR", "/tmp/rt-bench")
@@ -133,7 +150,7 @@ def format_train_overhead(r: dict) -> str:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--workdir", help="scratch Snakemake workdir (default: a new temp dir)")
+    ap.add_argument("--workdir", help="scratch Snakemake workdir, kept (default: a new temp dir, removed at the end)")
     ap.add_argument("--unpatched", action="store_true", help="also time Levanter's own train_lm (final hooks twice)")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)

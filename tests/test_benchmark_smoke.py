@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -26,8 +28,13 @@ def _load_script():
 
 
 @pytest.mark.timeout(240)
-def test_benchmark_smoke(capsys):
+def test_benchmark_smoke(capsys, tmp_path, monkeypatch):
     bm = _load_script()
+    # every temp dir the benchmark (and its children) make must be gone when it returns
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setenv("TMPDIR", str(scratch))
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
 
     # --- packing on a hand-made length list, checked against a hand calculation ---------------
     # seq_len 32, next-fit in order, over-long chats truncated to their first 32 tokens, alone:
@@ -58,6 +65,7 @@ def test_benchmark_smoke(capsys):
     # --- the whole script on 20 synthetic chats (CLI path, --json) ----------------------------
     assert bm.main(["--chats", "20", "--seq-len", "16384", "--seed", "0", "--repeats", "1", "--json", "--quiet",
                     "--scale-chats", "16", "--profile-chats", "300", "--no-rule"]) == 0
+    assert sorted(os.listdir(scratch)) == []
     out = capsys.readouterr().out.strip()
     r = json.loads(out)  # exactly one JSON object on stdout
     d, t, p = r["dataset"], r["tokenize"], r["packing"]
@@ -122,3 +130,26 @@ def test_benchmark_smoke(capsys):
                    "in-process / raw", "linearity", "serial / raw", "pool speed-up"):
         assert needle in table
 
+
+
+def test_bench_train_removes_its_temp_dir_also_on_failure(tmp_path, monkeypatch):
+    """bench_train.py's scratch workdir is a temp dir of its own: gone at the end, here after its
+    first Snakemake run fails (a Snakemake that exits 1), with the log's tail kept in the error."""
+    name = "trajsft_bench_train_script"
+    spec = importlib.util.spec_from_file_location(name, SCRIPT.with_name("bench_train.py"))
+    bt = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bt)
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    failing = tmp_path / "snakemake"
+    failing.write_text("#!/bin/sh\necho 'snakemake: no such rule' >&2\nexit 1\n")
+    failing.chmod(0o755)
+    monkeypatch.setattr(bt, "SNAKEMAKE", str(failing))
+    with pytest.raises(RuntimeError, match="no such rule"):
+        bt.bench_train_overhead(log=lambda s: None)
+    assert sorted(os.listdir(scratch)) == []
+    kept = tmp_path / "mine"
+    with pytest.raises(RuntimeError):
+        bt.bench_train_overhead(str(kept), log=lambda s: None)
+    assert (kept / "bench_train.log").exists()  # a workdir the user gave is theirs: kept
