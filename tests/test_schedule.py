@@ -233,3 +233,25 @@ def test_final_hooks_skip_periodic_hooks_that_ran_at_the_last_step():
     t.run_hooks(Info(27))  # not on eval's period: the forced run runs every hook once
     t.run_hooks(Info(27), force=True)
     assert sorted(c for c in calls if c[2]) == [("checkpointer", 27, True), ("eval", 27, True), ("hf_export", 27, True)]
+
+
+def test_none_leaf_warning_of_a_resume_is_filtered_and_other_leaves_still_warn(caplog):
+    """Levanter warns "Unknown leaf type <class 'NoneType'>" for every None leaf of the state it
+    restores (~50 per resume); the children drop exactly that line. Levanter's own function."""
+    import logging
+
+    from levanter.tensorstore_serialization import _sharding_from_leaf
+
+    from trajsft.train.launch import NONE_LEAF_WARNING, quiet_none_leaves
+
+    with caplog.at_level(logging.WARNING, logger="levanter.tensorstore_serialization"):
+        assert _sharding_from_leaf(None, None, None) is None
+    assert NONE_LEAF_WARNING in caplog.text  # Levanter's behaviour, unfiltered
+    caplog.clear()
+    quiet_none_leaves()
+    quiet_none_leaves()  # idempotent
+    with caplog.at_level(logging.WARNING, logger="levanter.tensorstore_serialization"):
+        assert _sharding_from_leaf(None, None, None) is None
+        _sharding_from_leaf(object(), None, None)
+    assert NONE_LEAF_WARNING not in caplog.text and "Unknown leaf type <class 'object'>" in caplog.text
+    assert len(logging.getLogger("levanter.tensorstore_serialization").filters) == 1

@@ -1,7 +1,9 @@
-"""Launching Levanter children: their environment and a killable, logged subprocess."""
+"""Launching Levanter children: their environment, their prelude (:func:`child_prelude`) and a killable,
+logged subprocess."""
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -36,7 +38,8 @@ def child_prelude() -> None:
     (PR_SET_PDEATHSIG), so a SIGKILLed Snakemake / driver never leaves an orphan trainer writing
     checkpoints next to its own relaunch; exit if the parent is already gone. Done in the child
     itself (not via preexec_fn, which is unsafe in multi-threaded parents such as Snakemake), at
-    the top of the launched module (:mod:`trajsft.train.train_lm_main`, :mod:`trajsft.train.hf_export`)."""
+    the top of the launched module (:mod:`trajsft.train.train_lm_main`, :mod:`trajsft.train.hf_export`).
+    Then :func:`quiet_none_leaves`."""
     if sys.platform.startswith("linux"):
         try:
             import ctypes
@@ -48,6 +51,26 @@ def child_prelude() -> None:
         pp = int(os.environ.get("TRAJSFT_PARENT_PID", "0") or 0)
         if pp and os.getppid() != pp:
             sys.exit(99)
+    quiet_none_leaves()
+
+
+NONE_LEAF_WARNING = "Unknown leaf type <class 'NoneType'>"
+
+
+class _NoneLeafFilter(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.getMessage() != NONE_LEAF_WARNING
+
+
+def quiet_none_leaves() -> None:
+    """Drop Levanter's ``Unknown leaf type <class 'NoneType'>`` warning (one per ``None`` leaf of the
+    trainer state, ~50 on every resume). Levanter 1.2.dev1644's ``_sharding_from_leaf`` warns for
+    every leaf that is not an array while it restores a checkpoint, and the state has ``None`` leaves
+    by design (absent optimizer or model parts); their sharding is ``None`` and nothing is loaded for
+    them, which is right. Any other unknown leaf type still warns."""
+    log = logging.getLogger("levanter.tensorstore_serialization")
+    if not any(isinstance(f, _NoneLeafFilter) for f in log.filters):
+        log.addFilter(_NoneLeafFilter())
 
 
 # The children, launched as real modules. train_lm: the same entry point as ``python -m
