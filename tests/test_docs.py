@@ -75,11 +75,20 @@ def test_ci_reads_the_readme_test_command():
     assert out[0] == "python3 -m pip install -q uv==0.13.8 && python3 -m uv run --locked pytest"
 
 
+TOPIC_PAGES = ("data-and-validation", "training-and-content-addressing", "tpu-clusters", "storage", "observing-runs",
+               "eval-and-export", "performance", "reliability", "development-and-layout")
+
+
 def test_every_docs_page_starts_with_what_a_user_does():
+    """The topic pages open with what a user does, then why; any page (pages added later too) has a title
+    and is in the README's map."""
     for f in sorted((REPO / "docs").glob("*.md")):
         head = f.read_text().split("\n## ", 1)[0]
         assert head.startswith("# "), f.name
-        assert "**What you do.**" in head and "**Why.**" in head, f.name
+        assert f"docs/{f.name}" in README, f"{f.name} is not in the README's docs map"
+        if f.stem in TOPIC_PAGES:
+            assert head.index("**What you do.**") < head.index("**Why.**"), f.name
+    assert all((REPO / "docs" / f"{t}.md").exists() for t in TOPIC_PAGES)
 
 
 def test_every_relative_link_resolves():
