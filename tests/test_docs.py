@@ -140,8 +140,12 @@ def test_command_runs(where, cmd):
     elif ">" in run:
         pytest.fail(f"{where}: {cmd!r} writes a file: list it in NOT_RUN or make it print")
     env = {**os.environ, "PATH": VENV_BIN + os.pathsep + os.environ["PATH"]}
-    p = subprocess.run(["bash", "-c", run], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
-    assert p.returncode == 0, f"{where}: {cmd}\n{p.stderr[-2000:]}"
+    hint = "(a command that needs a cluster, the network or a long run goes into NOT_RUN in tests/test_docs.py)"
+    try:
+        p = subprocess.run(["bash", "-c", run], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"{where}: {cmd} ran over 120 s {hint}")
+    assert p.returncode == 0, f"{where}: {cmd} {hint}\n{p.stderr[-2000:]}"
     assert "Traceback" not in p.stderr, f"{where}: {cmd}\n{p.stderr[-2000:]}"
     if "--dag dot" in run and "| dot " not in run:
         assert p.stdout.lstrip().startswith("digraph")
