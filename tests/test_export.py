@@ -207,7 +207,9 @@ def test_parallel_calls_reasoning_system_and_joined_replies():
                           "function_call_with_text": 1, "tool_replies_joined": 1})
     assert export.check_row(row, ev, msgs) == ["trailing_turns_dropped"]
     assert _official(msgs).startswith(export.lf_render(row))
-    assert export.messages_row(_rec(msgs))["messages"] == msgs  # the messages export keeps everything
+    kept, n = export.messages_row(_rec(msgs))  # the messages export keeps everything, object arguments as their text
+    assert n == 1 and kept["messages"][2]["tool_calls"][1]["function"]["arguments"] == '{"path": "a"}'
+    assert kept["messages"][:2] + kept["messages"][3:] == msgs[:2] + msgs[3:] and _official(kept["messages"]) == _official(msgs)
     more = msgs[:-1] + [{"role": "user", "content": "more"}, {"role": "assistant", "content": "bye"}]
     row, ev = export.sharegpt_row(_rec(more))
     assert ev["reasoning_not_rendered"] == 1 and row["conversations"][-1]["value"] == "<think>\n\n</think>\n\nbye"
@@ -236,6 +238,10 @@ def test_every_kept_hostile_row_exports_or_is_skipped_with_a_reason():
     rows = [(T.Source("f", i), r) for i, (k, r) in enumerate(H.corpus_rows())]
     res = T.transform_rows(rows, "hostile", {"drop_roles": ["exit"], "dedup_traj_id": True})
     recs = res.records["train"] + res.records["validation"]
+    for rec in recs:  # one type per column (datasets <= 4.0 fails otherwise), the same text rendered
+        kept, _ = export.messages_row(rec)
+        assert all(isinstance(c["function"]["arguments"], str) for m in kept["messages"] for c in m.get("tool_calls", ()))
+        assert _official(kept["messages"]) == _official(rec["messages"])
     out, events, skipped, lossy = export.convert_split(recs)  # raises if a row renders otherwise
     assert len(out) + len(skipped) == len(recs) and len(out) > 20
     for row, rec in zip(out, [r for r in recs if r["traj_id"] not in {s["traj_id"] for s in skipped}]):

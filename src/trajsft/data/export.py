@@ -78,9 +78,20 @@ class Unrepresentable(ValueError):
         self.reason, self.detail = reason, detail
 
 
-def messages_row(rec: dict) -> dict:
-    """A TRL / HF ``messages`` row: the shard record as it is."""
-    return dict(rec)
+def messages_row(rec: dict) -> tuple[dict, int]:
+    """A TRL / HF ``messages`` row: the shard record as it is, but for tool-call arguments given as a
+    JSON object, written as the string the template's ``tojson`` renders of it (the same text, so
+    the same tokens), and the count of those. One type per column: ``datasets`` up to 4.0 (the one
+    LLaMA-Factory and TRL 0.24 install) cannot load a column that is a string in one row and an
+    object in another."""
+    n, msgs = 0, []
+    for m in rec["messages"]:
+        objects = sum(1 for c in m.get("tool_calls") or () if not isinstance(c["function"]["arguments"], str))
+        if objects:
+            m = {**m, "tool_calls": [{**c, "function": {**c["function"], "arguments": _args_text(c)}} for c in m["tool_calls"]]}
+            n += objects
+        msgs.append(m)
+    return {**rec, "messages": msgs}, n
 
 
 # ---- Qwen3's rendering of an assistant turn (the official template, in Python) -----------------
@@ -367,6 +378,7 @@ def export(plan, target: str) -> dict:
         shutil.rmtree(out)  # leftovers of a killed export of the same hash
     info: dict[str, str] = {}
     teachers, events, skipped, lossy_rows, lf_files, msg_files = {}, Counter(), [], [], {}, {}
+    args_as_string = 0
     for teacher, shards_name in sorted(art.spec["shards"].items()):
         shards = plan.get("shards", shards_name)
         files = _shard_files(shards.location)
@@ -374,8 +386,10 @@ def export(plan, target: str) -> dict:
                  "llamafactory_rows_exact": {}, "skipped": {}}
         for split, fnames in sorted(files.items()):
             recs = _read_split(shards.location, fnames)
+            msg_rows = [messages_row(r) for r in recs]
+            args_as_string += sum(n for _, n in msg_rows)
             msg_files[f"{teacher}/{split}"] = [f"messages/{teacher}/{f}" for f in
-                                              _write_chunks(f"{out}/messages/{teacher}", split, [messages_row(r) for r in recs])]
+                                              _write_chunks(f"{out}/messages/{teacher}", split, [r for r, _ in msg_rows])]
             rows, ev, sk, lo = convert_split(recs)
             lf_dir = f"{teacher}/{split}"
             lf_files[lf_dir] = [f"llamafactory/{lf_dir}/{f}" for f in _write_chunks(f"{out}/llamafactory/{lf_dir}", split, rows)]
@@ -412,7 +426,7 @@ def export(plan, target: str) -> dict:
     result = {
         "target": target,
         "teachers": teachers,
-        "messages": {"dir": msg_out, "files": msg_files,
+        "messages": {"dir": msg_out, "files": msg_files, "arguments_objects_as_string": args_as_string,
                      "rows": sum(sum(e["messages_rows"].values()) for e in teachers.values())},
         # TRL: SFTConfig(**sft_config) renders each messages row with trajsft's own template
         "trl": {"chat_template": "messages/chat_template.jinja", "sft_config_file": "messages/sft_config.json",
