@@ -302,3 +302,45 @@ def test_snakemake_export_rule_on_the_demo(tmp_path):
     assert m["messages"]["rows"] == 55 and m["llamafactory"]["rows"] + m["llamafactory"]["skipped_total"] == 55
     assert (tmp_path / "benchmarks/export/demo.tsv").exists() and (tmp_path / "logs/export/demo.log").exists()
     assert (tmp_path / "results/exports/demo/skipped.jsonl").exists()
+
+
+def test_trainers_requirements_pin_the_documented_versions():
+    """envs/trainers-requirements.txt (scripts/check_trainers.py's environment) holds every pin of its
+    .in file, and the transformers trajsft's uv.lock has."""
+    import re
+
+    envs = C.REPO_DIR / "envs"
+    pins = [x for x in (envs / "trainers-requirements.in").read_text().splitlines() if x and not x.startswith("#")]
+    compiled = set((envs / "trainers-requirements.txt").read_text().splitlines())
+    assert pins and all(p in compiled for p in pins), [p for p in pins if p not in compiled]
+    lock = (C.REPO_DIR / "uv.lock").read_text()
+    [locked] = re.findall(r'name = "transformers"\nversion = "([^"]+)"', lock)
+    assert f"transformers=={locked}" in pins and "llamafactory==0.9.5" in pins
+
+
+def _check_trainers():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("check_trainers", C.REPO_DIR / "scripts" / "check_trainers.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_check_trainers_judges_token_agreement():
+    """The check's comparison: TRL must equal trajsft; LLaMA-Factory may add the newline after a trained
+    <|im_end|> (9 here) and, for a lossy row, render a prefix; anything else is a failure."""
+    ck = _check_trainers()
+    ids, mask = [1, 2, 3, 9, 5, 6, 7, 9, 5], [0, 0, 1, 1, 0, 0, 1, 1, 0]
+    d = {"seq_len": 6, "trajsft": [{"ids": ids, "mask": mask, "in_llamafactory": True, "lossy": False},
+                                   {"ids": ids, "mask": mask, "in_llamafactory": True, "lossy": True}]}
+    lf_full = {"ids": ids, "trained": [2, 3, 4, 6, 7, 8]}
+    lf_prefix = {"ids": ids[:8], "trained": [2, 3, 4, 6, 7]}
+    trl = {"ids": ids[:6], "trained": [2, 3]}
+    probe = {"trl": [trl, trl], "llamafactory": {str(ck.NO_TRUNCATION): [lf_full, lf_prefix], "6": [{"ids": [1], "trained": []}] * 2}}
+    f = ck.compare(d, probe, im_end=9)
+    assert f["failures"] == [] and f["llamafactory_fit_seq_len"] == 0 and f["llamafactory_trained_equal_plus_newline"] == 2
+    bad = {**probe, "trl": [trl, {"ids": ids[:6], "trained": [2, 3, 4]}]}
+    assert ck.compare(d, bad, im_end=9)["failures"][0].startswith("TRL: ids 2/2, trained 1/2")
+    bad = {**probe, "llamafactory": {**probe["llamafactory"], str(ck.NO_TRUNCATION): [lf_prefix, lf_prefix]}}
+    assert any(m.startswith("LLaMA-Factory (no truncation)") for m in ck.compare(d, bad, im_end=9)["failures"])
