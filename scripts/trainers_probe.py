@@ -41,7 +41,8 @@ def llamafactory_rows(tokenizer: str, work: str, train_args: dict, dataset: str,
 
     args = {**train_args, "model_name_or_path": tokenizer, "dataset": dataset, "cutoff_len": cutoff_len,
             "output_dir": os.path.join(work, "lf-out"), "overwrite_cache": True, "report_to": "none"}
-    args.pop("eval_dataset", None)
+    for k in ("eval_dataset", "model_revision"):
+        args.pop(k, None)
     args.pop("mix_strategy", None)
     args.pop("interleave_probs", None)
     model_args, data_args, training_args, _, _ = get_train_args(args)

@@ -4,7 +4,8 @@ Each export says how to train it, so that the other trainer sees exactly what tr
 (the official Qwen3 template's rendering of the full source conversation):
 
 - ``messages/<teacher>/``: the shard chats unchanged (OpenAI format: ``reasoning_content``,
-  ``tool_calls`` with ids, ``tool_call_id``, ``name``), plus ``messages/chat_template.jinja`` (the
+  ``tool_calls`` with ids, ``tool_call_id``, ``name``; object arguments as the text the template
+  renders of them, :func:`messages_row`), plus ``messages/chat_template.jinja`` (the
   template trajsft trains with: Qwen3's official one with ``{% generation %}`` markers, which TRL's
   ``assistant_only_loss`` needs) and ``messages/sft_config.json`` (TRL ``SFTConfig`` arguments).
   The source datasets carry no tool schema, so there is no ``tools`` column: a rendering with a
@@ -35,6 +36,11 @@ Counted *events* (the rendering is still exact):
   no block for an empty system prompt; Qwen3 renders an empty one);
 - a chat sharegpt cannot hold at all is skipped with a reason (``SKIP_REASONS``), listed and
   counted; it is still in the ``messages`` export.
+
+Beyond any value: LLaMA-Factory trains the ``\\n`` after each assistant ``<|im_end|>`` (its slot is
+``{{content}}<|im_end|>\\n``) and truncates a chat longer than ``cutoff_len`` turn by turn where
+trajsft keeps its first ``seq_len`` tokens. scripts/check_trainers.py measures both trainers
+against trajsft's cache (docs/export.md).
 """
 
 from __future__ import annotations
@@ -340,14 +346,16 @@ def convert_split(records: list[dict]) -> tuple[list[dict], Counter, list[dict],
     return rows, events, skipped, lossy
 
 
-def train_args(dataset_dir: str, datasets: list[str], eval_datasets: list[str], seq_len: int, model: str | None,
+def train_args(dataset_dir: str, datasets: list[str], eval_datasets: list[str], seq_len: int, model: dict | None,
                weights: dict[str, float]) -> dict:
     """LLaMA-Factory 0.9.5 training arguments (``llamafactory-cli train train_args.yaml``) that render
     the export as trajsft trains it; the user adds the model (when the student has no Hugging Face
     checkpoint) and the optimizer settings."""
     args: dict[str, Any] = {}
     if model:
-        args["model_name_or_path"] = model
+        args["model_name_or_path"] = model["name_or_path"]
+        if model.get("revision"):
+            args["model_revision"] = model["revision"]
     args.update({"stage": "sft", "do_train": True, "template": LF_TEMPLATE, "dataset_dir": dataset_dir,
                  "dataset": ",".join(datasets), "cutoff_len": seq_len, "train_on_prompt": False, "mask_history": False})
     if eval_datasets:
