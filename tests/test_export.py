@@ -1,11 +1,12 @@
 """Rule `export` (trajsft.data.export): LLaMA-Factory sharegpt + TRL/HF messages jsonl.
 
-Loaded back with `datasets` and checked turn by turn, tool call by tool call, against the
-shards. LLaMA-Factory itself cannot be installed here (its PyPI wheel pulls torch with the CUDA
-stack and pins datasets<=4.0.0), so its sharegpt rules are checked as documented: tags from
-dataset_info.json, human/observation and gpt/function_call alternating from a human turn, a
-function_call value that is a JSON call (or list of calls), optionally after the turn's text
-and wrapped in <tool_call>...</tool_call> (LLaMA-Factory 0.9.5's tool_call_words).
+Loaded back with `datasets` and checked against the shards: the messages rows turn by turn, the
+sharegpt rows by LLaMA-Factory's documented rules (tags from dataset_info.json, human/observation and
+gpt/function_call alternating from a human turn, a function_call value that is a JSON call or list of
+calls, optionally after the turn's text in <tool_call>...</tool_call>) and by their rendering with
+LLaMA-Factory 0.9.5's qwen3_nothink slots against the OFFICIAL Qwen3 template's rendering of the full
+shard chat (tests/data). These tests need no torch; LLaMA-Factory and TRL themselves run on the same
+exports in scripts/check_trainers.py (a separate environment: LLaMA-Factory pins datasets<=4.0.0).
 """
 
 from __future__ import annotations
@@ -86,39 +87,24 @@ def _check_sharegpt(row: dict, tags: dict) -> None:
                 assert set(c) == {"name", "arguments"} and isinstance(c["arguments"], dict)
 
 
-def _walk(row: dict) -> list[tuple]:
-    """Independent reading of a sharegpt row: (role, content, reasoning, [(name, args)]) per message."""
-    out = []
-    if row.get("system") is not None:
-        out.append(("system", row["system"], None, []))
-    for t in row["conversations"]:
-        v = t["value"]
-        if t["from"] == "human":
-            out.append(("user", v, None, []))
-        elif t["from"] == "observation":
-            out += [("tool", part, None, []) for part in v.split(SEP)]
-        else:
-            calls = []
-            if t["from"] == "function_call":
-                head, _, tail = v.partition("<tool_call>") if v.endswith("</tool_call>") else ("", "", v + "</tool_call>")
-                parsed = json.loads(tail[: -len("</tool_call>")])
-                calls = [(c["name"], c["arguments"]) for c in (parsed if isinstance(parsed, list) else [parsed])]
-                v = head[:-1] if head.endswith("\n") and not head.endswith("</think>\n\n") else head
-            reasoning = None
-            if v.startswith("<think>\n"):
-                reasoning, _, v = v[len("<think>\n"):].partition("\n</think>\n\n")
-            out.append(("assistant", v, reasoning, calls))
-    return out
+OFFICIAL = (Path(__file__).resolve().parent / "data" / "qwen3_chat_template.official.jinja").read_text(encoding="utf-8")
 
 
-def _expected(msgs: list[dict]) -> list[tuple]:
-    last = max(i for i, m in enumerate(msgs) if m["role"] == "assistant")
-    out = []
-    for m in msgs[: last + 1]:
-        calls = [(c["function"]["name"], json.loads(c["function"]["arguments"]) if isinstance(c["function"]["arguments"], str)
-                  else c["function"]["arguments"]) for c in m.get("tool_calls", ())]
-        out.append((m["role"], m["content"], m.get("reasoning_content"), calls))
-    return out
+def _official(msgs: list[dict]) -> str:
+    """What trajsft trains on: the official Qwen3 template's text of the full chat."""
+    from transformers.utils.chat_template_utils import _compile_jinja_template
+
+    return _compile_jinja_template(OFFICIAL).render(messages=msgs, add_generation_prompt=False)
+
+
+def _renders_as_trained(row: dict, rec: dict) -> bool:
+    """LLaMA-Factory's text of the row is the official rendering of the chat (exact), or, when
+    trailing turns were dropped, the official rendering up to the last assistant turn."""
+    got, want = export.lf_render(row), _official(rec["messages"])
+    if got == want:
+        return True
+    last = max(i for i, m in enumerate(rec["messages"]) if m["role"] == "assistant")
+    return last < len(rec["messages"]) - 1 and want.startswith(got) and got.endswith("<|im_end|>\n")
 
 
 def test_llamafactory_dataset_loads_and_round_trips(demo_export):
@@ -136,12 +122,55 @@ def test_llamafactory_dataset_loads_and_round_trips(demo_export):
         assert len(rows) == len(shards[split])  # the demo has no chat sharegpt cannot hold
         for row, rec in zip(rows, shards[split]):
             _check_sharegpt(row, entry["tags"])
-            assert _walk(row) == _expected(rec["messages"]), rec["traj_id"]
-    ev, lossy = res["llamafactory"]["events"], res["llamafactory"]["lossy"]
+            assert _renders_as_trained(row, rec), rec["traj_id"]
+    lf, ev = res["llamafactory"], res["llamafactory"]["events"]
     n_calls = sum(len(m.get("tool_calls", ())) for r in shards["train"] + shards.get("validation", []) for m in r["messages"])
-    assert lossy["tool_call_ids_dropped"] == n_calls
+    assert ev["tool_call_ids_dropped"] == n_calls  # Qwen3 renders no ids: not lossy
     assert ev["reasoning_in_think_block"] > 0 and ev["parallel_tool_calls"] > 0 and ev["tool_replies_joined"] > 0
-    assert lossy.get("trailing_turns_dropped", 0) >= 1
+    assert ev["empty_think_block"] > 40  # the last turn's empty think block, written into its value
+    assert lf["lossy"] == {"trailing_turns_dropped": 1} and lf["rows_lossy"] == {"trailing_turns_dropped": 1}
+    assert lf["rows_exact"] == lf["rows"] - 1 == 54
+    lossy_rows = [json.loads(x) for x in (out / "llamafactory" / "lossy.jsonl").read_text().splitlines()]
+    assert [r["reasons"] for r in lossy_rows] == [["trailing_turns_dropped"]]
+
+
+def test_export_names_how_to_train_it(demo_export):
+    """LLaMA-Factory's training arguments and TRL's template + SFTConfig, in files and the manifest."""
+    import yaml
+
+    from trajsft.data.template import load_template
+
+    plan, res, out = demo_export
+    args = yaml.safe_load((out / "llamafactory" / "train_args.yaml").read_text())
+    assert args == res["llamafactory"]["train_args"]
+    assert args["template"] == "qwen3_nothink" and args["stage"] == "sft"
+    assert args["dataset"] == "demo" and args["eval_dataset"] == "demo_validation"
+    assert args["cutoff_len"] == plan.target("demo")["run"].spec["training"]["seq_len"] == 1024
+    assert Path(args["dataset_dir"]) == (out / "llamafactory").resolve() and (Path(args["dataset_dir"]) / "dataset_info.json").exists()
+    assert "model_name_or_path" not in args  # the demo student is random-init: no checkpoint to name
+    sft = json.loads((out / "messages" / "sft_config.json").read_text())
+    assert sft == res["trl"]["sft_config"] and sft["assistant_only_loss"] is True and sft["max_length"] == 1024
+    assert Path(sft["chat_template_path"]).read_text() == load_template() and "{%- generation %}" in load_template()
+
+
+def test_final_turn_value_carries_the_empty_think_block_and_early_reasoning_is_not_rendered():
+    """Qwen3 renders an empty think block on the conversation's last assistant turn (qwen3_nothink
+    adds none: the value carries it), reasoning only after the last user query."""
+    msgs = [U, {"role": "assistant", "content": "first", "reasoning_content": "early"},
+            {"role": "user", "content": "again"}, {"role": "assistant", "content": "\nsecond"}]
+    row, ev = export.sharegpt_row(_rec(msgs))
+    assert [t["value"] for t in row["conversations"]] == ["fix it", "first", "again", "<think>\n\n</think>\n\nsecond"]
+    assert ev == Counter({"reasoning_not_rendered": 1, "empty_think_block": 1})
+    assert export.lf_render(row) == _official(msgs)
+    msgs[-1]["reasoning_content"] = "\nlate\n"
+    row, _ = export.sharegpt_row(_rec(msgs))
+    assert row["conversations"][-1]["value"] == "<think>\nlate\n</think>\n\nsecond" and export.lf_render(row) == _official(msgs)
+
+
+def test_empty_system_prompt_is_lossy_per_row():
+    msgs = [{"role": "system", "content": ""}, U, {"role": "assistant", "content": "ok"}]
+    rows, events, skipped, lossy = export.convert_split([_rec(msgs, "e")])
+    assert "system" not in rows[0] and lossy == [{"traj_id": "e", "reasons": ["empty_system_prompt_dropped"]}]
 
 
 def _rec(msgs, traj_id="t"):
@@ -166,16 +195,30 @@ def test_parallel_calls_reasoning_system_and_joined_replies():
             {"role": "user", "content": "thanks"}]
     row, ev = export.sharegpt_row(_rec(msgs))
     assert row["system"] == "sys"
-    assert [t["from"] for t in row["conversations"]] == ["human", "function_call", "observation", "function_call", "observation", "gpt"]
-    assert row["conversations"][1]["value"] == ('<think>\nplan\n</think>\n\ntwo at once\n<tool_call>[{"name": "bash", "arguments": {"command": "ls"}}, '
+    assert [t["from"] for t in row["conversations"]] == ["human", "function_call", "observation", "gpt", "observation", "gpt"]
+    # the trailing user turn is the last query: Qwen3 renders no reasoning before it, nor an empty think block
+    assert row["conversations"][1]["value"] == ('two at once\n<tool_call>[{"name": "bash", "arguments": {"command": "ls"}}, '
                                                 '{"name": "edit", "arguments": {"path": "a"}}]</tool_call>')
     assert row["conversations"][2]["value"] == "A" + SEP + "B"
-    assert row["conversations"][3]["value"] == '{"name": "bash", "arguments": {"command": "ls"}}'  # documented plain form
-    assert ev == Counter({"tool_call_ids_dropped": 3, "tool_reply_ids_dropped": 3, "names_dropped:tool": 1, "arguments_reserialized": 1,
-                          "trailing_turns_dropped": 1, "reasoning_in_think_block": 1, "parallel_tool_calls": 1,
+    # arguments text LLaMA-Factory would re-dump ({"command":"ls"}): the call verbatim, as Qwen3 renders it
+    assert row["conversations"][3]["value"] == '<tool_call>\n{"name": "bash", "arguments": {"command":"ls"}}\n</tool_call>'
+    assert ev == Counter({"tool_call_ids_dropped": 3, "tool_reply_ids_dropped": 3, "names_dropped:tool": 1, "tool_calls_as_text": 1,
+                          "trailing_turns_dropped": 1, "reasoning_not_rendered": 1, "parallel_tool_calls": 1,
                           "function_call_with_text": 1, "tool_replies_joined": 1})
-    assert export.messages_from_sharegpt(row) == export.sharegpt_view(msgs)
-    assert export.messages_row(_rec(msgs))["messages"] == msgs  # the messages export keeps everything
+    assert export.check_row(row, ev, msgs) == ["trailing_turns_dropped"]
+    assert _official(msgs).startswith(export.lf_render(row))
+    kept, n = export.messages_row(_rec(msgs))  # the messages export keeps everything, object arguments as their text
+    assert n == 1 and kept["messages"][2]["tool_calls"][1]["function"]["arguments"] == '{"path": "a"}'
+    assert kept["messages"][:2] + kept["messages"][3:] == msgs[:2] + msgs[3:] and _official(kept["messages"]) == _official(msgs)
+    more = msgs[:-1] + [{"role": "user", "content": "more"}, {"role": "assistant", "content": "bye"}]
+    row, ev = export.sharegpt_row(_rec(more))
+    assert ev["reasoning_not_rendered"] == 1 and row["conversations"][-1]["value"] == "<think>\n\n</think>\n\nbye"
+    assert export.check_row(row, ev, more) == [] and export.lf_render(row) == _official(more)
+    msgs = msgs[:-1]  # now the last query is "fix it": the reasoning is rendered, "done" is the last turn
+    row, ev = export.sharegpt_row(_rec(msgs))
+    assert row["conversations"][1]["value"].startswith("<think>\nplan\n</think>\n\ntwo at once\n<tool_call>[")
+    assert row["conversations"][-1]["value"] == "<think>\n\n</think>\n\ndone"
+    assert export.check_row(row, ev, msgs) == [] and export.lf_render(row) == _official(msgs)
 
 
 @pytest.mark.parametrize("msgs,reason", [
@@ -186,7 +229,7 @@ def test_parallel_calls_reasoning_system_and_joined_replies():
     ([U, {"role": "system", "content": "late"}, {"role": "assistant", "content": "b"}], "system_not_first"),
 ])
 def test_unrepresentable_chats_are_skipped_with_a_reason(msgs, reason):
-    rows, events, skipped = export.convert_split([_rec(msgs, "bad"), _rec([U, {"role": "assistant", "content": "ok"}], "good")])
+    rows, events, skipped, lossy = export.convert_split([_rec(msgs, "bad"), _rec([U, {"role": "assistant", "content": "ok"}], "good")])
     assert len(rows) == 1 and skipped == [{"traj_id": "bad", "reason": reason, "detail": skipped[0]["detail"]}]
     assert reason in export.SKIP_REASONS and "\n" not in skipped[0]["detail"]
 
@@ -195,11 +238,16 @@ def test_every_kept_hostile_row_exports_or_is_skipped_with_a_reason():
     rows = [(T.Source("f", i), r) for i, (k, r) in enumerate(H.corpus_rows())]
     res = T.transform_rows(rows, "hostile", {"drop_roles": ["exit"], "dedup_traj_id": True})
     recs = res.records["train"] + res.records["validation"]
-    out, events, skipped = export.convert_split(recs)  # raises if a row does not read back
+    for rec in recs:  # one type per column (datasets <= 4.0 fails otherwise), the same text rendered
+        kept, _ = export.messages_row(rec)
+        assert all(isinstance(c["function"]["arguments"], str) for m in kept["messages"] for c in m.get("tool_calls", ()))
+        assert _official(kept["messages"]) == _official(rec["messages"])
+    out, events, skipped, lossy = export.convert_split(recs)  # raises if a row renders otherwise
     assert len(out) + len(skipped) == len(recs) and len(out) > 20
     for row, rec in zip(out, [r for r in recs if r["traj_id"] not in {s["traj_id"] for s in skipped}]):
         _check_sharegpt(row, export.LF_TAGS)
-        assert _walk(json.loads(json.dumps(row))) == _expected(rec["messages"]), rec["traj_id"]
+        assert _renders_as_trained(json.loads(json.dumps(row)), rec) or rec["messages"][0] == {"role": "system", "content": ""}, \
+            rec["traj_id"]
 
 
 def test_export_hash_covers_data_and_weights_not_cosmetics(tmp_path):
@@ -207,6 +255,7 @@ def test_export_hash_covers_data_and_weights_not_cosmetics(tmp_path):
     assert base.location.endswith(f"exports/{base.name}") and base.manifest.endswith("exports/demo/manifest.json")
     assert make_plan(tmp_path, wandb={"project": "other"}).target("demo")["export"].hash == base.hash
     assert make_plan(tmp_path, training={"learning_rate": 1e-3}).target("demo")["export"].hash == base.hash
+    assert make_plan(tmp_path, teachers={"demo": {"training": {"seq_len": 2048}}}).target("demo")["export"].hash != base.hash
     assert make_plan(tmp_path, transform={"resolved_only": True}).target("demo")["export"].hash != base.hash
     cfg = C.load()
     plan = C.Plan(cfg)
@@ -231,6 +280,10 @@ def test_mixture_export_has_every_teacher_and_the_weights(tmp_path):
     assert set(info) == {"demo", "demo_validation", "demo2", "demo2_validation"}
     assert res["mix"]["weights"] == {"demo": 0.75, "demo2": 0.25}
     assert res["mix"]["llamafactory_args"] == {"dataset": "demo,demo2", "mix_strategy": "interleave_under", "interleave_probs": "0.75,0.25"}
+    args = res["llamafactory"]["train_args"]
+    assert {k: args[k] for k in ("dataset", "eval_dataset", "mix_strategy", "interleave_probs", "template")} == {
+        "dataset": "demo,demo2", "eval_dataset": "demo_validation,demo2_validation", "mix_strategy": "interleave_under",
+        "interleave_probs": "0.75,0.25", "template": "qwen3_nothink"}
     for t in ("demo", "demo2"):
         assert len(_load(sorted((out / "messages" / t).glob("train-*.jsonl")))) == res["teachers"][t]["messages_rows"]["train"]
 
@@ -249,3 +302,45 @@ def test_snakemake_export_rule_on_the_demo(tmp_path):
     assert m["messages"]["rows"] == 55 and m["llamafactory"]["rows"] + m["llamafactory"]["skipped_total"] == 55
     assert (tmp_path / "benchmarks/export/demo.tsv").exists() and (tmp_path / "logs/export/demo.log").exists()
     assert (tmp_path / "results/exports/demo/skipped.jsonl").exists()
+
+
+def test_trainers_requirements_pin_the_documented_versions():
+    """envs/trainers-requirements.txt (scripts/check_trainers.py's environment) holds every pin of its
+    .in file, and the transformers trajsft's uv.lock has."""
+    import re
+
+    envs = C.REPO_DIR / "envs"
+    pins = [x for x in (envs / "trainers-requirements.in").read_text().splitlines() if x and not x.startswith("#")]
+    compiled = set((envs / "trainers-requirements.txt").read_text().splitlines())
+    assert pins and all(p in compiled for p in pins), [p for p in pins if p not in compiled]
+    lock = (C.REPO_DIR / "uv.lock").read_text()
+    [locked] = re.findall(r'name = "transformers"\nversion = "([^"]+)"', lock)
+    assert f"transformers=={locked}" in pins and "llamafactory==0.9.5" in pins
+
+
+def _check_trainers():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("check_trainers", C.REPO_DIR / "scripts" / "check_trainers.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_check_trainers_judges_token_agreement():
+    """The check's comparison: TRL must equal trajsft; LLaMA-Factory may add the newline after a trained
+    <|im_end|> (9 here) and, for a lossy row, render a prefix; anything else is a failure."""
+    ck = _check_trainers()
+    ids, mask = [1, 2, 3, 9, 5, 6, 7, 9, 5], [0, 0, 1, 1, 0, 0, 1, 1, 0]
+    d = {"seq_len": 6, "trajsft": [{"ids": ids, "mask": mask, "in_llamafactory": True, "lossy": False},
+                                   {"ids": ids, "mask": mask, "in_llamafactory": True, "lossy": True}]}
+    lf_full = {"ids": ids, "trained": [2, 3, 4, 6, 7, 8]}
+    lf_prefix = {"ids": ids[:8], "trained": [2, 3, 4, 6, 7]}
+    trl = {"ids": ids[:6], "trained": [2, 3]}
+    probe = {"trl": [trl, trl], "llamafactory": {str(ck.NO_TRUNCATION): [lf_full, lf_prefix], "6": [{"ids": [1], "trained": []}] * 2}}
+    f = ck.compare(d, probe, im_end=9)
+    assert f["failures"] == [] and f["llamafactory_fit_seq_len"] == 0 and f["llamafactory_trained_equal_plus_newline"] == 2
+    bad = {**probe, "trl": [trl, {"ids": ids[:6], "trained": [2, 3, 4]}]}
+    assert ck.compare(d, bad, im_end=9)["failures"][0].startswith("TRL: ids 2/2, trained 1/2")
+    bad = {**probe, "llamafactory": {**probe["llamafactory"], str(ck.NO_TRUNCATION): [lf_prefix, lf_prefix]}}
+    assert any(m.startswith("LLaMA-Factory (no truncation)") for m in ck.compare(d, bad, im_end=9)["failures"])

@@ -1,31 +1,54 @@
 """Validated shards -> datasets other trainers load: LLaMA-Factory (sharegpt) and TRL/HF (messages).
 
-``messages`` rows are the shard chats unchanged (OpenAI format: ``reasoning_content``,
-``tool_calls`` with ids, ``tool_call_id``, ``name``), so TRL renders them exactly as trajsft
-trains. The source datasets carry no tool schema, so there is no ``tools`` column: a rendering
-with a tool list would show the model a system block the teacher never saw.
+Each export says how to train it, so that the other trainer sees exactly what trajsft trains on
+(the official Qwen3 template's rendering of the full source conversation):
 
-LLaMA-Factory's sharegpt format is narrower. Each counted *event* below says what changed:
+- ``messages/<teacher>/``: the shard chats unchanged (OpenAI format: ``reasoning_content``,
+  ``tool_calls`` with ids, ``tool_call_id``, ``name``; object arguments as the text the template
+  renders of them, :func:`messages_row`), plus ``messages/chat_template.jinja`` (the
+  template trajsft trains with: Qwen3's official one with ``{% generation %}`` markers, which TRL's
+  ``assistant_only_loss`` needs) and ``messages/sft_config.json`` (TRL ``SFTConfig`` arguments).
+  The source datasets carry no tool schema, so there is no ``tools`` column: a rendering with a
+  tool list would show the model a system block the teacher never saw.
+- ``llamafactory/``: sharegpt rows, ``dataset_info.json`` and ``train_args.yaml`` (``template:
+  qwen3_nothink``, ``dataset_dir``, ``dataset``, ``cutoff_len`` = the target's ``seq_len``, the
+  mixture arguments). Every assistant value is written as Qwen3 renders that turn inside the full
+  conversation: the think block only after the last user query, an empty one on the conversation's
+  last turn, reasoning ``strip("\\n")``-ed. LLaMA-Factory's ``qwen3`` template would instead add an
+  empty think block to every turn; ``qwen3_nothink`` adds nothing, so the values carry it.
 
-- representation, lossless (LLaMA-Factory 0.9.5's qwen3 template reads it back):
-  ``reasoning_in_think_block`` (``reasoning_content`` as a leading ``<think>\\n...\\n</think>\\n\\n``),
-  ``function_call_with_text`` (a tool-calling turn's reasoning/text before ``<tool_call>[...]</tool_call>``),
-  ``parallel_tool_calls`` (a JSON list of calls), ``tool_replies_joined`` (consecutive tool
-  replies as one observation, joined the way Qwen3 renders them);
-- lossy (counted in ``lossy``): ``tool_call_ids_dropped``, ``tool_reply_ids_dropped`` (sharegpt
-  links a reply to its call by position only), ``names_dropped:<role>``,
-  ``arguments_reserialized`` (LLaMA-Factory re-dumps arguments with ``json.dumps``: a call whose
-  argument text differs from that, e.g. ``{"a":1}`` vs ``{"a": 1}``, renders differently than
-  the teacher wrote it), ``trailing_turns_dropped`` (sharegpt must end on an assistant turn),
-  ``empty_system_prompt_dropped``;
+Every sharegpt row is rendered with LLaMA-Factory 0.9.5's ``qwen3_nothink`` rules (:func:`lf_render`)
+and compared with the official template's rendering of the full shard chat (:func:`qwen3_render`):
+equal, or a prefix of it for a counted lossy reason, else the export fails (a bug here).
+Counted *events* (the rendering is still exact):
+
+- ``reasoning_in_think_block``, ``empty_think_block`` (the last turn's), ``reasoning_not_rendered``
+  (reasoning before the last user query: Qwen3 does not render it, trajsft does not train on it;
+  it is in the ``messages`` export), ``function_call_with_text``, ``parallel_tool_calls``,
+  ``tool_replies_joined`` (consecutive tool replies as one observation, joined as Qwen3 renders
+  them), ``tool_calls_as_text`` (a turn with a call whose arguments text is not what LLaMA-Factory's
+  ``json.dumps`` writes, e.g. ``{"a":1}``: written verbatim in a ``gpt`` turn instead of a
+  ``function_call`` one), ``tool_call_ids_dropped``, ``tool_reply_ids_dropped``,
+  ``names_dropped:<role>`` (Qwen3 renders neither ids nor names);
+- lossy (counted in ``lossy``, and per row in ``llamafactory/lossy.jsonl``):
+  ``trailing_turns_dropped`` (sharegpt must end on an assistant turn; nothing after the last
+  trained token changes a causal LM's loss), ``empty_system_prompt_dropped`` (LLaMA-Factory renders
+  no block for an empty system prompt; Qwen3 renders an empty one);
 - a chat sharegpt cannot hold at all is skipped with a reason (``SKIP_REASONS``), listed and
   counted; it is still in the ``messages`` export.
+
+Beyond any value: LLaMA-Factory trains the ``\\n`` after each assistant ``<|im_end|>`` (its slot is
+``{{content}}<|im_end|>\\n``) and truncates a chat longer than ``cutoff_len`` turn by turn where
+trajsft keeps its first ``seq_len`` tokens. scripts/check_trainers.py measures both trainers
+against trajsft's cache (docs/export.md).
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
+from functools import lru_cache
 from typing import Any
 
 # dataset_info.json "tags" (LLaMA-Factory's sharegpt defaults, spelled out)
@@ -34,12 +57,23 @@ LF_TAGS = {
     "observation_tag": "observation", "function_tag": "function_call", "system_tag": "system",
 }
 LF_COLUMNS = {"messages": "conversations", "system": "system"}
-THINK_OPEN, THINK_CLOSE = "<think>\n", "\n</think>\n\n"  # LLaMA-Factory qwen3 thought_words
+LF_TEMPLATE = "qwen3_nothink"  # LLaMA-Factory 0.9.5: Qwen3's slots, no think-block handling of its own
+LF_VERSION = "0.9.5"
+THINK_OPEN, THINK_CLOSE = "<think>\n", "\n</think>\n\n"  # Qwen3's think block
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"  # LLaMA-Factory tool_call_words
 REPLY_SEP = "\n</tool_response>\n<tool_response>\n"  # how Qwen3 renders consecutive tool replies
 SKIP_REASONS = ("system_not_first", "assistant_before_user", "user_after_user", "assistant_after_assistant")
-LOSSY = ("tool_call_ids_dropped", "tool_reply_ids_dropped", "arguments_reserialized", "trailing_turns_dropped",
-         "empty_system_prompt_dropped")  # plus names_dropped:<role>
+LOSSY = ("trailing_turns_dropped", "empty_system_prompt_dropped")
+EMPTY_SYSTEM = "<|im_start|>system\n<|im_end|>\n"
+
+# LLaMA-Factory 0.9.5's qwen3_nothink slots (llamafactory/data/template.py)
+LF_SLOTS = {
+    "system": "<|im_start|>system\n{{content}}<|im_end|>\n",
+    "human": "<|im_start|>user\n{{content}}<|im_end|>\n<|im_start|>assistant\n",
+    "observation": "<|im_start|>user\n<tool_response>\n{{content}}\n</tool_response><|im_end|>\n<|im_start|>assistant\n",
+    "gpt": "{{content}}<|im_end|>\n",
+    "function_call": "{{content}}<|im_end|>\n",
+}
 
 
 class Unrepresentable(ValueError):
@@ -50,34 +84,80 @@ class Unrepresentable(ValueError):
         self.reason, self.detail = reason, detail
 
 
-def messages_row(rec: dict) -> dict:
-    """A TRL / HF ``messages`` row: the shard record as it is."""
-    return dict(rec)
+def messages_row(rec: dict) -> tuple[dict, int]:
+    """A TRL / HF ``messages`` row: the shard record as it is, but for tool-call arguments given as a
+    JSON object, written as the string the template's ``tojson`` renders of it (the same text, so
+    the same tokens), and the count of those. One type per column: ``datasets`` up to 4.0 (the one
+    LLaMA-Factory and TRL 0.24 install) cannot load a column that is a string in one row and an
+    object in another."""
+    n, msgs = 0, []
+    for m in rec["messages"]:
+        objects = sum(1 for c in m.get("tool_calls") or () if not isinstance(c["function"]["arguments"], str))
+        if objects:
+            m = {**m, "tool_calls": [{**c, "function": {**c["function"], "arguments": _args_text(c)}} for c in m["tool_calls"]]}
+            n += objects
+        msgs.append(m)
+    return {**rec, "messages": msgs}, n
 
 
-def _call_object(call: dict, events: Counter) -> dict:
+# ---- Qwen3's rendering of an assistant turn (the official template, in Python) -----------------
+def last_query_index(msgs: list[dict]) -> int:
+    """The official template's ``ns.last_query_index``: the last user turn that is not a wrapped tool reply."""
+    for i in range(len(msgs) - 1, -1, -1):
+        m = msgs[i]
+        if m["role"] == "user" and not (m["content"].startswith("<tool_response>") and m["content"].endswith("</tool_response>")):
+            return i
+    return len(msgs) - 1
+
+
+def _args_text(call: dict) -> str:
     args = call["function"]["arguments"]
-    obj = json.loads(args) if isinstance(args, str) else args
-    if isinstance(args, str) and json.dumps(obj, ensure_ascii=False) != args:
-        events["arguments_reserialized"] += 1
-    return {"name": call["function"]["name"], "arguments": obj}
+    return args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
 
 
-def _assistant_value(m: dict, events: Counter) -> tuple[str, str]:
-    """(tag, value) of one assistant turn."""
-    prefix = ""
-    if "reasoning_content" in m:
-        prefix = THINK_OPEN + m["reasoning_content"] + THINK_CLOSE
-        events["reasoning_in_think_block"] += 1
+def qwen3_call(call: dict) -> str:
+    """One tool call as the official template renders it (arguments text verbatim)."""
+    return '<tool_call>\n{"name": "' + call["function"]["name"] + '", "arguments": ' + _args_text(call) + "}\n</tool_call>"
+
+
+def lf_call(name: str, arguments: Any) -> str:
+    """One tool call as LLaMA-Factory 0.9.5 renders it (FunctionFormatter + QwenToolUtils: json.dumps twice)."""
+    args = json.loads(json.dumps(arguments, ensure_ascii=False))
+    return "<tool_call>\n" + json.dumps({"name": name, "arguments": args}, ensure_ascii=False) + "\n</tool_call>"
+
+
+def _call_object(call: dict) -> dict:
+    args = call["function"]["arguments"]
+    return {"name": call["function"]["name"], "arguments": json.loads(args) if isinstance(args, str) else args}
+
+
+def _assistant_value(m: dict, i: int, last_query: int, is_last: bool, events: Counter) -> tuple[str, str]:
+    """(tag, value) of assistant turn ``i``: the text Qwen3 renders between ``<|im_start|>assistant\\n``
+    and ``<|im_end|>``, in the form LLaMA-Factory renders back to that exact text."""
+    content, reasoning = m["content"], m.get("reasoning_content")
+    if reasoning is None and "</think>" in content:  # the template's own split (no shard chat has it)
+        reasoning = content.split("</think>")[0].rstrip("\n").split("<think>")[-1].lstrip("\n")
+        content = content.split("</think>")[-1].lstrip("\n")
+    reasoning = reasoning or ""
+    if i > last_query and (is_last or reasoning):
+        head = THINK_OPEN + reasoning.strip("\n") + THINK_CLOSE + content.lstrip("\n")
+        events["reasoning_in_think_block" if reasoning.strip("\n") else "empty_think_block"] += 1
+    else:
+        head = content
+        if reasoning:
+            events["reasoning_not_rendered"] += 1
     calls = m.get("tool_calls")
     if not calls:
-        return LF_TAGS["assistant_tag"], prefix + m["content"]
+        return LF_TAGS["assistant_tag"], head
     events["tool_call_ids_dropped"] += sum(1 for c in calls if "id" in c)
-    objs = [_call_object(c, events) for c in calls]
-    if len(objs) > 1:
+    if len(calls) > 1:
         events["parallel_tool_calls"] += 1
+    text = head + ("\n" if content else "")  # Qwen3: "\n" before the first call only after content
+    objs = [_call_object(c) for c in calls]
+    if any(lf_call(o["name"], o["arguments"]) != qwen3_call(c) for o, c in zip(objs, calls)):
+        events["tool_calls_as_text"] += 1
+        return LF_TAGS["assistant_tag"], text + "\n".join(qwen3_call(c) for c in calls)
     payload = json.dumps(objs if len(objs) > 1 else objs[0], ensure_ascii=False)
-    text = prefix + m["content"] + ("\n" if m["content"] else "")  # Qwen3: content, "\n", <tool_call>
     if not text:
         return LF_TAGS["function_tag"], payload  # the documented form: the call's JSON alone
     events["function_call_with_text"] += 1
@@ -91,24 +171,27 @@ def sharegpt_row(rec: dict) -> tuple[dict, Counter]:
     (human/observation and gpt/function_call must alternate, starting with human).
     """
     events: Counter = Counter()
-    msgs = rec["messages"]
+    full = rec["messages"]
+    last_query = last_query_index(full)
+    start = 0
     row: dict[str, Any] = {}
-    if msgs and msgs[0]["role"] == "system":
-        if msgs[0]["content"]:
-            row["system"] = msgs[0]["content"]
+    if full and full[0]["role"] == "system":
+        if full[0]["content"]:
+            row["system"] = full[0]["content"]
         else:
             events["empty_system_prompt_dropped"] += 1
-        msgs = msgs[1:]
-    last = max(i for i, m in enumerate(msgs) if m["role"] == "assistant")
-    if last < len(msgs) - 1:
-        events["trailing_turns_dropped"] += len(msgs) - 1 - last
+        start = 1
+    last = max(i for i, m in enumerate(full) if m["role"] == "assistant")
+    if last < len(full) - 1:
+        events["trailing_turns_dropped"] += len(full) - 1 - last
     conv: list[dict] = []
-    for i, m in enumerate(msgs[: last + 1]):
+    for i in range(start, last + 1):
+        m = full[i]
         role = m["role"]
         if m.get("name") is not None:
             events[f"names_dropped:{role}"] += 1
         if role == "system":
-            raise Unrepresentable("system_not_first", f"messages[{i}] is a system message after the first turn")
+            raise Unrepresentable("system_not_first", f"messages[{i - start}] is a system message after the first turn")
         if role == "tool":
             events["tool_reply_ids_dropped"] += 1
             if conv and conv[-1]["from"] == LF_TAGS["observation_tag"]:
@@ -119,69 +202,77 @@ def sharegpt_row(rec: dict) -> tuple[dict, Counter]:
         elif role == "user":
             tag, value = LF_TAGS["user_tag"], m["content"]
         else:
-            tag, value = _assistant_value(m, events)
+            tag, value = _assistant_value(m, i, last_query, i == len(full) - 1, events)
         user_side = tag in (LF_TAGS["user_tag"], LF_TAGS["observation_tag"])
         if user_side != (len(conv) % 2 == 0):
             if not conv:
-                raise Unrepresentable("assistant_before_user", f"messages[{i}] is an assistant turn before any user turn")
+                raise Unrepresentable("assistant_before_user",
+                                      f"messages[{i - start}] is an assistant turn before any user turn")
             reason = "user_after_user" if user_side else "assistant_after_assistant"
-            raise Unrepresentable(reason, f"messages[{i}] ({role}) follows a {conv[-1]['from']} turn")
+            raise Unrepresentable(reason, f"messages[{i - start}] ({role}) follows a {conv[-1]['from']} turn")
         conv.append({"from": tag, "value": value})
     row["conversations"] = conv
     return row, events
 
 
-def messages_from_sharegpt(row: dict) -> list[dict]:
-    """The OpenAI-format chat a sharegpt row holds (the inverse of :func:`sharegpt_row`)."""
-    out: list[dict] = []
-    if row.get("system") is not None:
-        out.append({"role": "system", "content": row["system"]})
-    for t in row["conversations"]:
+# ---- the two renderings the export is checked against ----------------------------------------
+def _slot(slot: str, **kwargs: str) -> str:
+    """LLaMA-Factory's StringFormatter.apply on one string slot (each placeholder replaced once, in order)."""
+    for name, value in kwargs.items():
+        slot = slot.replace("{{" + name + "}}", value, 1)
+    return slot
+
+
+def _lf_function(value: str) -> str:
+    """LLaMA-Factory 0.9.5's FunctionFormatter content (tool_format qwen) of a function_call value."""
+    match = re.search(re.escape(CALL_OPEN) + "(.*?)" + re.escape(CALL_CLOSE), value, re.DOTALL)
+    calls = json.loads(match.group(1) if match else value)
+    text = "\n".join(lf_call(c["name"], c["arguments"]) for c in (calls if isinstance(calls, list) else [calls]))
+    return (value.replace(match.group(0), "") if match else "") + text
+
+
+def lf_render(row: dict) -> str:
+    """The text LLaMA-Factory 0.9.5 (template qwen3_nothink, no tools) renders for a sharegpt row."""
+    out = _slot(LF_SLOTS["system"], content=row["system"]) if row.get("system") else ""
+    for i, t in enumerate(row["conversations"]):
         tag, value = t["from"], t["value"]
         if tag == LF_TAGS["user_tag"]:
-            out.append({"role": "user", "content": value})
-        elif tag == LF_TAGS["observation_tag"]:
-            out.extend({"role": "tool", "content": v} for v in value.split(REPLY_SEP))
-        elif tag == LF_TAGS["assistant_tag"]:
-            out.append(_split_think(value))
+            out += _slot(LF_SLOTS["human"], content=value, idx=str(i // 2))
+        elif tag == LF_TAGS["function_tag"]:
+            out += _slot(LF_SLOTS["function_call"], content=_lf_function(value))
         else:
-            calls_text, text = value, ""
-            if value.endswith(CALL_CLOSE):
-                cut = value.index(CALL_OPEN)
-                text, calls_text = value[:cut], value[cut + len(CALL_OPEN): -len(CALL_CLOSE)]
-            calls = json.loads(calls_text)
-            m = _split_think(text)
-            m["content"] = m["content"][:-1] if m["content"] else ""  # the "\n" before <tool_call>
-            m["tool_calls"] = [{"type": "function", "function": c} for c in (calls if isinstance(calls, list) else [calls])]
-            out.append(m)
+            out += _slot(LF_SLOTS[tag], content=value)
     return out
 
 
-def _split_think(value: str) -> dict:
-    m: dict[str, Any] = {"role": "assistant"}
-    if value.startswith(THINK_OPEN) and THINK_CLOSE in value:
-        end = value.index(THINK_CLOSE)
-        m["reasoning_content"] = value[len(THINK_OPEN): end]
-        value = value[end + len(THINK_CLOSE):]
-    m["content"] = value
-    return m
+@lru_cache(maxsize=1)
+def _official():
+    from transformers.utils.chat_template_utils import _compile_jinja_template
+
+    from .template import load_template, strip_generation_tags
+
+    return _compile_jinja_template(strip_generation_tags(load_template()))
 
 
-def sharegpt_view(messages: list[dict]) -> list[dict]:
-    """What of a shard chat survives in sharegpt (the counted losses applied): the self-check."""
-    msgs = list(messages)
-    last = max(i for i, m in enumerate(msgs) if m["role"] == "assistant")
-    out = []
-    for m in msgs[: last + 1]:
-        if m["role"] == "system" and not m["content"]:
-            continue
-        v: dict[str, Any] = {"role": m["role"], "content": m["content"]}
-        if "reasoning_content" in m:
-            v["reasoning_content"] = m["reasoning_content"]
-        if m.get("tool_calls"):
-            v["tool_calls"] = [{"type": "function", "function": _call_object(c, Counter())} for c in m["tool_calls"]]
-        out.append(v)
-    return out
+def qwen3_render(messages: list[dict]) -> str:
+    """The official Qwen3 template's text of a full chat: what trajsft tokenizes and trains on."""
+    return _official().render(messages=messages, add_generation_prompt=False)
+
+
+def check_row(row: dict, events: Counter, messages: list[dict]) -> list[str]:
+    """The row's lossy reasons ([] when LLaMA-Factory renders exactly what trajsft trains on);
+    RuntimeError if it renders anything else than a counted loss explains."""
+    got, want = lf_render(row), qwen3_render(messages)
+    if got == want:
+        return []
+    reasons = [k for k in LOSSY if events.get(k)]
+    if "empty_system_prompt_dropped" in reasons and want.startswith(EMPTY_SYSTEM):
+        want = want[len(EMPTY_SYSTEM):]
+    if reasons and (got == want or ("trailing_turns_dropped" in reasons and want.startswith(got))):
+        return reasons
+    at = next((k for k, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+    raise RuntimeError(f"export: LLaMA-Factory would render this chat differently from trajsft at character {at}: "
+                       f"{got[at:at + 40]!r} vs {want[at:at + 40]!r} (a bug in trajsft.data.export)")
 
 
 def dataset_info(entries: dict[str, str]) -> dict:
@@ -234,32 +325,59 @@ def _write_chunks(dest: str, split: str, rows: list[dict]) -> list[str]:
     return names
 
 
-def convert_split(records: list[dict]) -> tuple[list[dict], Counter, list[dict]]:
-    """(sharegpt rows, events, skipped rows) of one split; every row is checked to read back to
-    its shard chat less the counted losses."""
-    rows, events, skipped = [], Counter(), []
+def convert_split(records: list[dict]) -> tuple[list[dict], Counter, list[dict], list[dict]]:
+    """(sharegpt rows, events, skipped rows, lossy rows) of one split; every row is checked to render
+    in LLaMA-Factory as trajsft trains its shard chat, less the counted losses (:func:`check_row`)."""
+    rows, events, skipped, lossy = [], Counter(), [], []
     for rec in records:
         try:
             row, ev = sharegpt_row(rec)
         except Unrepresentable as e:
             skipped.append({"traj_id": rec["traj_id"], "reason": e.reason, "detail": e.detail})
             continue
-        if messages_from_sharegpt(row) != sharegpt_view(rec["messages"]):
-            raise RuntimeError(f"export: traj_id {rec['traj_id']!r}: the sharegpt row does not read back to its chat "
-                               "(a bug in trajsft.data.export)")
+        try:
+            reasons = check_row(row, ev, rec["messages"])
+        except RuntimeError as e:
+            raise RuntimeError(f"traj_id {rec['traj_id']!r}: {e}") from None
+        if reasons:
+            lossy.append({"traj_id": rec["traj_id"], "reasons": reasons})
         rows.append(row)
         events.update(ev)
-    return rows, events, skipped
+    return rows, events, skipped, lossy
+
+
+def train_args(dataset_dir: str, datasets: list[str], eval_datasets: list[str], seq_len: int, model: dict | None,
+               weights: dict[str, float]) -> dict:
+    """LLaMA-Factory 0.9.5 training arguments (``llamafactory-cli train train_args.yaml``) that render
+    the export as trajsft trains it; the user adds the model (when the student has no Hugging Face
+    checkpoint) and the optimizer settings."""
+    args: dict[str, Any] = {}
+    if model:
+        args["model_name_or_path"] = model["name_or_path"]
+        if model.get("revision"):
+            args["model_revision"] = model["revision"]
+    args.update({"stage": "sft", "do_train": True, "template": LF_TEMPLATE, "dataset_dir": dataset_dir,
+                 "dataset": ",".join(datasets), "cutoff_len": seq_len, "train_on_prompt": False, "mask_history": False})
+    if eval_datasets:
+        args["eval_dataset"] = ",".join(eval_datasets)
+    if len(weights) > 1:
+        args.update(mix_strategy="interleave_under", interleave_probs=",".join(f"{weights[t]:.6g}" for t in sorted(weights)))
+    return args
 
 
 def export(plan, target: str) -> dict:
-    """Write ``messages/<teacher>/`` and ``llamafactory/`` under the export's location."""
+    """Write ``messages/<teacher>/`` and ``llamafactory/`` under the export's location, each with
+    the files that tell its trainer how to train it (TRL's template + SFTConfig, LLaMA-Factory's
+    training arguments)."""
     import logging
     import shutil
     from pathlib import Path
 
+    import yaml
+
     from .. import io
     from ..io import is_remote
+    from .template import load_template
 
     log = logging.getLogger("trajsft")
     art = plan.target(target)["export"]
@@ -267,43 +385,66 @@ def export(plan, target: str) -> dict:
     if not is_remote(out) and Path(out).exists():
         shutil.rmtree(out)  # leftovers of a killed export of the same hash
     info: dict[str, str] = {}
-    teachers, events, skipped, lf_files, msg_files = {}, Counter(), [], {}, {}
+    teachers, events, skipped, lossy_rows, lf_files, msg_files = {}, Counter(), [], [], {}, {}
+    args_as_string = 0
     for teacher, shards_name in sorted(art.spec["shards"].items()):
         shards = plan.get("shards", shards_name)
         files = _shard_files(shards.location)
         entry = {"shards": shards_name, "weight": art.spec["weights"][teacher], "messages_rows": {}, "llamafactory_rows": {},
-                 "skipped": {}}
+                 "llamafactory_rows_exact": {}, "skipped": {}}
         for split, fnames in sorted(files.items()):
             recs = _read_split(shards.location, fnames)
+            msg_rows = [messages_row(r) for r in recs]
+            args_as_string += sum(n for _, n in msg_rows)
             msg_files[f"{teacher}/{split}"] = [f"messages/{teacher}/{f}" for f in
-                                              _write_chunks(f"{out}/messages/{teacher}", split, [messages_row(r) for r in recs])]
-            rows, ev, sk = convert_split(recs)
+                                              _write_chunks(f"{out}/messages/{teacher}", split, [r for r, _ in msg_rows])]
+            rows, ev, sk, lo = convert_split(recs)
             lf_dir = f"{teacher}/{split}"
             lf_files[lf_dir] = [f"llamafactory/{lf_dir}/{f}" for f in _write_chunks(f"{out}/llamafactory/{lf_dir}", split, rows)]
             info[teacher if split == "train" else f"{teacher}_{split}"] = lf_dir
             entry["messages_rows"][split], entry["llamafactory_rows"][split] = len(recs), len(rows)
+            entry["llamafactory_rows_exact"][split] = len(rows) - len(lo)
             for s in sk:
                 entry["skipped"][s["reason"]] = entry["skipped"].get(s["reason"], 0) + 1
                 skipped.append({"teacher": teacher, "split": split, **s})
+            lossy_rows += [{"teacher": teacher, "split": split, **x} for x in lo]
             events.update(ev)
         teachers[teacher] = entry
-    io.write_bytes(f"{out}/llamafactory/dataset_info.json", json.dumps(dataset_info(info), indent=2).encode())
-    io.write_bytes(f"{out}/llamafactory/skipped.jsonl", jsonl(skipped))
-    lossy = {k: v for k, v in sorted(events.items()) if k in LOSSY or k.startswith("names_dropped:")}
+    weights = {t: e["weight"] for t, e in teachers.items()}
+    seq_len, model = art.spec["seq_len"], art.spec.get("model")
+    lf_out = f"{out}/llamafactory"
+    args = train_args(lf_out if is_remote(lf_out) else str(Path(lf_out).resolve()), sorted(weights),
+                      [f"{t}_validation" for t in sorted(weights) if f"{t}_validation" in info], seq_len, model, weights)
+    io.write_bytes(f"{lf_out}/dataset_info.json", json.dumps(dataset_info(info), indent=2).encode())
+    io.write_bytes(f"{lf_out}/train_args.yaml", yaml.safe_dump(args, sort_keys=False).encode())
+    io.write_bytes(f"{lf_out}/skipped.jsonl", jsonl(skipped))
+    io.write_bytes(f"{lf_out}/lossy.jsonl", jsonl(lossy_rows))
+    msg_out = f"{out}/messages"
+    tpl = f"{msg_out}/chat_template.jinja"
+    sft = {"chat_template_path": tpl if is_remote(tpl) else str(Path(tpl).resolve()), "assistant_only_loss": True,
+           "max_length": seq_len}
+    io.write_bytes(tpl, load_template().encode())
+    io.write_bytes(f"{msg_out}/sft_config.json", json.dumps(sft, indent=2).encode())
+    lossy = {k: v for k, v in sorted(events.items()) if k in LOSSY}
     for k, v in lossy.items():
         log.warning("%s: llamafactory export: %d x %s", target, v, k)
     for s in skipped[:EXAMPLES]:
         log.warning("%s: llamafactory export skips %s (%s): %s", target, s["traj_id"], s["reason"], s["detail"])
-    weights = {t: e["weight"] for t, e in teachers.items()}
-    train_names = ",".join(sorted(weights))
+    n_rows = sum(sum(e["llamafactory_rows"].values()) for e in teachers.values())
     result = {
         "target": target,
         "teachers": teachers,
-        "messages": {"dir": f"{out}/messages", "files": msg_files,
+        "messages": {"dir": msg_out, "files": msg_files, "arguments_objects_as_string": args_as_string,
                      "rows": sum(sum(e["messages_rows"].values()) for e in teachers.values())},
+        # TRL: SFTConfig(**sft_config) renders each messages row with trajsft's own template
+        "trl": {"chat_template": "messages/chat_template.jinja", "sft_config_file": "messages/sft_config.json",
+                "sft_config": sft},
         "llamafactory": {
-            "dir": f"{out}/llamafactory", "dataset_info": "dataset_info.json", "datasets": sorted(info),
-            "files": lf_files, "rows": sum(sum(e["llamafactory_rows"].values()) for e in teachers.values()),
+            "version": LF_VERSION, "dir": lf_out, "dataset_info": "dataset_info.json", "datasets": sorted(info),
+            "train_args_file": "llamafactory/train_args.yaml", "train_args": args,
+            "files": lf_files, "rows": n_rows, "rows_exact": n_rows - len(lossy_rows),
+            "rows_lossy": dict(sorted(Counter(r for x in lossy_rows for r in x["reasons"]).items())),
+            "lossy_list": "llamafactory/lossy.jsonl",
             "skipped": dict(sorted(Counter(s["reason"] for s in skipped).items())), "skipped_total": len(skipped),
             "skipped_examples": skipped[:EXAMPLES], "skipped_list": "llamafactory/skipped.jsonl",
             "lossy": lossy, "events": {k: v for k, v in sorted(events.items()) if k not in lossy},
@@ -311,8 +452,7 @@ def export(plan, target: str) -> dict:
         # the target's weights, as sampling probabilities of the other trainers' interleaving
         "mix": None if len(weights) == 1 else {
             "weights": weights,
-            "llamafactory_args": {"dataset": train_names, "mix_strategy": "interleave_under",
-                                  "interleave_probs": ",".join(f"{weights[t]:.6g}" for t in sorted(weights))},
+            "llamafactory_args": {k: args[k] for k in ("dataset", "mix_strategy", "interleave_probs")},
         },
     }
     io.write_bytes(f"{out}/manifest.json", json.dumps(result, indent=2).encode())

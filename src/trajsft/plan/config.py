@@ -29,7 +29,7 @@ DEFAULT_CONFIG = REPO_DIR / "config" / "config.yaml"
 TEMPLATE_PATH = PACKAGE_DIR / "data" / "templates" / "qwen3_chat_template.jinja"
 
 # Bump when the code that writes an artifact changes its bytes for the same inputs.
-FORMAT_VERSIONS = {"raw": 2, "shards": 3, "tokenized": 3, "checkpoints": 1, "exports": 1}
+FORMAT_VERSIONS = {"raw": 2, "shards": 3, "tokenized": 3, "checkpoints": 1, "exports": 2}
 STATE_DIR = "results"  # local manifests that Snakemake tracks (small files only)
 KINDS = ("raw", "shards", "tokenized", "checkpoints", "exports")
 
@@ -274,17 +274,23 @@ class Plan:
             },
         )
         return {"name": name, "run": run, "tokenized": [a for _, _, a in tokenized],
-                "export": self._export(name, dict(spec.weights))}
+                "export": self._export(name, dict(spec.weights), int(spec.training.seq_len), spec.student.hf_checkpoint)}
 
-    def _export(self, target: str, weights: dict[str, float]) -> Artifact:
-        """The target's shards for other trainers (rule `export`): LLaMA-Factory + messages jsonl."""
+    def _export(self, target: str, weights: dict[str, float], seq_len: int, model: S.Ref | None) -> Artifact:
+        """The target's shards for other trainers (rule `export`): LLaMA-Factory + messages jsonl, with
+        the training arguments that render them as trajsft trains (cutoff_len = seq_len, the template)."""
+        from ..data.template import template_sha256
+
         shards = {t: self._shards(t) for t in sorted(weights)}
         inputs = {"format": FORMAT_VERSIONS["exports"], "target": target,
-                  "data": [{"teacher": t, "weight": weights[t], "shards": a.hash} for t, a in shards.items()]}
+                  "data": [{"teacher": t, "weight": weights[t], "shards": a.hash} for t, a in shards.items()],
+                  "seq_len": seq_len, "model": model.identity() if model else None, "template": template_sha256()}
         h = hashing.short(inputs)
         art = self._add("exports", f"{target}-{h}", h, inputs, deps=[(a.kind, a.name) for a in shards.values()],
                         spec={"target": target, "weights": {t: weights[t] for t in shards},
-                              "shards": {t: a.name for t, a in shards.items()}})
+                              "shards": {t: a.name for t, a in shards.items()}, "seq_len": seq_len,
+                              "model": model and {"name_or_path": model.local or model.ref,
+                                                  "revision": None if model.content else model.revision}})
         art.manifest = str(Path(self.state_dir, "exports", target, "manifest.json"))  # per target, like cards
         return art
 

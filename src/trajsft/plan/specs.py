@@ -166,7 +166,8 @@ class TrainingSpec(Spec):
     beta1: float = hashed("checkpoints", why="optimizer")
     beta2: float = hashed("checkpoints", why="optimizer")
     epsilon: float = hashed("checkpoints", why="optimizer")
-    seq_len: int = hashed("tokenized", "checkpoints", why="the tokenized cache is windowed and packed for it; "
+    seq_len: int = hashed("tokenized", "checkpoints", "exports", why="the tokenized cache is windowed and packed for it; "
+                          "an export's cutoff_len / max_length; "
                           "the model's sequence length")
     seed: int = hashed("checkpoints", why="initialisation and data order")
     max_steps: Optional[int] = hashed("checkpoints", why="overrides the step count (null: from epochs)", default=None)
@@ -193,12 +194,14 @@ class StudentSpec(Spec):
 
     name: str = cosmetic("a label: what it selects (preset model dimensions) is resolved into model",
                          config=("students",))
-    init: str = hashed("checkpoints", why="random weights or a pretrained checkpoint")
+    init: str = hashed("checkpoints", "exports", why="random weights or a pretrained checkpoint (an export names "
+                       "the checkpoint as LLaMA-Factory's model)")
     tokenizer: Ref = hashed("tokenized", "checkpoints", why="token ids of the cache; the model's vocabulary",
                             config=("tokenizer", "tokenizer_revision"))
     rope_theta: float = hashed("checkpoints", why="rotary embedding base")
     model: ModelSpec = hashed("checkpoints", why="the model dimensions Levanter builds (config over preset)")
-    hf_checkpoint: Optional[Ref] = hashed("checkpoints", why="the initial weights (init: hf; none for random)",
+    hf_checkpoint: Optional[Ref] = hashed("checkpoints", "exports", why="the initial weights (init: hf; none for random); "
+                                          "an export's LLaMA-Factory model_name_or_path",
                                           config=("hf_checkpoint", "hf_revision"), default=None)
 
 
@@ -222,8 +225,8 @@ class TargetSpec(Spec):
                        config=("teachers", "mixtures"))
     weights: tuple[tuple[str, float], ...] = hashed("checkpoints", "exports", why="each teacher's share (normalised)",
                                                     config=("teachers",))
-    student: StudentSpec = hashed("tokenized", "checkpoints", why="see StudentSpec")
-    training: TrainingSpec = hashed("tokenized", "checkpoints", why="see TrainingSpec")
+    student: StudentSpec = hashed("tokenized", "checkpoints", "exports", why="see StudentSpec")
+    training: TrainingSpec = hashed("tokenized", "checkpoints", "exports", why="see TrainingSpec")
 
     @property
     def teachers(self) -> list[str]:
