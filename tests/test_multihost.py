@@ -35,7 +35,8 @@ from trajsft.cluster.entrypoint import _absolute_local_refs
 pytestmark = pytest.mark.integration
 
 TPU = "v5p-16"  # 2 hosts x 4 chips
-BASE = {"ray": {"tpu_type": TPU, "failure_grace_seconds": 45}}
+# the fit check (compile the step for the slice before submitting) is tested in test_fit/test_tpu_profile
+BASE = {"ray": {"tpu_type": TPU, "failure_grace_seconds": 45, "fit_check": False}}
 
 
 def overrides(**training) -> dict:

@@ -18,6 +18,10 @@ from trajsft.plan import specs as S
 QWEN3_8B_REV = "b968826d9c46dd6066d109eabc6255188de91218"
 SCHEMA = yaml.safe_load(C.SCHEMA_PATH.read_text())
 BASE = C.load()
+# Qwen/Qwen3-8B's config.json facts, kept in config/config.yaml beside its pinned revision
+QWEN3_8B_DIMS = {"hidden_dim": 4096, "intermediate_dim": 12288, "num_layers": 36, "num_heads": 32, "num_kv_heads": 8,
+                 "head_dim": 128}
+assert BASE["students"]["qwen3-8b"]["model"] == QWEN3_8B_DIMS
 
 
 def fields(cls):
@@ -88,7 +92,7 @@ def test_identity_is_exactly_the_hashed_fields():
     run = p.target("gpt-5-mini")["run"]
     assert run.inputs["training"] == t.training.identity("checkpoints")
     assert run.inputs["student"] == t.student.identity("checkpoints")
-    assert run.inputs["student"]["model"] == S.MODEL_DIMS["qwen3-8b"]  # no longer outside the hash
+    assert run.inputs["student"]["model"] == QWEN3_8B_DIMS  # no longer outside the hash
     with pytest.raises(dataclasses.FrozenInstanceError):
         t.training.seq_len = 1
 
@@ -234,6 +238,7 @@ PERTURB = {
     ("StudentSpec", "model"): [(model("qwen3-8b", hidden_dim=2048), "gpt-5-mini", None)],
     ("StudentSpec", "hf_checkpoint"): [(student("qwen3-8b", hf_revision="0" * 40), "gpt-5-mini", None),
                                        (student("qwen3-8b", hf_checkpoint="Qwen/Qwen3-8B-Base"), "gpt-5-mini", None)],
+    ("StudentSpec", "vocab_size"): [(student("qwen3-8b", vocab_size=151936), "gpt-5-mini", None)],
     ("TargetSpec", "name"): [(rename("mixtures", "mix-all", "mix-all2"), "mix-all", "mix-all2")],
     ("TargetSpec", "weights"): [(lambda c: c["mixtures"]["mix-minimax-gemini"]["teachers"].update({"minimax-m2.5": 0.7}),
                                  "mix-minimax-gemini", None)],
@@ -269,7 +274,7 @@ def test_rows_count_only_when_epochs_are_rows():
 
 def test_given_preset_dimensions_are_the_preset():
     """The qwen3-8b dimensions, given or from the preset, are one student (the preset is hashed)."""
-    assert changed_kinds(model("qwen3-8b", **S.MODEL_DIMS["qwen3-8b"]), "gpt-5-mini") == set()
+    assert changed_kinds(model("qwen3-8b", **QWEN3_8B_DIMS), "gpt-5-mini") == set()
 
 
 @pytest.fixture
@@ -330,7 +335,7 @@ def test_revisions_and_dimensions_are_passed_on_to_levanter(monkeypatch):
     assert lev["initialize_from_hf"] == f"Qwen/Qwen3-8B@{QWEN3_8B_REV}"  # Levanter's RepoRef syntax
     assert lev["model"]["reference_checkpoint"] == f"Qwen/Qwen3-8B@{QWEN3_8B_REV}"
     assert lev["data"]["tokenizer"] == f"Qwen/Qwen3-8B@{QWEN3_8B_REV}"
-    for k, v in S.MODEL_DIMS["qwen3-8b"].items():
+    for k, v in QWEN3_8B_DIMS.items():
         assert lev["model"][k] == v
     tok = next(a for a in p.chain("gpt-5-mini") if a.kind == "tokenized")
     assert tok.spec["tokenizer"] == f"Qwen/Qwen3-8B@{QWEN3_8B_REV}"  # what the tokenize rule loads

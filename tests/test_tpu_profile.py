@@ -27,7 +27,10 @@ from trajsft.cluster import jobs as cluster_jobs
 
 pytestmark = pytest.mark.integration
 
-SLICE = {"ray": {"tpu_type": "v5p-8"}}
+# the fit check compiles each distinct run's step; it is on in test_preflight_refuses_a_step_that_does_not_fit
+SLICE = {"ray": {"tpu_type": "v5p-8", "fit_check": False}}
+OVERSIZED = REPO / "tests" / "data" / "fit_oversized.yaml"  # the student tests/test_fit.py refuses too
+ALIGNED = REPO / "tests" / "data" / "fit_aligned.yaml"  # the student tests/test_fit.py compiles
 
 
 @pytest.fixture(scope="module")
@@ -90,6 +93,35 @@ def test_preflight_refuses_and_submits_nothing(data, ray_head):
     assert p.returncode != 0 and "trajsft preflight: unreachable" in p.stderr
     assert len(jobs(ray_head)) == before
     assert not (wd / "checkpoints/demo/done").exists()
+
+
+def test_preflight_refuses_a_step_that_does_not_fit_before_any_job(data, ray_head):
+    """ray.fit_check (the default): the train rule compiles the step for the profile's slice before submitting
+    and refuses, in one line naming HBM and the knobs, a student that does not fit; no Ray job is created."""
+    wd = workdir(data, "fit")
+    fit_on = {"ray": {**SLICE["ray"], "fit_check": True}}
+    prof = profile(wd.parent / "fit-profile", ray_head.address, data[1],
+                   {**yaml.safe_load(OVERSIZED.read_text()), **fit_on})
+    before = len(jobs(ray_head))
+    p = snakemake(wd, prof, ray_head, check=False)
+    assert p.returncode != 0
+    # one line (the profile's `retries` repeat it; the retries read the cached compile)
+    [line] = {ln for ln in p.stderr.splitlines() if ln.startswith("trajsft train demo: preflight")}
+    assert "does not fit" in line and "GiB of HBM per chip" in line and "nothing submitted" in line
+    assert "training.batch_size 4" in line and "ray.tpu_type v5p-8" in line
+    assert len(jobs(ray_head)) == before
+    assert not (wd / "checkpoints/demo/done").exists()
+    # a student that fits (the one test_fit compiled: cached); with the data tokenized, the estimate covers
+    # the whole run
+    good = profile(wd.parent / "fit-good-profile", ray_head.address, data[1],
+                   {**yaml.safe_load(ALIGNED.read_text()), **fit_on})
+    out = trajsft(wd, ray_head, "fit", "demo", "--profile", str(good), "--json")
+    assert out.returncode == 0, out.stderr[-2000:]
+    [s] = json.loads(out.stdout)
+    assert s["fits"] and s["devices"] == 4 and s["steps"] and s["slice_wall_hours"] is not None
+    assert s["chip_hours"] == pytest.approx(s["slice_wall_hours"] * 4, rel=0.05, abs=0.1)
+    assert 0 < s["non_pad_tokens_per_step"] <= s["tokens_per_step"] == 4 * 1024
+    assert "fit on v5p-8: " in status(wd, good, ray_head)["fit"]
 
 
 def test_end_to_end_on_ray_and_no_secret_leaks(data, ray_head):

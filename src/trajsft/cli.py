@@ -182,9 +182,12 @@ def cmd_plan(args) -> int:
             "artifacts": rows,
         }
         if args.explain:
+            from .fit import check as fit
             from .train.step import explain
 
             entry["training"] = explain(plan, t)
+            entry["fit"] = fit.cached_summary(plan, t)
+            entry["fit_line"] = fit.short(entry["fit"], (plan.cfg.get("ray") or {}).get("tpu_type"))
         out.append(entry)
     if args.json:
         print(json.dumps(out, indent=2))
@@ -204,6 +207,7 @@ def cmd_plan(args) -> int:
 
             for line in render(t["target"], t["training"]):
                 print(line)
+            print(f"  {t['fit_line']}")
     return 0
 
 
@@ -242,6 +246,33 @@ def cmd_eval(args) -> int:
         print(matrix.render_text(doc))
         print(f"written: {out['json']}, {out['png']}, {out['html']}")
     return 0
+
+
+def cmd_fit(args) -> int:
+    """Compile each target's train step for its TPU slice here (libtpu, no TPU): fit, HBM, FLOPs, hours."""
+    from .errors import DataError
+    from .fit import check as fit
+
+    plan = _load(args)
+    names = _targets(plan, args.targets or list(plan.cfg["default_targets"]))
+    out, rc = [], 0
+    for t in names:
+        try:
+            s = fit.check(plan, t, tpu_type=args.tpu_type, mfu=args.mfu, suggest_on_failure=not args.no_suggest)
+        except (DataError, ValueError) as e:
+            print(f"trajsft fit: {t}: {e}", file=sys.stderr)
+            return 2
+        out.append(s)
+        if not s["fits"]:
+            rc = 1
+            print(f"trajsft fit: {fit.refusal(s, s.get('suggestion'))}", file=sys.stderr)
+    if args.json:
+        print(json.dumps(out, indent=2))
+    else:
+        for s in out:
+            for line in fit.render(s):
+                print(line)
+    return rc
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -296,6 +327,19 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--out", default=os.path.join(C.STATE_DIR, "eval"), help="output dir (default results/eval)")
     sp.add_argument("--json", action="store_true", help="print the matrix as JSON")
     sp.set_defaults(func=cmd_eval)
+
+    sp = sub.add_parser("fit", help="will the train step fit the profile's TPU slice, and what will the run cost? "
+                                    "(compiles the step with libtpu here; no TPU, no weights)")
+    common(sp)
+    sp.add_argument("targets", nargs="*", help="teacher or mixture names (default: default_targets)")
+    sp.add_argument("--tpu-type", help="the slice to check (default: the profile's ray.tpu_type), e.g. v5p-32")
+    sp.add_argument("--mfu", type=float, default=None,
+                    help="model-FLOPs utilisation the time estimate assumes (default 0.4; use your run's "
+                         "throughput/mfu)")
+    sp.add_argument("--no-suggest", action="store_true",
+                    help="when it does not fit, do not compile smaller batches / larger slices to say what would")
+    sp.add_argument("--json", action="store_true")
+    sp.set_defaults(func=cmd_fit)
 
     sp = sub.add_parser("preflight", help="check env vars, cluster, TPU resource and storage for a profile")
     common(sp)

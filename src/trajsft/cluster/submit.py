@@ -53,7 +53,7 @@ def forwarded_env(cfg: dict) -> list[str]:
 
 # defaults of the cluster settings a profile may leave out
 RAY_DEFAULTS = {"num_slices": 1, "max_preemptions": 100, "max_failures": 2, "failure_grace_seconds": 90,
-                "runtime_env_setup_timeout_seconds": 1800}
+                "runtime_env_setup_timeout_seconds": 1800, "fit_check": True}
 
 
 def ray_settings(cfg: dict) -> dict:
@@ -102,6 +102,31 @@ def check_or_raise(cfg: dict) -> None:
         raise PreflightError(f"preflight for {cluster} failed, nothing submitted: " + " | ".join(problems))
 
 
+def fit_or_raise(plan: Plan, target: str) -> dict | None:
+    """The fit check of preflight (``ray.fit_check``): the target's train step compiled for the profile's
+    slice (cached, else compiled here, ~1 min for Qwen3-8B), refused in one line naming HBM and the knobs
+    when it does not fit or does not compile, before anything is submitted. Without libtpu it says so in
+    one line and goes on."""
+    from ..fit import check as fit
+
+    ray = ray_settings(plan.cfg)
+    if not ray.get("fit_check", True):
+        log.info("fit check off (ray.fit_check: false)")
+        return None
+    try:
+        summary = fit.check(plan, target)
+    except fit.LibtpuMissing as e:
+        log.warning("fit check skipped: %s", e)
+        return None
+    if not summary["fits"]:
+        raise PreflightError(f"preflight for {ray.get('cluster', 'ray')} failed, nothing submitted: "
+                             + fit.refusal(summary, summary.get("suggestion")))
+    log.info("fit: %s", fit.render(summary)[0])
+    run_dir = _abs(plan.target(target)["run"].location)
+    io.write_bytes(join(run_dir, "provenance", "fit.json"), json.dumps(summary, indent=2, sort_keys=True).encode())
+    return summary
+
+
 def _abs(loc: str) -> str:
     return loc if is_remote(loc) else os.path.abspath(loc)
 
@@ -139,6 +164,7 @@ def train_on_ray(plan: Plan, target: str, lev: dict, paths: dict, attempt: int) 
     cfg = plan.cfg
     ray = ray_settings(cfg)
     check_or_raise(cfg)
+    fit_or_raise(plan, target)
     run = paths["run"]
     run_dir = _abs(run.location)
     cfg_url = join(run_dir, "levanter_config.json")

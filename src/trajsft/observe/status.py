@@ -157,7 +157,13 @@ def gather(plan: C.Plan, target: str, query_ray: bool = True) -> Facts:
 
 
 def target_status(plan: C.Plan, target: str, query_ray: bool = True) -> dict:
-    return row(gather(plan, target, query_ray))
+    r = row(gather(plan, target, query_ray))
+    tpu_type = (plan.cfg.get("ray") or {}).get("tpu_type")
+    if plan.cfg["executor"] == "ray" and tpu_type:  # the cached fit check of the profile's slice (trajsft fit)
+        from ..fit import check as fit
+
+        r["fit"] = fit.short(fit.cached_summary(plan, target), tpu_type)
+    return r
 
 
 def clusters(profiles: list[str] | None = None) -> list[dict]:

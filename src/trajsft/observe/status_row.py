@@ -241,6 +241,8 @@ def render(rows: list[dict]) -> str:
         lines.append("; ".join(extra))
         if r.get("detail"):
             lines.append(f"  {r['target']}: {r['detail']}")
+        if r.get("fit"):
+            lines.append(f"  {r['target']}: {r['fit']}")
         prev = r.get("previous_done")
         if prev:
             lines.append(f"  {r['target']}: config changed since the finished run {prev['run']} ({prev['finished']}, "

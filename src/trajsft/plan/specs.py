@@ -35,13 +35,12 @@ DOWNSTREAM = {
 }
 
 # Model dimensions (Levanter's Qwen3 ``model`` fields) of a student that gives none or only some:
-# a random-init student starts from ``tiny``, an hf-init student from the entry of its name
-# (Qwen/Qwen3-8B's config.json, spelled out so that *our* seq_len is kept; see train/levanter_config.py).
+# a random-init student starts from ``tiny``, an hf-init student from the entry of its name. Qwen/Qwen3-8B's
+# dimensions live in config/config.yaml beside its pinned revision (the facts of its config.json, checked
+# against it by ``trajsft fit`` when the Hub is reachable), spelled out so that *our* seq_len is kept.
 MODEL_DIMS: dict[str, dict[str, int]] = {
     "tiny": {"hidden_dim": 64, "intermediate_dim": 128, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2,
              "head_dim": 16},
-    "qwen3-8b": {"hidden_dim": 4096, "intermediate_dim": 12288, "num_layers": 36, "num_heads": 32, "num_kv_heads": 8,
-                 "head_dim": 128},
 }
 RANDOM_INIT_DIMS = "tiny"
 DEFAULT_ROPE_THETA = 1_000_000.0
@@ -203,6 +202,8 @@ class StudentSpec(Spec):
     hf_checkpoint: Optional[Ref] = hashed("checkpoints", "exports", why="the initial weights (init: hf; none for random); "
                                           "an export's LLaMA-Factory model_name_or_path",
                                           config=("hf_checkpoint", "hf_revision"), default=None)
+    vocab_size: Optional[int] = cosmetic("a fact of the tokenizer (hashed through tokenizer): len(tokenizer), for "
+                                         "the fit check of a Hub tokenizer it does not download", default=None)
 
 
 @dataclass(frozen=True)
@@ -312,6 +313,7 @@ def student_spec(name: str, st: Mapping, refs: _Refs) -> StudentSpec:
         name=name, init=st["init"], tokenizer=refs(st["tokenizer"], st.get("tokenizer_revision")),
         rope_theta=float(st.get("rope_theta", DEFAULT_ROPE_THETA)),
         model=_spec(ModelSpec, {**base, **given}, f"students.{name}.model"), hf_checkpoint=hf,
+        vocab_size=st.get("vocab_size"),
     )
 
 

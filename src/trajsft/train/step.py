@@ -63,18 +63,30 @@ def compilation_cache_dir(cfg: dict) -> str:
     return join(root if is_remote(root) else os.path.abspath(root), "jax-compilation-cache")
 
 
-def levanter_config(plan: Plan, target: str) -> dict:
+def levanter_config(plan: Plan, target: str, *, accelerator: str | None = None,
+                    untokenized_ok: bool = False) -> dict:
     """The full train_lm config of a target (plain dict): its specs mapped by
-    :func:`trajsft.train.levanter_config.train_lm_config`, with the step count from the tokenized manifests."""
+    :func:`trajsft.train.levanter_config.train_lm_config`, with the step count from the tokenized manifests.
+
+    ``accelerator`` overrides the executor's (``tpu`` on Ray, else ``cpu``). With ``untokenized_ok`` (the
+    fit check, which compiles the step before any data exists) a teacher not tokenized yet gets a
+    placeholder source: its cache dir and packed count only decide the data loader and the step count,
+    never the shapes of the step; a step count that needs them is then a placeholder too."""
     p = run_paths(plan, target)
     run, spec = p["run"], p["run"].spec
     target_spec = plan.specs.targets[target]
     cfg, ck = plan.cfg, plan.cfg["checkpointing"]
     sources = {}
     for teacher, tok_name in spec["tokenized"].items():
-        d = train_data(plan, tok_name)
+        try:
+            d = train_data(plan, tok_name)
+        except DataError:
+            if not untokenized_ok:
+                raise
+            d = {"cache_dir": f"<{tok_name}: not tokenized yet>", "packed_sequences": spec["rows"][teacher]}
         sources[teacher] = DataSource(cache_dir=d["cache_dir"], packed_sequences=d["packed_sequences"])
     B = int(target_spec.training.batch_size)
+    steps = schedule.train_steps(spec["training"], spec["rows"], {t: s.packed_sequences for t, s in sources.items()})
     wandb_project, wandb_entity = wandb_names(cfg)
     inputs = RunInputs(
         run_id=run.hash,  # W&B run id and trainer id: a retry continues the same run
@@ -82,9 +94,8 @@ def levanter_config(plan: Plan, target: str) -> dict:
         tokenizer=_tokenizer_ref(plan, target_spec.student.tokenizer),
         chat_template=template.load_template(),
         sources=sources,
-        num_train_steps=schedule.train_steps(
-            spec["training"], spec["rows"], {t: s.packed_sequences for t, s in sources.items()}),
-        accelerator="tpu" if cfg["executor"] == "ray" else "cpu",
+        num_train_steps=max(2, steps) if untokenized_ok else steps,
+        accelerator=accelerator or ("tpu" if cfg["executor"] == "ray" else "cpu"),
         save_interval=f"{ck['save_interval_minutes']}m",
         keep_every=schedule.resolve_every(ck["keep_every_steps"], spec["rows"], B),
         hf_save_steps=schedule.resolve_every(ck["hf_export_every_steps"], spec["rows"], B),
@@ -160,7 +171,10 @@ def train(plan: Plan, target: str, done_path: str | None = None) -> dict:
 
             result = submit.train_on_ray(plan, target, lev, p, attempt["attempt"])
         else:
-            result = run_training(lev, p["run_dir"], p["log"])
+            # the local executor trains on the CPU (its config says so: f32, no accelerator required); with
+            # libtpu installed (the fit check's compiler) JAX would otherwise try, and log, a TPU first
+            result = run_training(lev, p["run_dir"], p["log"],
+                                  env={"JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS") or "cpu"})
     except KeyboardInterrupt as e:  # SIGINT / SIGTERM / our Snakemake died: the trainer was stopped
         provenance.finish_attempt(p["run_dir"], attempt["attempt"], "interrupted", error=str(e or "SIGINT")[:500])
         raise

