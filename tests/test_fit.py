@@ -308,3 +308,30 @@ def test_what_would_fit_is_a_few_bounded_compiles(monkeypatch):
     out = F.suggest(plan, "minimax-m2.5", s)
     assert fake.calls[1:] == [("v5p-32", 32), ("v5p-32", 16), ("v5p-64", 64)]  # bounded: 3 compiles
     assert out["tpu_type"] == "v5p-64" and "ray.tpu_type v5p-64 fits" in F.refusal(s, out)
+
+
+def _ray_plan(**ray):
+    cfg = C.load([C.DEFAULT_CONFIG, str(REPO / "profiles/tpu-east5/cluster.yaml")],
+                 {"storage_root": "results", "ray": ray})
+    return C.Plan(cfg, base_dir=C.REPO_DIR)
+
+
+def test_preflight_fit_check_switch_missing_libtpu_and_refusal(monkeypatch, caplog):
+    from trajsft.cluster import submit
+    from trajsft.errors import PreflightError
+
+    calls = []
+    monkeypatch.setattr(F, "check", lambda plan, target: calls.append(target) or _summary(batch_size=16))
+    assert submit.fit_or_raise(_ray_plan(fit_check=False), "minimax-m2.5") is None and calls == []
+    with pytest.raises(PreflightError) as e:
+        submit.fit_or_raise(_ray_plan(), "minimax-m2.5")
+    assert calls == ["minimax-m2.5"] and "\n" not in str(e.value)
+    assert "nothing submitted" in str(e.value) and "114.01 GiB of HBM per chip" in str(e.value)
+
+    def no_libtpu(plan, target):
+        raise F.LibtpuMissing("libtpu is not installed, so the TPU compiler cannot run here: uv sync --locked")
+
+    monkeypatch.setattr(F, "check", no_libtpu)
+    with caplog.at_level("WARNING", logger="trajsft"):
+        assert submit.fit_or_raise(_ray_plan(), "minimax-m2.5") is None
+    assert any("fit check skipped: libtpu is not installed" in r.getMessage() for r in caplog.records)
