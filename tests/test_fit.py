@@ -242,7 +242,10 @@ def test_analytic_flops_agree_with_xla_on_the_unscanned_model(tmp_path):
     """XLA's cost analysis counts a scanned layer stack once; unscanned and without remat it counts every
     FLOP of the step, which the analytic full-attention count must match (plus elementwise work)."""
     plan = C.Plan(C.load(), base_dir=C.REPO_DIR)
-    req = F.levanter_request(plan, F.Setting("demo", "v5p-8", 4))
+    from trajsft.train.step import levanter_config
+
+    lev = levanter_config(plan, "demo", accelerator="tpu", untokenized_ok=True)
+    req = F.levanter_request(plan, F.Setting("demo", "v5p-8", 4), lev)
     req.update(attn_backend="VANILLA", model_overrides={"scan_layers": False, "gradient_checkpointing": False})
     (tmp_path / "req.json").write_text(json.dumps(req))
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"}
@@ -279,7 +282,7 @@ class FakeCompiles:
     def __init__(self, state_gib: float):
         self.state_gib, self.calls = state_gib, []
 
-    def __call__(self, plan, setting, **kw):
+    def __call__(self, plan, setting, lev=None, **kw):
         self.calls.append((setting.tpu_type, setting.batch_size))
         sl = slices.parse(setting.tpu_type)
         used = (self.state_gib / sl.devices + 10 * setting.batch_size / sl.devices) * 2**30
@@ -297,7 +300,7 @@ def test_what_would_fit_is_a_few_bounded_compiles(monkeypatch):
     monkeypatch.setattr(F, "compile_setting", fake)
     s = F.summarize(plan, "minimax-m2.5", fake(plan, F.Setting("minimax-m2.5", "v5p-32", 64)))
     assert not s["fits"]
-    out = F.suggest(plan, "minimax-m2.5", s)
+    out = F.suggest(plan, "minimax-m2.5", s, {})
     assert out["batch_size"] == 32 and fake.calls[1:] == [("v5p-32", 32)]
     assert "training.batch_size 32 fits" in F.refusal(s, out)
     # 93.75 GiB of state per chip: no batch fits this slice (halvings down to one sequence per chip), the
@@ -305,7 +308,7 @@ def test_what_would_fit_is_a_few_bounded_compiles(monkeypatch):
     fake = FakeCompiles(state_gib=1500)
     monkeypatch.setattr(F, "compile_setting", fake)
     s = F.summarize(plan, "minimax-m2.5", fake(plan, F.Setting("minimax-m2.5", "v5p-32", 64)))
-    out = F.suggest(plan, "minimax-m2.5", s)
+    out = F.suggest(plan, "minimax-m2.5", s, {})
     assert fake.calls[1:] == [("v5p-32", 32), ("v5p-32", 16), ("v5p-64", 64)]  # bounded: 3 compiles
     assert out["tpu_type"] == "v5p-64" and "ray.tpu_type v5p-64 fits" in F.refusal(s, out)
 
@@ -321,17 +324,19 @@ def test_preflight_fit_check_switch_missing_libtpu_and_refusal(monkeypatch, capl
     from trajsft.errors import PreflightError
 
     calls = []
-    monkeypatch.setattr(F, "check", lambda plan, target: calls.append(target) or _summary(batch_size=16))
-    assert submit.fit_or_raise(_ray_plan(fit_check=False), "minimax-m2.5") is None and calls == []
+    lev = {"trainer": {"num_train_steps": 2298}}
+    monkeypatch.setattr(F, "check", lambda plan, target, lev, steps: calls.append((target, steps)) or
+                        _summary(batch_size=16))
+    assert submit.fit_or_raise(_ray_plan(fit_check=False), "minimax-m2.5", lev) is None and calls == []
     with pytest.raises(PreflightError) as e:
-        submit.fit_or_raise(_ray_plan(), "minimax-m2.5")
-    assert calls == ["minimax-m2.5"] and "\n" not in str(e.value)
+        submit.fit_or_raise(_ray_plan(), "minimax-m2.5", lev)
+    assert calls == [("minimax-m2.5", 2298)] and "\n" not in str(e.value)
     assert "nothing submitted" in str(e.value) and "114.01 GiB of HBM per chip" in str(e.value)
 
-    def no_libtpu(plan, target):
+    def no_libtpu(plan, target, lev, steps):
         raise F.LibtpuMissing("libtpu is not installed, so the TPU compiler cannot run here: uv sync --locked")
 
     monkeypatch.setattr(F, "check", no_libtpu)
     with caplog.at_level("WARNING", logger="trajsft"):
-        assert submit.fit_or_raise(_ray_plan(), "minimax-m2.5") is None
+        assert submit.fit_or_raise(_ray_plan(), "minimax-m2.5", lev) is None
     assert any("fit check skipped: libtpu is not installed" in r.getMessage() for r in caplog.records)

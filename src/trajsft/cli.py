@@ -1,7 +1,7 @@
 """`trajsft` command line: where a target's artifacts live and what they hash (``plan``), the state of
 every run (``status``), a training log (``logs``), the clusters of the profiles (``clusters``), stopping
-a target's Ray jobs (``stop``), the cross-teacher matrix (``eval``) and a profile's checks
-(``preflight``). Running the pipeline itself is Snakemake's: ``snakemake checkpoints/<target>/done``."""
+a target's Ray jobs (``stop``), the cross-teacher matrix (``eval``), a profile's checks
+(``preflight``) and whether a target's train step fits its TPU slice, with the run's cost (``fit``). Running the pipeline itself is Snakemake's: ``snakemake checkpoints/<target>/done``."""
 
 from __future__ import annotations
 
@@ -186,7 +186,7 @@ def cmd_plan(args) -> int:
             from .train.step import explain
 
             entry["training"] = explain(plan, t)
-            entry["fit"] = fit.cached_summary(plan, t)
+            entry["fit"] = fit.cached_summary(plan, t, entry["training"]["steps"])
             entry["fit_line"] = fit.short(entry["fit"], (plan.cfg.get("ray") or {}).get("tpu_type"))
         out.append(entry)
     if args.json:
@@ -252,13 +252,16 @@ def cmd_fit(args) -> int:
     """Compile each target's train step for its TPU slice here (libtpu, no TPU): fit, HBM, FLOPs, hours."""
     from .errors import DataError
     from .fit import check as fit
+    from .train.step import explain, levanter_config
 
     plan = _load(args)
     names = _targets(plan, args.targets or list(plan.cfg["default_targets"]))
     out, rc = [], 0
     for t in names:
         try:
-            s = fit.check(plan, t, tpu_type=args.tpu_type, mfu=args.mfu, suggest_on_failure=not args.no_suggest)
+            lev = levanter_config(plan, t, accelerator="tpu", untokenized_ok=True)
+            s = fit.check(plan, t, lev, explain(plan, t)["steps"], tpu_type=args.tpu_type, mfu=args.mfu,
+                          suggest_on_failure=not args.no_suggest)
         except (DataError, ValueError) as e:
             print(f"trajsft fit: {t}: {e}", file=sys.stderr)
             return 2

@@ -102,7 +102,7 @@ def check_or_raise(cfg: dict) -> None:
         raise PreflightError(f"preflight for {cluster} failed, nothing submitted: " + " | ".join(problems))
 
 
-def fit_or_raise(plan: Plan, target: str) -> dict | None:
+def fit_or_raise(plan: Plan, target: str, lev: dict) -> dict | None:
     """The fit check of preflight (``ray.fit_check``): the target's train step compiled for the profile's
     slice (cached, else compiled here, ~1 min for Qwen3-8B), refused in one line naming HBM and the knobs
     when it does not fit or does not compile, before anything is submitted. Without libtpu it says so in
@@ -114,7 +114,7 @@ def fit_or_raise(plan: Plan, target: str) -> dict | None:
         log.info("fit check off (ray.fit_check: false)")
         return None
     try:
-        summary = fit.check(plan, target)
+        summary = fit.check(plan, target, lev, int(lev["trainer"]["num_train_steps"]))
     except fit.LibtpuMissing as e:
         log.warning("fit check skipped: %s", e)
         return None
@@ -164,7 +164,7 @@ def train_on_ray(plan: Plan, target: str, lev: dict, paths: dict, attempt: int) 
     cfg = plan.cfg
     ray = ray_settings(cfg)
     check_or_raise(cfg)
-    fit_or_raise(plan, target)
+    fit_or_raise(plan, target, lev)
     run = paths["run"]
     run_dir = _abs(run.location)
     cfg_url = join(run_dir, "levanter_config.json")

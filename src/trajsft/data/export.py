@@ -14,7 +14,7 @@ Each export says how to train it, so that the other trainer sees exactly what tr
   qwen3_nothink``, ``dataset_dir``, ``dataset``, ``cutoff_len`` = the target's ``seq_len``, the
   mixture arguments). Every assistant value is written as Qwen3 renders that turn inside the full
   conversation: the think block only after the last user query, an empty one on the conversation's
-  last turn, reasoning ``strip("\\n")``-ed. LLaMA-Factory's ``qwen3`` template would instead add an
+  last turn, reasoning stripped of leading and trailing newlines. LLaMA-Factory's ``qwen3`` template would instead add an
   empty think block to every turn; ``qwen3_nothink`` adds nothing, so the values carry it.
 
 Every sharegpt row is rendered with LLaMA-Factory 0.9.5's ``qwen3_nothink`` rules (:func:`lf_render`)

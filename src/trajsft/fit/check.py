@@ -14,6 +14,7 @@ not part of the key (they change the estimate, not the compile).
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import os
@@ -110,11 +111,10 @@ def vocab_size(plan: Plan, target: str) -> int:
                     "the fit check does not download the tokenizer")
 
 
-def levanter_request(plan: Plan, setting: Setting) -> dict:
-    """The compile request: the train rule's train_lm config for a TPU (``accelerator: tpu``) and the slice."""
-    from ..train.step import levanter_config
-
-    lev = levanter_config(plan, setting.target, accelerator="tpu", untokenized_ok=True)
+def levanter_request(plan: Plan, setting: Setting, lev: dict) -> dict:
+    """The compile request: the train rule's train_lm config ``lev`` for a TPU (``accelerator: tpu``; from
+    :func:`trajsft.train.step.levanter_config`) at the setting's batch size, and the slice."""
+    lev = copy.deepcopy(lev)
     lev["trainer"]["train_batch_size"] = int(setting.batch_size)
     sl = slices.parse(setting.tpu_type)
     return {"levanter": lev, "topology": sl.topology, "vocab_size": vocab_size(plan, setting.target),
@@ -148,13 +148,14 @@ def cached(plan: Plan, target: str, tpu_type: Optional[str] = None) -> Optional[
     return _read(path) or _read(shared_cache(path.stem))
 
 
-def cached_summary(plan: Plan, target: str, tpu_type: Optional[str] = None) -> Optional[dict]:
-    """The summary of the cached compile of a target on its slice (None: not checked yet, or no slice)."""
+def cached_summary(plan: Plan, target: str, steps: Optional[int], tpu_type: Optional[str] = None) -> Optional[dict]:
+    """The summary of the cached compile of a target on its slice (None: not checked yet, or no slice);
+    ``steps``: the run's step count when known (``trajsft.train.step.explain``)."""
     raw = cached(plan, target, tpu_type)
     if raw is None:
         return None
     raw["cached"] = True
-    return summarize(plan, target, raw)
+    return summarize(plan, target, raw, steps)
 
 
 def short(s: Optional[dict], tpu_type: Optional[str] = None) -> str:
@@ -186,7 +187,7 @@ def _read(path: Path) -> Optional[dict]:
         return None
 
 
-def compile_setting(plan: Plan, setting: Setting, *, log_path: Optional[Path] = None) -> dict:
+def compile_setting(plan: Plan, setting: Setting, lev: dict, *, log_path: Optional[Path] = None) -> dict:
     """The compiler's figures for one setting: read from the cache, else compiled in a child and cached."""
     v = require_libtpu()
     path = result_path(plan, setting, v)
@@ -198,7 +199,7 @@ def compile_setting(plan: Plan, setting: Setting, *, log_path: Optional[Path] = 
                 io.write_json(path, out)
             out["cached"] = True
             return out
-    req = levanter_request(plan, setting)
+    req = levanter_request(plan, setting, lev)
     path.parent.mkdir(parents=True, exist_ok=True)
     log_path = log_path or path.with_suffix(".log")
     t0 = time.time()
@@ -255,10 +256,8 @@ def data_stats(plan: Plan, target: str) -> dict:
     return {"non_pad_share": share if known else None}
 
 
-def summarize(plan: Plan, target: str, raw: dict, mfu: float = DEFAULT_MFU) -> dict:
-    """The user's figures of one compile: fit, HBM, FLOPs, time and cost of the whole run."""
-    from ..train.step import explain
-
+def summarize(plan: Plan, target: str, raw: dict, steps: Optional[int] = None, mfu: float = DEFAULT_MFU) -> dict:
+    """The user's figures of one compile: fit, HBM, FLOPs, time and, with ``steps``, the cost of the whole run."""
     sl = slices.parse(raw["tpu_type"])
     ts = plan.specs.targets[target]
     dims = ts.student.model.dims()
@@ -290,7 +289,7 @@ def summarize(plan: Plan, target: str, raw: dict, mfu: float = DEFAULT_MFU) -> d
     stats = data_stats(plan, target)
     out["non_pad_tokens_per_step"] = None if stats["non_pad_share"] is None else round(tokens * stats["non_pad_share"])
     step_s = step_flops / (sl.peak_flops * mfu)
-    steps = explain(plan, target)["steps"] if batch == _batch(plan, target) else None
+    steps = steps if batch == _batch(plan, target) else None  # another batch: another step count
     out.update(mfu_assumed=mfu, peak_bf16_flops_per_chip=sl.family.peak_bf16_flops, step_seconds_estimate=step_s,
                steps=steps)
     if steps is not None:
@@ -336,7 +335,7 @@ def refusal(s: dict, suggestion: Optional[dict] = None) -> str:
     return line
 
 
-def suggest(plan: Plan, target: str, s: dict, *, max_compiles: int = 3) -> dict:
+def suggest(plan: Plan, target: str, s: dict, lev: dict, *, max_compiles: int = 3) -> dict:
     """What would fit, in a few bounded compiles: the largest halved batch that still gives every chip a
     sequence, else the smallest of the next two larger slices of the family whose chips divide the batch
     (Levanter shards the batch over every chip; a slice that cannot take it is skipped without compiling)."""
@@ -346,7 +345,7 @@ def suggest(plan: Plan, target: str, s: dict, *, max_compiles: int = 3) -> dict:
     b = s["batch_size"] // 2
     while budget > 0 and b >= sl.devices and b % sl.devices == 0:
         budget -= 1
-        r = summarize(plan, target, compile_setting(plan, Setting(target, s["tpu_type"], b)))
+        r = summarize(plan, target, compile_setting(plan, Setting(target, s["tpu_type"], b), lev))
         out["tried"].append(f"batch_size {b}")
         if r["fits"]:
             out.update(batch_size=b, batch_hbm_used_gib=r["hbm_used_gib"])
@@ -358,7 +357,7 @@ def suggest(plan: Plan, target: str, s: dict, *, max_compiles: int = 3) -> dict:
         if s["batch_size"] % slices.parse(bigger).devices:
             continue
         budget -= 1
-        r = summarize(plan, target, compile_setting(plan, Setting(target, bigger, s["batch_size"])))
+        r = summarize(plan, target, compile_setting(plan, Setting(target, bigger, s["batch_size"]), lev))
         out["tried"].append(bigger)
         if r["fits"]:
             out.update(tpu_type=bigger, slice_hbm_used_gib=r["hbm_used_gib"])
@@ -366,19 +365,23 @@ def suggest(plan: Plan, target: str, s: dict, *, max_compiles: int = 3) -> dict:
     return out
 
 
-def check(plan: Plan, target: str, *, tpu_type: Optional[str] = None, mfu: Optional[float] = None,
-          suggest_on_failure: bool = True) -> dict:
-    """Compile (or read back) the target's step on its slice; the summary, with ``suggestion`` when it does not fit."""
+def check(plan: Plan, target: str, lev: dict, steps: Optional[int], *, tpu_type: Optional[str] = None,
+          mfu: Optional[float] = None, suggest_on_failure: bool = True) -> dict:
+    """Compile (or read back) the target's step on its slice; the summary, with ``suggestion`` when it does not fit.
+
+    ``lev``: the target's train_lm config for a TPU (:func:`trajsft.train.step.levanter_config` with
+    ``accelerator="tpu"``), ``steps`` its step count when known: the caller's, so this module never imports the
+    train step (which imports the Ray submission, which runs this check)."""
     mfu = DEFAULT_MFU if mfu is None else float(mfu)
     if not 0 < mfu <= 1:
         raise ValueError(f"--mfu {mfu}: a fraction in (0, 1]")
     t = tpu_type_of(plan, tpu_type)
     hf_check = facts.check(plan.specs.targets[target].student)
-    raw = compile_setting(plan, Setting(target, t, _batch(plan, target)))
-    s = summarize(plan, target, raw, mfu)
+    raw = compile_setting(plan, Setting(target, t, _batch(plan, target)), lev)
+    s = summarize(plan, target, raw, steps, mfu)
     s["hf_config_check"] = hf_check
     if not s["fits"] and suggest_on_failure and s.get("hbm_used_gib") is not None:
-        s["suggestion"] = suggest(plan, target, s)
+        s["suggestion"] = suggest(plan, target, s, lev)
     return s
 
 

@@ -15,8 +15,8 @@ kernel from the platform it runs on (JAX_FLASH on CPU, SPLASH on TPU), so the re
 run's kernel and the model config is given it explicitly.
 
 Nothing is allocated: the model, optimizer state and batch are abstract (``eval_shape``) with the
-shardings Levanter would give them; ``jit(...).lower(...).compile()`` runs XLA's TPU compiler, which
-refuses a program over the chip's HBM.
+shardings Levanter would give them; jax's jit, lower and compile run XLA's TPU compiler, which refuses a
+program over the chip's HBM.
 """
 
 from __future__ import annotations

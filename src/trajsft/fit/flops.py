@@ -1,4 +1,4 @@
-"""Model FLOPs of a train step, analytically (XLA's ``cost_analysis()`` counts a scanned layer stack once).
+"""Model FLOPs of a train step, analytically (XLA's cost analysis counts a scanned layer stack once).
 
 ``6·N·tokens + attention``: N is the parameters that multiply each token (every layer's q/k/v/o and MLP
 projections and the LM head; the embedding lookup is not a matmul), 2 FLOPs per multiply-add, x3 for the

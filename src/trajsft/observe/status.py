@@ -161,8 +161,9 @@ def target_status(plan: C.Plan, target: str, query_ray: bool = True) -> dict:
     tpu_type = (plan.cfg.get("ray") or {}).get("tpu_type")
     if plan.cfg["executor"] == "ray" and tpu_type:  # the cached fit check of the profile's slice (trajsft fit)
         from ..fit import check as fit
+        from ..train.step import explain
 
-        r["fit"] = fit.short(fit.cached_summary(plan, target), tpu_type)
+        r["fit"] = fit.short(fit.cached_summary(plan, target, explain(plan, target)["steps"]), tpu_type)
     return r
 
 
