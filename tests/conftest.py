@@ -7,4 +7,4 @@ os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-pytest_plugins = ["ray_fixtures"]
+pytest_plugins = ["ray_fixtures", "gcs_fixtures"]
