@@ -7,7 +7,8 @@ own process group, recorded by pid; ``stop`` kills only that group. Clients reac
 ``STORAGE_EMULATOR_HOST`` (gcsfs) and ``TENSORSTORE_GCS_HTTP_URL`` (tensorstore: Levanter's caches and
 checkpoints), both in :meth:`GcsEmulator.env`.
 
-Fixtures: ``gcs_server`` (one per session) and ``gcs`` (a fresh bucket per test, the variables set for
+Fixtures: ``gcs_server`` (one per test module: no server outlives its module, other modules count
+their child processes) and ``gcs`` (a fresh bucket per test, the variables set for
 the test and for the processes it starts).
 """
 
@@ -105,7 +106,7 @@ def clear_fsspec_cache() -> None:
     gcsfs.GCSFileSystem.clear_instance_cache()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def gcs_server(tmp_path_factory):
     emu = start_gcs(tmp_path_factory.mktemp("fake-gcs") / "data")
     try:
