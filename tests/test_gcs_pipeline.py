@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -22,16 +23,26 @@ def files(d: Path) -> dict[str, bytes]:
     return {p.relative_to(d).as_posix(): p.read_bytes() for p in sorted(d.rglob("*")) if p.is_file()}
 
 
-def test_demo_built_locally_trained_on_a_bucket_and_back(gcs, tmp_path):
-    wd = tmp_path / "wd"
-    wd.mkdir()
+@pytest.fixture(scope="module")
+def local_data(tmp_path_factory):
+    """The demo's data built under the local root: (workdir, {kind: plan row})."""
+    wd = tmp_path_factory.mktemp("local")
+    arts = {a["kind"]: a for a in plan(wd, "demo")["artifacts"]}
+    run(wd, arts["tokenized"]["manifest"])
+    return wd, arts
+
+
+def payload_files(wd: Path, art: dict) -> dict[str, bytes]:
+    return {p: b for p, b in files(wd / art["location"]).items() if p not in ("manifest.json", "payload.json")}
+
+
+def test_demo_built_locally_trained_on_a_bucket_and_back(gcs, local_data):
+    wd, arts = local_data
     root = f"{gcs.url}/trajsft"
     over = {"storage_root": root, "teachers": {"demo": {"training": {"max_steps": 2}}}}  # cheap: 2 steps
-    arts = {a["kind"]: a for a in plan(wd, "demo")["artifacts"]}
     manifest = lambda k: json.loads((wd / arts[k]["manifest"]).read_text())  # noqa: E731
 
     # 1. the data under the local root
-    run(wd, arts["tokenized"]["manifest"])
     assert {manifest(k)["payload_from"] for k in DATA} == {"built"}
 
     # 2. the same config with a gs:// root: the manifests of the local root are not done for it; the
@@ -45,7 +56,7 @@ def test_demo_built_locally_trained_on_a_bucket_and_back(gcs, tmp_path):
     for k in DATA:
         m, name = manifest(k), arts[k]["name"]
         assert m["location"] == f"{root}/{k}/{name}" and m["payload_from"] == str(wd / arts[k]["location"])
-        local = {p: b for p, b in files(wd / arts[k]["location"]).items() if p not in ("manifest.json", "payload.json")}
+        local = payload_files(wd, arts[k])
         assert local and {p: objs[f"trajsft/{k}/{name}/{p}"] for p in local} == local  # byte-identical
     assert manifest("tokenized")["cache_dir"] == f"{root}/tokenized/{arts['tokenized']['name']}/cache-packed"
     done = json.loads((wd / "checkpoints/demo/done").read_text())
@@ -71,3 +82,43 @@ def test_demo_built_locally_trained_on_a_bucket_and_back(gcs, tmp_path):
     for k in DATA:
         assert manifest(k)["location"] == arts[k]["location"]
         assert manifest(k)["payload_from"] == str(wd / arts[k]["location"])
+
+
+def test_data_built_through_storage_faults_is_byte_identical(gcs, local_data, tmp_path, monkeypatch):
+    """download -> shards -> cache on a bucket behind the fault proxy (every 23rd request answered 503,
+    every 37th dropped after the server acted, one 8 s stall), in a workdir that knows no other root:
+    built, not copied, and every payload object is the local build's, byte for byte (our cache stats
+    record: but for the locations it names)."""
+    from fault_proxy import FaultProxy
+    from gcs_fixtures import clear_fsspec_cache
+
+    ref, arts = local_data
+    proxy = FaultProxy(gcs.emulator.url, every={"503": 23, "drop": 37}, stall_at=40, stall_s=8.0).start()
+    try:
+        for k, v in gcs.emulator.env(proxy.url).items():
+            monkeypatch.setenv(k, v)
+        clear_fsspec_cache()
+        wd = tmp_path / "faults"
+        wd.mkdir()
+        t0 = time.monotonic()
+        run(wd, arts["tokenized"]["manifest"], config={"storage_root": f"{gcs.url}/trajsft"})
+        seconds = time.monotonic() - t0
+    finally:
+        proxy.stop()
+    print(f"storage faults: {dict(proxy.counts)} of {proxy.requests} requests, data rules in {seconds:.0f}s")
+    assert proxy.counts["503"] >= 3 and proxy.counts["drop"] >= 2 and proxy.counts["stall"] == 1, proxy.counts
+    objs = gcs.objects()
+    for k in DATA:
+        m = json.loads((wd / arts[k]["manifest"]).read_text())
+        assert m["payload_from"] == "built" and m["location"] == f"{gcs.url}/trajsft/{k}/{arts[k]['name']}"
+        local = payload_files(ref, arts[k])
+        prefix = f"trajsft/{k}/{arts[k]['name']}/"
+        there = {p[len(prefix):]: b for p, b in objs.items() if p.startswith(prefix)}
+        # byte-identical, but for our cache stats record, which names the cache's and shards' locations
+        stats = {p for p in local if p.endswith("trajsft_cache_stats.json")}
+        assert {p: there.get(p) for p in set(local) - stats} == {p: local[p] for p in set(local) - stats}, k
+        for p in stats:
+            b = there[p].replace(f"{gcs.url}/trajsft/".encode(), b"ROOT/")
+            a = local[p].replace(f"{ref}/results/".encode(), b"ROOT/").replace(b'"results/', b'"ROOT/')
+            assert a == b, p
+        assert set(there) - set(local) <= {"manifest.json", "payload.json"}, k

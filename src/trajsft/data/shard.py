@@ -32,7 +32,8 @@ def _iter_rows(raw_location: str, batch_rows: int = READ_BATCH_ROWS):
         raise DataError(f"{raw_location}: no parquet files")
     for f in files:
         fs, p = io.fs_and_path(f)
-        rel = os.path.relpath(f, raw_location) if not is_remote(f) else f
+        # relative to the snapshot under any root: skipped rows name the same file locally and in a bucket
+        rel = os.path.relpath(f, raw_location) if not is_remote(f) else f[len(root) + 1:]
         with fs.open(p, "rb") as fh:
             try:
                 pf = pq.ParquetFile(fh)
