@@ -187,3 +187,23 @@ def test_a_ray_job_is_never_handed_a_path_its_hosts_cannot_read(tmp_path, monkey
         "storage_root results is a local dir: the hosts of http://10.0.0.5:8265 cannot read it (use a bucket, "
         "e.g. storage_root: gs://<bucket>/trajsft)"]
     assert submit.preflight(_ray_cfg("results", "http://127.0.0.1:8265")) == []
+
+
+def test_plan_says_where_payloads_are_and_when_a_root_does_not_answer(tmp_path, gcs, monkeypatch):
+    import subprocess
+    import sys
+    import time
+
+    from gcs_fixtures import free_port
+
+    def plan_lines(root: str) -> list[str]:
+        p = subprocess.run([sys.executable, "-m", "trajsft.cli", "plan", "demo", "--storage-root", root],
+                           capture_output=True, text=True, cwd=tmp_path, timeout=60)
+        assert p.returncode == 0, p.stderr
+        return [ln.split("[", 1)[1] for ln in p.stdout.splitlines() if ln.startswith("  raw ")]
+
+    assert plan_lines(f"{gcs.url}/trajsft") == ["missing; no payload]"]
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://127.0.0.1:{free_port()}")  # nothing listens there
+    t0 = time.monotonic()
+    assert plan_lines("gs://b/trajsft") == ["missing; gs://b/trajsft did not answer]"]
+    assert time.monotonic() - t0 < 30

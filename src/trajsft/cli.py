@@ -162,11 +162,14 @@ def _manifest_here(a: C.Artifact) -> bool:
 
 
 def _present_at(plan: C.Plan, a: C.Artifact, timeout_s: float = 20.0) -> list[str] | None:
-    """The storage roots that hold a finished payload of ``a`` (None: a root did not answer in time)."""
+    """The storage roots that hold a finished payload of ``a`` (None: the current root, or any root
+    within ``timeout_s``, did not answer)."""
     from concurrent.futures import ThreadPoolExecutor, TimeoutError as FutureTimeout
 
     from . import storage
 
+    if not storage.reachable(storage.absolute(plan.root)):
+        return None
     pool = ThreadPoolExecutor(max_workers=1)
     try:
         return pool.submit(storage.where, plan, a).result(timeout=timeout_s)
@@ -217,7 +220,7 @@ def cmd_plan(args) -> int:
         for a in t["artifacts"]:
             state = "exists" if a["exists"] else "missing"
             if a["present_at"] is None:
-                where = "" if args.offline else "; a storage root did not answer"
+                where = "" if args.offline else f"; {plan.root} did not answer"
             else:
                 where = "; payload at " + ", ".join(a["present_at"]) if a["present_at"] else "; no payload"
             print(f"  {a['kind']:<11} {a['location']:<60} [{state}{where}]")
