@@ -75,13 +75,22 @@ def test_demo_built_locally_trained_on_a_bucket_and_back(gcs, local_data):
     assert "Nothing to be done" in run(wd, "-n", "checkpoints/demo/done", config=over).stdout
 
     # 3. back on the local root: the bucket's manifests are not done here either; the local payloads
-    # verify and are reused
-    dry = run(wd, "-n", arts["tokenized"]["manifest"]).stdout
-    assert all(f"rule {r}:" in dry for r in ("download", "shard", "tokenize")), dry
-    run(wd, arts["tokenized"]["manifest"])
+    # verify and are reused, and the trained weights are copied from the bucket, not trained again
+    local_over = {"teachers": over["teachers"]}
+    dry = run(wd, "-n", "checkpoints/demo/done", config=local_over).stdout
+    assert all(f"rule {r}:" in dry for r in ("download", "shard", "tokenize", "train")), dry
+    run(wd, "checkpoints/demo/done", config=local_over)
     for k in DATA:
         assert manifest(k)["location"] == arts[k]["location"]
         assert manifest(k)["payload_from"] == str(wd / arts[k]["location"])
+    t = plan(wd, "demo", local_over)
+    local_done = json.loads((wd / "checkpoints/demo/done").read_text())
+    assert local_done["checkpoint_dir"] == t["checkpoint_dir"] and local_done["steps"] == done["steps"]
+    assert (wd / done["log"]).read_text().count("[trajsft.levanter_run] launch train_lm") == 1  # the bucket's run only
+    hf = wd / local_done["hf_export"]
+    assert checkpoints.hf_export_complete(str(hf))
+    prefix = done["hf_export"].split("/", 3)[3] + "/"
+    assert files(hf) == {p[len(prefix):]: b for p, b in gcs.objects().items() if p.startswith(prefix)}
 
 
 def test_data_built_through_storage_faults_is_byte_identical(gcs, local_data, tmp_path, monkeypatch):

@@ -207,3 +207,35 @@ def test_plan_says_where_payloads_are_and_when_a_root_does_not_answer(tmp_path, 
     t0 = time.monotonic()
     assert plan_lines("gs://b/trajsft") == ["missing; gs://b/trajsft did not answer]"]
     assert time.monotonic() - t0 < 30
+
+
+def test_a_training_run_seals_its_weights_only_and_they_are_copied_before_it_runs(tmp_path, gcs, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    local = plan_at("results", Path("results"))
+    a = art(local, kind="checkpoints")
+    run_dir = tmp_path / a.location
+    weights = {"checkpoints/step-1/metadata.json": b'{"step": 1}', "hf/step-1/model.safetensors": os.urandom(5000)}
+    seen: list[dict] = []
+
+    def train(where: Path | None):
+        def inner():
+            seen.append(gcs.objects())  # what the bucket holds when training starts
+            if where is not None:
+                for rel, data in weights.items():
+                    (where / rel).parent.mkdir(parents=True, exist_ok=True)
+                    (where / rel).write_bytes(data)
+                (where / "attempts.json").write_text("[]")
+                (where / "wandb").mkdir()
+                (where / "wandb" / "latest-run").symlink_to("offline-run-gone")  # W&B's links may dangle
+            return {"steps": 2}
+        return inner
+
+    assert storage.train(local, a, train(run_dir)) == {"steps": 2}
+    assert set(storage.read_seal(a.location)["objects"]) == set(weights)
+    bucket = plan_at(f"{gcs.url}/trajsft", Path("results"))
+    b = art(bucket, kind="checkpoints")
+    storage.train(bucket, b, train(None))
+    prefix = f"trajsft/checkpoints/{NAME}/"
+    copied = {k[len(prefix):]: v for k, v in seen[-1].items() if k.startswith(prefix)}
+    assert json.loads(copied.pop("payload.json"))["copied_from"] == str(run_dir)
+    assert copied == weights  # copied (no records, no links) and sealed before training started

@@ -84,7 +84,8 @@ def run_rule(snakemake) -> None:
     started = time.time()
     try:
         if step == "train":
-            result = train_step.train(plan, name, done_path=snakemake.output[0])
+            result = storage.train(plan, job.artifact,
+                                   lambda: train_step.train(plan, name, done_path=snakemake.output[0]))
         else:
             result = storage.build(plan, job.artifact, lambda: _step_function(step)(plan, name))
             if step == "shards" and result["payload_from"] != "built":

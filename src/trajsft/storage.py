@@ -86,18 +86,30 @@ def listing(location: str, *, hashes: bool = True) -> dict[str, dict]:
         for f in files:
             full = os.path.join(dirpath, f)
             rel = os.path.relpath(full, loc).replace(os.sep, "/")
-            out[rel] = {"size": os.path.getsize(full), "md5": _md5_file(full) if hashes else None}
+            try:
+                out[rel] = {"size": os.path.getsize(full), "md5": _md5_file(full) if hashes else None}
+            except FileNotFoundError:  # a dangling link (W&B's latest-run links), or gone meanwhile
+                continue
     return out
 
 
-def objects(location: str) -> dict[str, dict]:
-    return {k: v for k, v in listing(location).items() if k not in NOT_OBJECTS}
+# a training run's seal covers its weights only (trainer checkpoints, HF exports): its records
+# (attempts, provenance, result, logs) change with every attempt and are written again where it runs
+SEALED_ONLY = {"checkpoints": ("checkpoints/", "hf/")}
+
+
+def objects(location: str, kind: str | None = None) -> dict[str, dict]:
+    """The payload objects under ``location`` (for a training run: its weights only)."""
+    only = SEALED_ONLY.get(kind or "")
+    if only is None:
+        return {k: v for k, v in listing(location).items() if k not in NOT_OBJECTS}
+    return {f"{prefix}{k}": v for prefix in only for k, v in listing(io.join(location, prefix.rstrip("/"))).items()}
 
 
 def mismatch(location: str, seal: dict) -> str | None:
     """Why the objects under ``location`` are not the sealed ones (None: every object there, same
     size and md5)."""
-    have = listing(location)
+    have = objects(location, seal.get("kind"))
     for rel, want in sorted(seal["objects"].items()):
         got = have.get(rel)
         if got is None:
@@ -144,7 +156,7 @@ def _located(result: dict, location: str) -> dict:
 def seal(art, result: dict, checked: dict) -> dict:
     """Seal the payload just built at ``art.location`` (written last)."""
     s = {"kind": art.kind, "name": art.name, "hash": art.hash, "checked": checked,
-         "objects": objects(art.location), "result": _relocatable(result, art.location)}
+         "objects": objects(art.location, art.kind), "result": _relocatable(result, art.location)}
     io.write_json(io.join(art.location, SEAL), s)
     return s
 
@@ -257,11 +269,14 @@ def copy_payload(src: str, dst: str, s: dict) -> None:
 
 
 # ---- the rule layer ----------------------------------------------------------------------------
-def find(plan, art, checked: dict) -> tuple[dict, str] | None:
+def find(plan, art, checked: dict, *, here_too: bool = True) -> tuple[dict, str] | None:
     """A verified payload of ``art`` at its location, copied there from another root if need be:
-    (the step's result at ``art.location``, where it came from), or None (build it)."""
+    (the step's result at ``art.location``, where it came from), or None (build it).
+    ``here_too=False``: only look under the other roots."""
     here = absolute(art.location).rstrip("/")
     for root in known_roots(plan):
+        if root == absolute(plan.root).rstrip("/") and not here_too:
+            continue
         loc = here if root == absolute(plan.root).rstrip("/") else io.join(root, art.kind, art.name)
         s = read_seal(loc)
         if s is None or s.get("hash") != art.hash or s.get("checked") != checked:
@@ -298,3 +313,18 @@ def build(plan, art, make: Callable[[], dict]) -> dict:
         seal(art, result, checked)
     remember_root(plan)
     return {**result, "payload_from": origin}
+
+
+def train(plan, art, run: Callable[[], dict]) -> dict:
+    """A training run: unless its weights are sealed here, sealed weights under another root are copied
+    (verified) first, so that ``run()`` finds the final checkpoint and does not train again; the
+    weights of a successful run are sealed."""
+    if read_seal(art.location) is None:
+        found = find(plan, art, {}, here_too=False)
+        if found is not None:
+            log.info("%s: trained weights copied from %s", art.name, found[1])
+    result = run()
+    if read_seal(art.location) is None:
+        seal(art, {}, {})
+    remember_root(plan)
+    return result
