@@ -72,6 +72,16 @@ def upstream_manifest(kind, upstream):
     return inner
 
 
+def payload_location(kind):
+    """Params function: the artifact's payload location under the current storage root (a rerun
+    trigger: a manifest written for another root is not done for this one)."""
+
+    def inner(wildcards):
+        return PLAN.get(kind, wildcards.name).location
+
+    return inner
+
+
 def job_step(step):
     """Params function: the job's typed step (trajsft.plan.step.Step), resolved once here, so
     that no job rebuilds the plan (never a rerun trigger: not a builtin value)."""

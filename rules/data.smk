@@ -11,6 +11,9 @@ rule download:
     params:
         # not hashed, but checked: a changed `rows:` re-runs the download (params rerun trigger)
         rows=lambda w: PLAN.get("raw", w.name).spec["rows"],
+        # where the payload lives: another storage root reruns the rule (trajsft.storage copies a
+        # sealed payload from the old root, or rebuilds it)
+        location=payload_location("raw"),
         step=job_step("download"),
     script:
         "../scripts/rule_download.py"
@@ -34,6 +37,7 @@ rule shard:
         strict=lambda wildcards: bool(
             PLAN.get("shards", wildcards.name).spec["transform"].get("strict")
         ),
+        location=payload_location("shards"),
         step=job_step("shards"),
     script:
         "../scripts/rule_shard.py"
@@ -55,6 +59,7 @@ rule tokenize:
         # data.cache._MIN_RAY_CPUS): told to cluster executors, never a rerun trigger
         ray_logical_cpus=RAY_LOGICAL_CPUS,
     params:
+        location=payload_location("tokenized"),
         step=job_step("tokenize"),
     script:
         "../scripts/rule_tokenize.py"

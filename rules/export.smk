@@ -18,6 +18,7 @@ rule export:
         mem_mb=4000,
     params:
         name=lambda wildcards: PLAN.target(wildcards.target)["export"].name,
+        location=lambda wildcards: PLAN.target(wildcards.target)["export"].location,
         step=job_step("export"),
     script:
         "../scripts/rule_export.py"

@@ -22,6 +22,7 @@ rule train:
         mem_mb=TRAIN_MEM_MB,
     params:
         run=run_name,
+        location=lambda wildcards: PLAN.target(wildcards.target)["run"].location,
         step=job_step("train"),
     script:
         "../scripts/rule_train.py"

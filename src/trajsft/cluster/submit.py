@@ -91,8 +91,46 @@ def preflight(cfg: dict, notes: list[str] | None = None) -> list[str]:
         ray = ray_settings(cfg)
     except ConfigError as e:
         return [str(e)]
-    return cluster_preflight.preflight(ray["address"], required_env(cfg), {slice_head_resource(ray): ray["num_slices"]},
-                             cfg["storage_root"], notes=notes)
+    problems = cluster_preflight.preflight(ray["address"], required_env(cfg),
+                                           {slice_head_resource(ray): ray["num_slices"]}, cfg["storage_root"],
+                                           notes=notes)
+    if not is_remote(cfg["storage_root"]) and not on_this_machine(ray["address"]):
+        problems.append(f"storage_root {cfg['storage_root']} is a local dir: the hosts of {ray['address']} cannot "
+                        "read it (use a bucket, e.g. storage_root: gs://<bucket>/trajsft)")
+    return problems
+
+
+def on_this_machine(address: str) -> bool:
+    """A Ray head on a loopback address: its nodes share this machine's disk (tpu-local, the tests)."""
+    from urllib.parse import urlsplit
+
+    host = urlsplit(address if "://" in address else f"http://{address}").hostname or ""
+    return host == "localhost" or host == "::1" or host.startswith("127.")
+
+
+def job_paths(run_dir: str, lev: dict) -> dict[str, str]:
+    """Every storage path a training job is handed: field -> path."""
+    out = {"run_dir": run_dir}
+    data = lev.get("data") or {}
+    if data.get("cache_dir"):
+        out["data.cache_dir"] = data["cache_dir"]
+    for teacher, c in sorted((data.get("configs") or {}).items()):
+        if c.get("cache_dir"):
+            out[f"data.configs.{teacher}.cache_dir"] = c["cache_dir"]
+    return out
+
+
+def refuse_foreign_paths(cfg: dict, paths: dict[str, str]) -> None:
+    """One line (DataError) if a path is not under the current storage root, or is local while the
+    cluster is not on this machine: a job is never handed a path its hosts cannot read."""
+    root = _abs(cfg["storage_root"]).rstrip("/")
+    address = ray_settings(cfg)["address"]
+    for field, p in paths.items():
+        if p != root and not p.startswith(root + "/"):
+            raise DataError(f"refusing to submit: {field} {p} is not under storage_root {cfg['storage_root']} (an "
+                            "artifact of another root: rerun its rule, it copies or rebuilds the payload there)")
+        if not is_remote(p) and not on_this_machine(address):
+            raise DataError(f"refusing to submit: {field} {p} is a local path the hosts of {address} cannot read")
 
 
 def check_or_raise(cfg: dict) -> None:
@@ -167,6 +205,7 @@ def train_on_ray(plan: Plan, target: str, lev: dict, paths: dict, attempt: int) 
     fit_or_raise(plan, target, lev)
     run = paths["run"]
     run_dir = _abs(run.location)
+    refuse_foreign_paths(cfg, job_paths(run_dir, lev))
     cfg_url = join(run_dir, "levanter_config.json")
     io.write_bytes(cfg_url, json.dumps(lev, indent=2, sort_keys=True).encode())
     entrypoint, identity = driver_command(cfg_url, run_dir, ray, attempt)

@@ -467,6 +467,7 @@ def run_rule(snakemake) -> None:
     from pathlib import Path
 
     from .. import io, logs
+    from .. import storage
     from ..observe import signals
     from ..io import write_json
     from ..plan.config import Plan
@@ -482,7 +483,7 @@ def run_rule(snakemake) -> None:
     started = time.time()
     art = job.artifact
     try:
-        result = export(plan, target)
+        result = storage.build(plan, art, lambda: export(plan, target))
     except USER_ERRORS as e:
         msg = f"trajsft export {target}: {e}"
         log.error(msg)

@@ -32,7 +32,8 @@ def _iter_rows(raw_location: str, batch_rows: int = READ_BATCH_ROWS):
         raise DataError(f"{raw_location}: no parquet files")
     for f in files:
         fs, p = io.fs_and_path(f)
-        rel = os.path.relpath(f, raw_location) if not is_remote(f) else f
+        # relative to the snapshot under any root: skipped rows name the same file locally and in a bucket
+        rel = os.path.relpath(f, raw_location) if not is_remote(f) else f[len(root) + 1:]
         with fs.open(p, "rb") as fh:
             try:
                 pf = pq.ParquetFile(fh)
@@ -84,8 +85,8 @@ def shards(plan: Plan, name: str) -> dict:
     res = transform.transform_rows(_iter_rows(raw.location), spec["teacher"], spec["transform"], sink=sink)
     listing = "".join(json.dumps(r, ensure_ascii=True, sort_keys=True) + "\n" for r in res.skipped_rows)
     write_text(skipped_path(plan, name), listing)
-    if is_remote(art.location):
-        io.write_bytes(f"{art.location}/skipped.jsonl", listing.encode())
+    if str(skipped_path(plan, name)) != io.join(art.location, "skipped.jsonl"):  # in the payload too
+        io.write_bytes(io.join(art.location, "skipped.jsonl"), listing.encode())
     if spec["transform"].get("strict") and res.strict_error():
         raise transform.BadRow("strict", f"{res.strict_error()}; every bad row is listed in {skipped_path(plan, name)}")
     files = {split: w.close() for split, w in writers.items()}

@@ -48,6 +48,7 @@ DEFAULT_ROPE_THETA = 1_000_000.0
 # Top-level settings that never enter a hash, and why (tests/test_specs.py checks the schema's keys).
 COSMETIC_SETTINGS = {
     "storage_root": "where artifacts live, not what they hold (their locations change, their names do not)",
+    "copy_from": "other roots a finished payload may be copied from (verified object by object): where, not what",
     "executor": "where training runs (local or a Ray cluster): the same Levanter run either way",
     "log_level": "log verbosity",
     "tokenize_engine": "how the chat cache is built (in process or Levanter's Ray builder): the same cache either way",

@@ -1,0 +1,330 @@
+"""Payloads under storage roots: sealed when built, found again, copied between roots and verified.
+
+An artifact's name is what it is (a content hash); ``<storage_root>/<kind>/<name>/`` is only where its
+payload lives. Every rule that builds a payload seals it last with ``payload.json``: each object's
+relative path, size and md5, the step's result (paths in it relative to the location), and the
+settings that are checked but not hashed (a download's ``rows``, a shard set's ``strict``). A payload
+without a seal, or whose objects do not match it, is not finished (a write cut off mid-object, a
+killed job, a copy in progress).
+
+Before a rule builds a payload (:func:`build`), it looks for a sealed one with the same name: first at
+its own location, then under the other roots this workdir has written to (``results/storage_roots.json``)
+and the config's ``copy_from`` roots. One found elsewhere is copied object by object, each object's
+md5 checked on the way and the destination's size and md5 checked afterwards, and sealed at its new
+location; only if none verifies is the payload built. Snakemake reruns the rule when the root changes
+(the location is in the rule's ``params``), so a manifest of another root is never taken as done.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import hashlib
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Callable
+
+from . import io
+
+log = logging.getLogger("trajsft")
+
+SEAL = "payload.json"
+# top-level names that are no payload object: the seal itself, and the manifest (rewritten per root)
+NOT_OBJECTS = {SEAL, "manifest.json"}
+PLACEHOLDER = "@LOCATION@"
+ROOTS_FILE = "storage_roots.json"
+CHUNK = 8 << 20
+
+
+class PayloadMismatch(Exception):
+    """A payload's objects do not match its seal."""
+
+
+def absolute(location: str) -> str:
+    return location if io.is_remote(location) else os.path.abspath(location)
+
+
+def checked_settings(art) -> dict:
+    """The settings of ``art`` that are not hashed but must match for a payload to be reused (the
+    rules' params rerun triggers)."""
+    if art.kind == "raw":
+        return {"rows": int(art.spec["rows"])}
+    if art.kind == "shards":
+        return {"strict": bool(art.spec["transform"].get("strict"))}
+    return {}
+
+
+# ---- objects -----------------------------------------------------------------------------
+def _md5_file(path: str) -> str:
+    h = hashlib.md5()
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def listing(location: str, *, hashes: bool = True) -> dict[str, dict]:
+    """Every object under ``location``: relative path -> {size, md5 (hex)}. In a bucket the md5 is the
+    one the server computed (no download); locally the file is read (``hashes=False``: sizes only)."""
+    out: dict[str, dict] = {}
+    loc = location.rstrip("/")
+    if io.is_remote(loc):
+        fs, path = io.fs_and_path(loc)
+        with contextlib.suppress(FileNotFoundError):
+            for p, info in fs.find(path, detail=True).items():
+                rel = p[len(path.rstrip("/")) + 1:]
+                md5 = info.get("md5Hash")
+                out[rel] = {"size": int(info["size"]),
+                            "md5": base64.b64decode(md5).hex() if md5 else None}
+        for rel, meta in out.items():
+            if meta["md5"] is None and hashes:  # a composite object has no md5: read it
+                meta["md5"] = hashlib.md5(io.read_bytes(f"{loc}/{rel}")).hexdigest()
+        return out
+    for dirpath, _, files in os.walk(loc):
+        for f in files:
+            full = os.path.join(dirpath, f)
+            rel = os.path.relpath(full, loc).replace(os.sep, "/")
+            try:
+                out[rel] = {"size": os.path.getsize(full), "md5": _md5_file(full) if hashes else None}
+            except FileNotFoundError:  # a dangling link (W&B's latest-run links), or gone meanwhile
+                continue
+    return out
+
+
+# a training run's seal covers its weights only (trainer checkpoints, HF exports): its records
+# (attempts, provenance, result, logs) change with every attempt and are written again where it runs
+SEALED_ONLY = {"checkpoints": ("checkpoints/", "hf/")}
+
+
+def objects(location: str, kind: str | None = None) -> dict[str, dict]:
+    """The payload objects under ``location`` (for a training run: its weights only)."""
+    only = SEALED_ONLY.get(kind or "")
+    if only is None:
+        return {k: v for k, v in listing(location).items() if k not in NOT_OBJECTS}
+    return {f"{prefix}{k}": v for prefix in only for k, v in listing(io.join(location, prefix.rstrip("/"))).items()}
+
+
+def mismatch(location: str, seal: dict) -> str | None:
+    """Why the objects under ``location`` are not the sealed ones (None: every object there, same
+    size and md5)."""
+    have = objects(location, seal.get("kind"))
+    for rel, want in sorted(seal["objects"].items()):
+        got = have.get(rel)
+        if got is None:
+            return f"{rel} is missing"
+        if got["size"] != want["size"]:
+            return f"{rel} has {got['size']} bytes, sealed with {want['size']}"
+        if got["md5"] != want["md5"]:
+            return f"{rel} has md5 {got['md5']}, sealed with {want['md5']}"
+    return None
+
+
+# ---- seals ---------------------------------------------------------------------------------
+def read_seal(location: str) -> dict | None:
+    try:
+        seal = io.read_json(io.join(location, SEAL))
+    except (FileNotFoundError, json.JSONDecodeError, UnicodeDecodeError):
+        return None
+    return seal if isinstance(seal, dict) and isinstance(seal.get("objects"), dict) else None
+
+
+def unseal(location: str) -> None:
+    """Remove the seal before a payload is (re)built there: a cut-off rebuild is never taken as finished."""
+    p = io.join(location, SEAL)
+    if io.is_remote(p):
+        fs, path = io.fs_and_path(p)
+        with contextlib.suppress(FileNotFoundError):
+            fs.rm_file(path)
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(p)
+
+
+def _relocatable(result: dict, location: str) -> dict:
+    text = json.dumps(result).replace(absolute(location), PLACEHOLDER)
+    if not io.is_remote(location):
+        text = text.replace(json.dumps(location)[:-1], '"' + PLACEHOLDER)  # the relative form, whole-string starts
+    return json.loads(text)
+
+
+def _located(result: dict, location: str) -> dict:
+    return json.loads(json.dumps(result).replace(PLACEHOLDER, absolute(location)))
+
+
+def seal(art, result: dict, checked: dict) -> dict:
+    """Seal the payload just built at ``art.location`` (written last)."""
+    s = {"kind": art.kind, "name": art.name, "hash": art.hash, "checked": checked,
+         "objects": objects(art.location, art.kind), "result": _relocatable(result, art.location)}
+    io.write_json(io.join(art.location, SEAL), s)
+    return s
+
+
+# ---- roots -----------------------------------------------------------------------------------
+def _roots_file(plan) -> Path:
+    return Path(plan.state_dir, ROOTS_FILE)
+
+
+def known_roots(plan) -> list[str]:
+    """Roots to look in, current first: the current root, the config's ``copy_from``, then every
+    root this workdir has written to."""
+    roots = [absolute(plan.root), *(absolute(r) for r in plan.cfg.get("copy_from") or [])]
+    with contextlib.suppress(FileNotFoundError, json.JSONDecodeError):
+        roots += json.loads(_roots_file(plan).read_text())
+    return list(dict.fromkeys(r.rstrip("/") for r in roots))
+
+
+def remember_root(plan) -> None:
+    """Add the current root to the workdir's list of roots written to (looked in by later runs)."""
+    path = _roots_file(plan)
+    try:
+        roots = json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        roots = []
+    root = absolute(plan.root).rstrip("/")
+    if root not in roots:
+        io.write_json(path, [*roots, root])
+
+
+_REACHABLE: dict[str, bool] = {}
+# a finished payload: its seal; a training run (not sealed: it resumes in place) has its done record
+# (a bucket run dir) or its result file
+FINISHED = {"checkpoints": ("done.json", "training_result.json")}
+
+
+def reachable(root: str) -> bool:
+    """A local root, or a bucket whose endpoint answers within 3 s (asked once per process): gcsfs
+    would otherwise retry a dead endpoint for about a minute."""
+    if not io.is_remote(root):
+        return True
+    if root not in _REACHABLE:
+        from .cluster import preflight
+
+        endpoint = preflight.custom_endpoint(root)
+        if endpoint is not None:
+            _REACHABLE[root] = preflight._connects(endpoint[0], 3.0) is None
+        else:
+            host = preflight._STORAGE_HOSTS.get(root.split("://", 1)[0])
+            _REACHABLE[root] = host is None or preflight._resolves(host, 3.0)
+    return _REACHABLE[root]
+
+
+def where(plan, art) -> list[str]:
+    """The reachable roots holding a finished payload of ``art`` (sealed: the seal is read, the objects
+    are not verified)."""
+    out = []
+    for root in known_roots(plan):
+        if not reachable(root):
+            continue
+        loc = io.join(root, art.kind, art.name)
+        if art.kind in FINISHED:
+            if any(io.exists(io.join(loc, f)) for f in FINISHED[art.kind]):
+                out.append(root)
+        elif read_seal(loc) is not None:
+            out.append(root)
+    return out
+
+
+# ---- copying ---------------------------------------------------------------------------------
+def _stream(fi, fo, src: str, want: dict) -> None:
+    h, n = hashlib.md5(), 0
+    while chunk := fi.read(CHUNK):
+        h.update(chunk)
+        n += len(chunk)
+        fo.write(chunk)
+    if (n, h.hexdigest()) != (want["size"], want["md5"]):
+        raise PayloadMismatch(f"{src}: {n} bytes md5 {h.hexdigest()}, sealed {want['size']} bytes md5 {want['md5']}")
+
+
+def _copy_object(src: str, dst: str, want: dict) -> None:
+    """Stream one object; it is kept only if its bytes are the sealed ones (a bucket upload that fails
+    is discarded, never finalised; a local file goes through a temp file)."""
+    fs_src = io.filesystem(src)
+    if not io.is_remote(dst):
+        with io.atomic_path(dst) as tmp, fs_src.open(src, "rb") as fi, open(tmp, "wb") as fo:
+            _stream(fi, fo, src, want)
+        return
+    fo = io.filesystem(dst).open(dst, "wb")
+    try:
+        with fs_src.open(src, "rb") as fi:
+            _stream(fi, fo, src, want)
+    except BaseException:
+        with contextlib.suppress(Exception):
+            fo.discard()
+        fo.closed = True  # closing (also by the garbage collector) would upload what was buffered
+        raise
+    fo.close()
+
+
+def copy_payload(src: str, dst: str, s: dict) -> None:
+    """Copy a sealed payload and verify every object at ``dst``; seal it there last."""
+    unseal(dst)
+    for rel, want in sorted(s["objects"].items()):
+        _copy_object(f"{src.rstrip('/')}/{rel}", f"{dst.rstrip('/')}/{rel}", want)
+    problem = mismatch(dst, s)
+    if problem:
+        raise PayloadMismatch(f"copy at {dst}: {problem}")
+    io.write_json(io.join(dst, SEAL), {**s, "copied_from": src})
+
+
+# ---- the rule layer ----------------------------------------------------------------------------
+def find(plan, art, checked: dict, *, here_too: bool = True) -> tuple[dict, str] | None:
+    """A verified payload of ``art`` at its location, copied there from another root if need be:
+    (the step's result at ``art.location``, where it came from), or None (build it).
+    ``here_too=False``: only look under the other roots."""
+    here = absolute(art.location).rstrip("/")
+    for root in known_roots(plan):
+        if root == absolute(plan.root).rstrip("/") and not here_too:
+            continue
+        loc = here if root == absolute(plan.root).rstrip("/") else io.join(root, art.kind, art.name)
+        s = read_seal(loc)
+        if s is None or s.get("hash") != art.hash or s.get("checked") != checked:
+            continue
+        try:
+            if loc == here:
+                problem = mismatch(loc, s)
+                if problem:
+                    log.warning("%s/%s at %s does not match its seal (%s): not reused", art.kind, art.name, loc, problem)
+                    continue
+                log.info("%s/%s: the sealed payload at %s verifies (%d objects): reused", art.kind, art.name, loc,
+                         len(s["objects"]))
+            else:
+                log.info("%s/%s: copying the sealed payload from %s to %s (%d objects)", art.kind, art.name, loc,
+                         here, len(s["objects"]))
+                copy_payload(loc, art.location, s)
+        except (PayloadMismatch, OSError) as e:
+            log.warning("%s/%s: the payload at %s is not usable: %s", art.kind, art.name, loc, e)
+            continue
+        return _located(s["result"], art.location), loc
+    return None
+
+
+def build(plan, art, make: Callable[[], dict]) -> dict:
+    """The step's result for ``art``: a verified payload found (here or under another root) or
+    ``make()`` run, its payload then sealed. The result says where it came from (``payload_from``)."""
+    checked = checked_settings(art)
+    found = find(plan, art, checked)
+    if found is not None:
+        result, origin = found
+    else:
+        unseal(art.location)
+        result, origin = make(), "built"
+        seal(art, result, checked)
+    remember_root(plan)
+    return {**result, "payload_from": origin}
+
+
+def train(plan, art, run: Callable[[], dict]) -> dict:
+    """A training run: unless its weights are sealed here, sealed weights under another root are copied
+    (verified) first, so that ``run()`` finds the final checkpoint and does not train again; the
+    weights of a successful run are sealed."""
+    if read_seal(art.location) is None:
+        found = find(plan, art, {}, here_too=False)
+        if found is not None:
+            log.info("%s: trained weights copied from %s", art.name, found[1])
+    result = run()
+    if read_seal(art.location) is None:
+        seal(art, {}, {})
+    remember_root(plan)
+    return result

@@ -1,0 +1,133 @@
+"""Integration: the demo pipeline with a gs:// storage root on fake-gcs-server (real Snakemake, Levanter,
+gcsfs and tensorstore against the GCS JSON API), after its data was built under the local root."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from pipeline_utils import env, plan, run
+from trajsft import io
+from trajsft.train import checkpoints
+
+pytestmark = pytest.mark.integration
+DATA = ("raw", "shards", "tokenized")
+
+
+def files(d: Path) -> dict[str, bytes]:
+    return {p.relative_to(d).as_posix(): p.read_bytes() for p in sorted(d.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def local_data(tmp_path_factory):
+    """The demo's data built under the local root: (workdir, {kind: plan row})."""
+    wd = tmp_path_factory.mktemp("local")
+    arts = {a["kind"]: a for a in plan(wd, "demo")["artifacts"]}
+    run(wd, arts["tokenized"]["manifest"])
+    return wd, arts
+
+
+def payload_files(wd: Path, art: dict) -> dict[str, bytes]:
+    return {p: b for p, b in files(wd / art["location"]).items() if p not in ("manifest.json", "payload.json")}
+
+
+def test_demo_built_locally_trained_on_a_bucket_and_back(gcs, local_data):
+    wd, arts = local_data
+    root = f"{gcs.url}/trajsft"
+    over = {"storage_root": root, "teachers": {"demo": {"training": {"max_steps": 2}}}}  # cheap: 2 steps
+    manifest = lambda k: json.loads((wd / arts[k]["manifest"]).read_text())  # noqa: E731
+
+    # 1. the data under the local root
+    assert {manifest(k)["payload_from"] for k in DATA} == {"built"}
+
+    # 2. the same config with a gs:// root: the manifests of the local root are not done for it; the
+    # sealed local payloads are copied and verified (not recomputed), training reads and writes the bucket
+    t = plan(wd, "demo", over)
+    assert {a["kind"]: (a["exists"], a["present_at"]) for a in t["artifacts"]} == {
+        "raw": (False, [str(wd / "results")]), "shards": (False, [str(wd / "results")]),
+        "tokenized": (False, [str(wd / "results")]), "checkpoints": (False, [])}
+    run(wd, "checkpoints/demo/done", "results/exports/demo/manifest.json", config=over)
+    objs = gcs.objects()
+    for k in DATA:
+        m, name = manifest(k), arts[k]["name"]
+        assert m["location"] == f"{root}/{k}/{name}" and m["payload_from"] == str(wd / arts[k]["location"])
+        local = payload_files(wd, arts[k])
+        assert local and {p: objs[f"trajsft/{k}/{name}/{p}"] for p in local} == local  # byte-identical
+    assert manifest("tokenized")["cache_dir"] == f"{root}/tokenized/{arts['tokenized']['name']}/cache-packed"
+    done = json.loads((wd / "checkpoints/demo/done").read_text())
+    assert done["checkpoint_dir"] == t["checkpoint_dir"] and done["checkpoint_dir"].startswith(f"{root}/checkpoints/")
+    assert done["hf_export"].startswith(done["checkpoint_dir"] + "/hf/step-") and checkpoints.hf_export_complete(done["hf_export"])
+    lev = io.read_json(f"{done['checkpoint_dir']}/provenance/config.json")["levanter"]
+    assert lev["data"]["cache_dir"] == manifest("tokenized")["cache_dir"]
+    assert json.loads((wd / "results/exports/demo/manifest.json").read_text())["location"].startswith(f"{root}/exports/")
+    status = subprocess.run([sys.executable, "-m", "trajsft.cli", "status", "demo", "--json", "--configfile",
+                             str(wd / "test-overrides.yaml")], capture_output=True, text=True, cwd=wd, env=env())
+    [row] = json.loads(status.stdout)
+    assert (row["state"], row["hf_export"], row["steps_total"]) == ("done", done["hf_export"], done["steps"])
+    t = plan(wd, "demo", over)
+    assert all(a["exists"] for a in t["artifacts"]) and t["done_exists"]
+    assert {a["kind"]: a["present_at"] for a in t["artifacts"]} == {k: [root, str(wd / "results")] for k in DATA} | {"checkpoints": [root]}
+    assert "Nothing to be done" in run(wd, "-n", "checkpoints/demo/done", config=over).stdout
+
+    # 3. back on the local root: the bucket's manifests are not done here either; the local payloads
+    # verify and are reused, and the trained weights are copied from the bucket, not trained again
+    local_over = {"teachers": over["teachers"]}
+    dry = run(wd, "-n", "checkpoints/demo/done", config=local_over).stdout
+    assert all(f"rule {r}:" in dry for r in ("download", "shard", "tokenize", "train")), dry
+    run(wd, "checkpoints/demo/done", config=local_over)
+    for k in DATA:
+        assert manifest(k)["location"] == arts[k]["location"]
+        assert manifest(k)["payload_from"] == str(wd / arts[k]["location"])
+    t = plan(wd, "demo", local_over)
+    local_done = json.loads((wd / "checkpoints/demo/done").read_text())
+    assert local_done["checkpoint_dir"] == t["checkpoint_dir"] and local_done["steps"] == done["steps"]
+    assert (wd / done["log"]).read_text().count("[trajsft.levanter_run] launch train_lm") == 1  # the bucket's run only
+    hf = wd / local_done["hf_export"]
+    assert checkpoints.hf_export_complete(str(hf))
+    prefix = done["hf_export"].split("/", 3)[3] + "/"
+    assert files(hf) == {p[len(prefix):]: b for p, b in gcs.objects().items() if p.startswith(prefix)}
+
+
+def test_data_built_through_storage_faults_is_byte_identical(gcs, local_data, tmp_path, monkeypatch):
+    """download -> shards -> cache on a bucket behind the fault proxy (every 23rd request answered 503,
+    every 37th dropped after the server acted, one 8 s stall), in a workdir that knows no other root:
+    built, not copied, and every payload object is the local build's, byte for byte (our cache stats
+    record: but for the locations it names)."""
+    from fault_proxy import FaultProxy
+    from gcs_fixtures import clear_fsspec_cache
+
+    ref, arts = local_data
+    proxy = FaultProxy(gcs.emulator.url, every={"503": 23, "drop": 37}, stall_at=40, stall_s=8.0).start()
+    try:
+        for k, v in gcs.emulator.env(proxy.url).items():
+            monkeypatch.setenv(k, v)
+        clear_fsspec_cache()
+        wd = tmp_path / "faults"
+        wd.mkdir()
+        t0 = time.monotonic()
+        run(wd, arts["tokenized"]["manifest"], config={"storage_root": f"{gcs.url}/trajsft"})
+        seconds = time.monotonic() - t0
+    finally:
+        proxy.stop()
+    print(f"storage faults: {dict(proxy.counts)} of {proxy.requests} requests, data rules in {seconds:.0f}s")
+    assert proxy.counts["503"] >= 3 and proxy.counts["drop"] >= 2 and proxy.counts["stall"] == 1, proxy.counts
+    objs = gcs.objects()
+    for k in DATA:
+        m = json.loads((wd / arts[k]["manifest"]).read_text())
+        assert m["payload_from"] == "built" and m["location"] == f"{gcs.url}/trajsft/{k}/{arts[k]['name']}"
+        local = payload_files(ref, arts[k])
+        prefix = f"trajsft/{k}/{arts[k]['name']}/"
+        there = {p[len(prefix):]: b for p, b in objs.items() if p.startswith(prefix)}
+        # byte-identical, but for our cache stats record, which names the cache's and shards' locations
+        stats = {p for p in local if p.endswith("trajsft_cache_stats.json")}
+        assert {p: there.get(p) for p in set(local) - stats} == {p: local[p] for p in set(local) - stats}, k
+        for p in stats:
+            b = there[p].replace(f"{gcs.url}/trajsft/".encode(), b"ROOT/")
+            a = local[p].replace(f"{ref}/results/".encode(), b"ROOT/").replace(b'"results/', b'"ROOT/')
+            assert a == b, p
+        assert set(there) - set(local) <= {"manifest.json", "payload.json"}, k

@@ -1,0 +1,52 @@
+"""Preflight's storage probe against a GCS-compatible endpoint (fake-gcs-server): no DNS lookup of
+storage.googleapis.com when the client is pointed elsewhere, one line in seconds when it cannot write."""
+
+from __future__ import annotations
+
+import time
+
+import fsspec.config
+import pytest
+
+from gcs_fixtures import clear_fsspec_cache, free_port
+from trajsft.cluster import preflight as P
+
+
+@pytest.fixture
+def no_dns(monkeypatch):
+    def resolves(host, timeout_s):
+        raise AssertionError(f"preflight looked up {host} although a custom endpoint is set")
+
+    monkeypatch.setattr(P, "_resolves", resolves)
+
+
+def test_emulator_bucket_passes_without_dns_and_leaves_nothing(gcs, no_dns):
+    assert P.custom_endpoint(f"{gcs.url}/trajsft") == (gcs.emulator.url, "STORAGE_EMULATOR_HOST")
+    assert P._check_storage(f"{gcs.url}/trajsft", 20) is None
+    assert gcs.objects() == {}  # the probe object was removed
+
+
+def test_fsspec_endpoint_url_is_honoured(gcs, no_dns, monkeypatch):
+    monkeypatch.delenv("STORAGE_EMULATOR_HOST")
+    monkeypatch.setitem(fsspec.config.conf, "gcs", {"endpoint_url": gcs.emulator.url, "token": "anon"})
+    clear_fsspec_cache()
+    assert P.custom_endpoint(gcs.url) == (gcs.emulator.url, "fsspec gcs.endpoint_url")
+    assert P._check_storage(gcs.url, 20) is None
+
+
+def test_missing_bucket_is_one_line_in_seconds(gcs, no_dns):
+    t0 = time.monotonic()
+    [line] = P.preflight(f"http://127.0.0.1:{free_port()}", [], {}, "gs://no-such-bucket-here/trajsft", timeout_s=3)[1:]
+    assert time.monotonic() - t0 < 10
+    assert line == f"storage root gs://no-such-bucket-here/trajsft is not writable: no bucket no-such-bucket-here at {gcs.emulator.url}"
+
+
+def test_unreachable_endpoint_is_one_line_in_seconds(monkeypatch, no_dns):
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", url)
+    clear_fsspec_cache()
+    t0 = time.monotonic()
+    err = P._check_storage("gs://b/trajsft", 20)
+    assert time.monotonic() - t0 < 5
+    assert err.startswith(f"storage root gs://b/trajsft unreachable: cannot connect to {url} (set by "
+                          "STORAGE_EMULATOR_HOST): ") and "\n" not in err, err
