@@ -123,7 +123,7 @@ def test_plan_cli_prints_locations_without_running(tmp_path):
     assert export["on_request"] == "snakemake results/exports/minimax-m2.5/manifest.json"
     text = subprocess.run([sys.executable, "-m", "trajsft.cli", "plan", "minimax-m2.5"], capture_output=True, text=True,
                           check=True).stdout
-    assert f"  exports     results/exports/{plan().target('minimax-m2.5')['export'].name}" in text and "[on request]" in text
+    assert f"  exports     results/exports/{plan().target('minimax-m2.5')['export'].name}" in text and "[on request" in text
     bad = subprocess.run([sys.executable, "-m", "trajsft.cli", "plan", "nope"], capture_output=True, text=True)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "unknown target" in bad.stderr
 

@@ -202,10 +202,10 @@ def train_on_ray(plan: Plan, target: str, lev: dict, paths: dict, attempt: int) 
     cfg = plan.cfg
     ray = ray_settings(cfg)
     check_or_raise(cfg)
-    fit_or_raise(plan, target, lev)
     run = paths["run"]
     run_dir = _abs(run.location)
-    refuse_foreign_paths(cfg, job_paths(run_dir, lev))
+    refuse_foreign_paths(cfg, job_paths(run_dir, lev))  # instant: before the fit check's compile
+    fit_or_raise(plan, target, lev)
     cfg_url = join(run_dir, "levanter_config.json")
     io.write_bytes(cfg_url, json.dumps(lev, indent=2, sort_keys=True).encode())
     entrypoint, identity = driver_command(cfg_url, run_dir, ray, attempt)
