@@ -50,7 +50,7 @@ def test_demo_built_locally_trained_on_a_bucket_and_back(gcs, local_data):
     t = plan(wd, "demo", over)
     assert {a["kind"]: (a["exists"], a["present_at"]) for a in t["artifacts"]} == {
         "raw": (False, [str(wd / "results")]), "shards": (False, [str(wd / "results")]),
-        "tokenized": (False, [str(wd / "results")]), "checkpoints": (False, [])}
+        "tokenized": (False, [str(wd / "results")]), "checkpoints": (False, []), "exports": (False, [])}
     run(wd, "checkpoints/demo/done", "results/exports/demo/manifest.json", config=over)
     objs = gcs.objects()
     for k in DATA:
@@ -71,7 +71,8 @@ def test_demo_built_locally_trained_on_a_bucket_and_back(gcs, local_data):
     assert (row["state"], row["hf_export"], row["steps_total"]) == ("done", done["hf_export"], done["steps"])
     t = plan(wd, "demo", over)
     assert all(a["exists"] for a in t["artifacts"]) and t["done_exists"]
-    assert {a["kind"]: a["present_at"] for a in t["artifacts"]} == {k: [root, str(wd / "results")] for k in DATA} | {"checkpoints": [root]}
+    assert {a["kind"]: a["present_at"] for a in t["artifacts"]} == (
+        {k: [root, str(wd / "results")] for k in DATA} | {"checkpoints": [root], "exports": [root]})
     assert "Nothing to be done" in run(wd, "-n", "checkpoints/demo/done", config=over).stdout
 
     # 3. back on the local root: the bucket's manifests are not done here either; the local payloads

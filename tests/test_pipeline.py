@@ -240,6 +240,19 @@ def test_status_and_logs_of_a_local_run(demo):
     assert tail == (wd / "logs/train/demo.log").read_text().splitlines()[-5:]
 
 
+def test_status_example_is_a_real_demo_run(demo):
+    """docs/status-example.txt (scripts/render_docs.sh, shown in the README) is what `trajsft status`
+    prints after this demo run, paths relative to the run's directory; only the loss digits may differ
+    between machines. Before the rerun test below, which records a second (not relaunched) attempt."""
+    import re
+
+    wd, _ = demo
+    out = cli(wd, "status", "--offline").stdout.replace(f"{wd}/", "")
+    example = (REPO / "docs/status-example.txt").read_text()
+    loss = re.compile(r"(?<= )\d+\.\d{4}\b")
+    assert loss.sub("<loss>", out) == loss.sub("<loss>", example), "stale: run scripts/render_docs.sh"
+
+
 def test_rerun_is_noop_and_finished_training_is_not_relaunched(demo):
     wd, t = demo
     out = run(wd, "-n", "checkpoints/demo/done")
@@ -300,16 +313,3 @@ def test_kill_and_resume(tmp_path):
     assert [a["outcome"] for a in attempts] == ["interrupted", "succeeded"]
     assert tok_manifest.exists() and (tok_dir / "cache").is_dir()
     assert not list(tok_dir.glob(".cache.building-*")), "stale build dir left behind"
-
-
-def test_status_example_is_a_real_demo_run(demo):
-    """docs/status-example.txt (scripts/render_docs.sh, shown in the README) is what `trajsft status`
-    prints after this demo run, paths relative to the run's directory; only the loss digits may differ
-    between machines."""
-    import re
-
-    wd, _ = demo
-    out = cli(wd, "status", "--offline").stdout.replace(f"{wd}/", "")
-    example = (REPO / "docs/status-example.txt").read_text()
-    loss = re.compile(r"(?<= )\d+\.\d{4}\b")
-    assert loss.sub("<loss>", out) == loss.sub("<loss>", example), "stale: run scripts/render_docs.sh"
