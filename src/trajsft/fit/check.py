@@ -24,7 +24,6 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
-from importlib import metadata
 from pathlib import Path
 from typing import Optional
 
@@ -58,13 +57,9 @@ class LibtpuMissing(DataError):
 
 
 def versions() -> dict:
-    out = {}
-    for pkg in VERSIONED:
-        try:
-            out[pkg] = metadata.version(pkg)
-        except metadata.PackageNotFoundError:
-            out[pkg] = None
-    return out
+    from ..observe.provenance import package_versions
+
+    return package_versions(VERSIONED)
 
 
 def require_libtpu() -> dict:

@@ -32,15 +32,9 @@ from typing import Any
 
 
 def _versions() -> dict:
-    from importlib.metadata import PackageNotFoundError, version
+    from trajsft.fit.check import versions
 
-    out = {}
-    for pkg in ("jax", "jaxlib", "libtpu", "levanter"):
-        try:
-            out[pkg] = version(pkg)
-        except PackageNotFoundError:
-            out[pkg] = None
-    return out
+    return versions()
 
 
 def _bytes_per_device(tree) -> int:

@@ -39,9 +39,10 @@ def code_version() -> dict:
     }
 
 
-def package_versions() -> dict:
+def package_versions(packages: tuple[str, ...] = PACKAGES) -> dict:
+    """Installed version of each package (None: not installed)."""
     out = {}
-    for p in PACKAGES:
+    for p in packages:
         try:
             out[p] = metadata.version(p)
         except metadata.PackageNotFoundError:
