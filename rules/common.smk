@@ -109,8 +109,13 @@ def not_a_target():
     return "(?!(" + "|".join(re.escape(t) for t in PLAN.targets) + r")$)[^/]+"
 
 
-def tokenized_manifests(wildcards):
-    return [a.manifest for a in PLAN.target(wildcards.target)["tokenized"]]
+def train_inputs(wildcards):
+    """Input function (train): the tokenized manifests of the target's teachers, and the manifest of
+    the student's initial weights (init: hf)."""
+    model = PLAN.model(wildcards.target)
+    return [a.manifest for a in PLAN.target(wildcards.target)["tokenized"]] + (
+        [model.manifest] if model else []
+    )
 
 
 def export_inputs(wildcards):

@@ -1,10 +1,29 @@
+# The student's initial weights (init: hf): its checkpoint at the pinned revision, snapshotted once
+# into <storage_root>/models/<repo>-<hash>/ and verified; every training host initialises from there.
+rule download_model:
+    output:
+        f"{STATE_DIR}/models/{{name}}/manifest.json",
+    log:
+        "logs/download_model/{name}.log",
+    benchmark:
+        "benchmarks/download_model/{name}.tsv"
+    threads: 1  # network-bound: safetensors from the Hub
+    resources:
+        mem_mb=4000,
+    params:
+        location=payload_location("models"),
+        step=job_step("model"),
+    script:
+        "../scripts/rule_download_model.py"
+
+
 # The resumable Levanter checkpoint directory (<storage_root>/checkpoints/<target>-<hash>/)
 # is deliberately NOT an output: Snakemake deletes outputs of failed jobs. Only the small
 # `done` marker is; `params.run` (the content-addressed run name) re-triggers training
 # when any hashed setting changes.
 rule train:
     input:
-        tokenized_manifests,
+        train_inputs,
     output:
         report(
             "checkpoints/{target}/done",

@@ -45,6 +45,16 @@ def student(name: str, **fields) -> dict:
     return {"students": {name: fields}}
 
 
+def snapshot(repo: str, revision: str) -> str:
+    """Where an init: hf student's checkpoint is read from: its models/ snapshot under the (local) root,
+    named by the repo and content-addressed by repo + revision."""
+    from trajsft.plan import hashing
+
+    h = hashing.short({"format": C.FORMAT_VERSIONS["models"], "init": "hf",
+                       "hf_checkpoint": {"hub": repo, "revision": revision}})
+    return os.path.abspath(f"results/models/{repo.rsplit('/', 1)[-1]}-{h}")
+
+
 # (spec field, config override, target, Levanter key, the value there)
 # gpt-5-mini: 3953 rows, the reference training (7 epochs of rows, batch 16), the qwen3-8b student;
 # demo: the tiny random-init student.
@@ -71,11 +81,11 @@ MAPPING = [
     ("TrainingSpec.seed", {"training": {"seed": 7}}, "gpt-5-mini", "trainer.seed", 7),
     ("TrainingSpec.max_steps", {"training": {"max_steps": 123}}, "gpt-5-mini", "trainer.num_train_steps", 123),
     ("StudentSpec.init", student("tiny", init="hf", hf_checkpoint="Org/M", hf_revision="r"), "demo",
-     "initialize_from_hf", "Org/M@r"),
+     "initialize_from_hf", snapshot("Org/M", "r")),
     ("StudentSpec.init", student("tiny", init="hf", hf_checkpoint="Org/M", hf_revision="r"), "demo",
      "use_hf_model_config", False),
     ("StudentSpec.init", student("tiny", init="hf", hf_checkpoint="Org/M", hf_revision="r"), "demo",
-     "model.reference_checkpoint", "Org/M@r"),
+     "model.reference_checkpoint", snapshot("Org/M", "r")),
     ("StudentSpec.tokenizer", student("qwen3-8b", tokenizer="Org/Tok"), "gpt-5-mini", "data.tokenizer",
      f"Org/Tok@{REV}"),
     ("StudentSpec.tokenizer", student("qwen3-8b", tokenizer_revision="r2"), "gpt-5-mini", "data.tokenizer",
@@ -84,11 +94,14 @@ MAPPING = [
      "Qwen/Qwen3-8B@r2"),
     ("StudentSpec.rope_theta", student("tiny", rope_theta=5e5), "demo", "model.rope.theta", 5e5),
     ("StudentSpec.hf_checkpoint", student("qwen3-8b", hf_checkpoint="Org/M"), "gpt-5-mini", "initialize_from_hf",
-     f"Org/M@{REV}"),
+     snapshot("Org/M", REV)),
     ("StudentSpec.hf_checkpoint", student("qwen3-8b", hf_revision="r3"), "gpt-5-mini", "initialize_from_hf",
-     "Qwen/Qwen3-8B@r3"),
+     snapshot("Qwen/Qwen3-8B", "r3")),
     ("StudentSpec.hf_checkpoint", student("qwen3-8b", hf_revision="r3"), "gpt-5-mini", "model.reference_checkpoint",
-     "Qwen/Qwen3-8B@r3"),
+     snapshot("Qwen/Qwen3-8B", "r3")),
+    # the checkpoint's own tokenizer (same repo and revision) is read from the snapshot too
+    ("StudentSpec.hf_checkpoint", student("qwen3-8b", hf_revision="r3", tokenizer_revision="r3"), "gpt-5-mini",
+     "data.tokenizer", snapshot("Qwen/Qwen3-8B", "r3")),
     ("StudentSpec.model", student("qwen3-8b", model={"num_layers": 4}), "gpt-5-mini", "model.num_layers", 4),
     *[(f"ModelSpec.{k}", student("tiny", model={k: v}), "demo", f"model.{k}", v)
       for k, v in {"hidden_dim": 96, "intermediate_dim": 256, "num_layers": 3, "num_heads": 8, "num_kv_heads": 4,

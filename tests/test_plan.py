@@ -117,13 +117,17 @@ def test_plan_cli_prints_locations_without_running(tmp_path):
     [t] = json.loads(out.stdout)
     assert t["checkpoint_dir"].startswith("gs://marin-us-east5/trajsft/checkpoints/minimax-m2.5-")
     assert t["checkpoint_dir"] == C.join("gs://marin-us-east5/trajsft", "checkpoints", names(plan(), "minimax-m2.5")["checkpoints"])
-    assert [a["kind"] for a in t["artifacts"]] == ["raw", "shards", "tokenized", "checkpoints", "exports"]
+    assert [a["kind"] for a in t["artifacts"]] == ["raw", "shards", "tokenized", "models", "checkpoints", "exports"]
+    model = plan().model("minimax-m2.5")  # the initial weights: once, in the bucket
+    assert t["init_weights"] == t["artifacts"][3]["location"] == f"gs://marin-us-east5/trajsft/models/{model.name}"
+    assert model.name.startswith("Qwen3-8B-")
     export = t["artifacts"][-1]
     assert export["location"] == C.join("gs://marin-us-east5/trajsft", "exports", plan().target("minimax-m2.5")["export"].name)
     assert export["on_request"] == "snakemake results/exports/minimax-m2.5/manifest.json"
     text = subprocess.run([sys.executable, "-m", "trajsft.cli", "plan", "minimax-m2.5"], capture_output=True, text=True,
                           check=True).stdout
     assert f"  exports     results/exports/{plan().target('minimax-m2.5')['export'].name}" in text and "[on request" in text
+    assert f"  initial weights:       results/models/{model.name}\n" in text
     bad = subprocess.run([sys.executable, "-m", "trajsft.cli", "plan", "nope"], capture_output=True, text=True)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "unknown target" in bad.stderr
 
@@ -145,13 +149,17 @@ def test_student_revision_is_pinned_hashed_and_passed_on():
     assert p.cfg["students"]["qwen3-8b"]["hf_revision"] == QWEN3_8B_REV
     tok = next(a for a in p.chain("minimax-m2.5") if a.kind == "tokenized")
     assert tok.spec["tokenizer"] == f"Qwen/Qwen3-8B@{QWEN3_8B_REV}"  # what the tokenize rule loads
-    from trajsft.train.levanter_config import initialize_from_hf
+    from trajsft.train.levanter_config import RunInputs, initialize_from_hf
 
-    assert initialize_from_hf(p.specs.students["qwen3-8b"]) == f"Qwen/Qwen3-8B@{QWEN3_8B_REV}"  # Levanter's RepoRef
+    run = RunInputs(run_id="r", run_dir="d", tokenizer="t", chat_template="", sources={}, num_train_steps=2)
+    # without a snapshot (RunInputs.init_weights): the pinned checkpoint as Levanter's RepoRef
+    assert initialize_from_hf(p.specs.students["qwen3-8b"], run) == f"Qwen/Qwen3-8B@{QWEN3_8B_REV}"
+    assert p.model("minimax-m2.5").inputs["hf_checkpoint"] == {"hub": "Qwen/Qwen3-8B", "revision": QWEN3_8B_REV}
     # a new revision is a new student: new tokenized cache and checkpoint dir, same shards
     other = plan(students={"qwen3-8b": {"hf_revision": "0" * 40, "tokenizer_revision": "0" * 40}})
     a, b = names(p, "minimax-m2.5"), names(other, "minimax-m2.5")
     assert a["shards"] == b["shards"] and a["tokenized"] != b["tokenized"] and a["checkpoints"] != b["checkpoints"]
+    assert a["models"] != b["models"]
 
 
 def test_pinned_tokenizer_resolves_to_a_snapshot_of_that_revision(monkeypatch):

@@ -4,6 +4,7 @@ hashed field changes the hash of the artifacts it is declared for and of their d
 changing a cosmetic one changes no hash."""
 
 import copy
+import os
 import dataclasses
 import shutil
 import typing
@@ -332,9 +333,14 @@ def test_revisions_and_dimensions_are_passed_on_to_levanter(monkeypatch):
     monkeypatch.setattr(train_step, "train_data", lambda plan, name: {
         "cache_dir": f"/cache/{name}", "packed_sequences": 1000, "tokens_in_window": 10})
     lev = train_step.levanter_config(p, "gpt-5-mini")
-    assert lev["initialize_from_hf"] == f"Qwen/Qwen3-8B@{QWEN3_8B_REV}"  # Levanter's RepoRef syntax
-    assert lev["model"]["reference_checkpoint"] == f"Qwen/Qwen3-8B@{QWEN3_8B_REV}"
-    assert lev["data"]["tokenizer"] == f"Qwen/Qwen3-8B@{QWEN3_8B_REV}"
+    # the pinned checkpoint is read from its snapshot under the storage root (rule download_model), named
+    # by the repo and revision it holds; its tokenizer is the checkpoint's own: read from there too
+    model = p.model("gpt-5-mini")
+    assert model.inputs == {"format": C.FORMAT_VERSIONS["models"], "init": "hf",
+                            "hf_checkpoint": {"hub": "Qwen/Qwen3-8B", "revision": QWEN3_8B_REV}}
+    assert model.spec == {"ref": "Qwen/Qwen3-8B", "revision": QWEN3_8B_REV, "local": None}
+    snap = os.path.abspath(f"results/models/Qwen3-8B-{model.hash}")
+    assert lev["initialize_from_hf"] == lev["model"]["reference_checkpoint"] == lev["data"]["tokenizer"] == snap
     for k, v in QWEN3_8B_DIMS.items():
         assert lev["model"][k] == v
     tok = next(a for a in p.chain("gpt-5-mini") if a.kind == "tokenized")

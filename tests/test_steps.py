@@ -132,7 +132,7 @@ def test_hub_errors_are_one_line(tmp_path, monkeypatch):
     with pytest.raises(steps.DataError) as e:
         download.download(plan, name(plan, "raw", "minimax-m2.5"))
     assert str(e.value) == ("AlienKevin/SWE-smith-rs-minimax-m2.5-trajectories@dfd98db: Hugging Face Hub answered "
-                            "HTTP 401 (set HF_TOKEN for gated/private datasets)")
+                            "HTTP 401 (set HF_TOKEN for gated/private repos)")
 
 
 @pytest.mark.parametrize("revision", ["main", "v1.0", "DE3BB10", "abc12", "local "])

@@ -34,8 +34,8 @@ def test_dry_run_of_every_teacher_and_mixture_offline(tmp_path):
     out = p.stdout + p.stderr
     for t in all_targets():
         assert t in out
-    # one job per artifact: 4 teachers' data once each, 6 training targets
-    assert "download        4" in out and "train           6" in out
+    # one job per artifact: 4 teachers' data once each, Qwen3-8B's weights once, 6 training targets
+    assert "download              4" in out and "download_model        1" in out and "train                 6" in out
     assert time.time() - t0 < 60
     assert not list(tmp_path.glob("results/**/*.parquet")), "a dry run must not download"
 

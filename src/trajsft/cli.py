@@ -209,6 +209,7 @@ def cmd_plan(args) -> int:
         entry = {
             "target": t, "done": done, "done_exists": done_hash == run.hash, "done_hash": done_hash,
             "checkpoint_dir": run.location, "hf_export": io.join(run.location, "hf"),
+            "init_weights": (m := plan.model(t)) and m.location,
             "artifacts": rows,
         }
         if args.explain:
@@ -227,6 +228,8 @@ def cmd_plan(args) -> int:
         print(f"{t['target']}:  {t['done']}  [{'done' if t['done_exists'] else 'not done' + stale}]")
         print(f"  weights (checkpoints): {t['checkpoint_dir']}")
         print(f"  HF exports:            {t['hf_export']}/step-<N>")
+        if t["init_weights"]:
+            print(f"  initial weights:       {t['init_weights']}")
         for a in t["artifacts"]:
             state = "exists" if a["exists"] else ("on request" if a.get("on_request") else "missing")
             if a["present_at"] is None:

@@ -1,5 +1,5 @@
 """The rule-job harness: rule scripts call :func:`run_rule`, which runs one step (``data.download``,
-``data.shard``, ``data.tokenize``, ``train.step``) with logging, stop handling, user errors as one line
+``data.shard``, ``data.tokenize``, ``train.model_snapshot``, ``train.step``) with logging, stop handling, user errors as one line
 and the artifact manifest."""
 
 from __future__ import annotations
@@ -43,6 +43,10 @@ def _step_function(step: str) -> Callable[[Plan, str], dict]:
         from .data.tokenize import tokenize
 
         return tokenize
+    if step == "model":
+        from .train.model_snapshot import snapshot
+
+        return snapshot
     raise ValueError(f"unknown step {step!r}")
 
 

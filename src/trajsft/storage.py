@@ -237,7 +237,7 @@ def _stream(fi, fo, src: str, want: dict) -> None:
         raise PayloadMismatch(f"{src}: {n} bytes md5 {h.hexdigest()}, sealed {want['size']} bytes md5 {want['md5']}")
 
 
-def _copy_object(src: str, dst: str, want: dict) -> None:
+def copy_object(src: str, dst: str, want: dict) -> None:
     """Stream one object; it is kept only if its bytes are the sealed ones (a bucket upload that fails
     is discarded, never finalised; a local file goes through a temp file)."""
     fs_src = io.filesystem(src)
@@ -261,7 +261,7 @@ def copy_payload(src: str, dst: str, s: dict) -> None:
     """Copy a sealed payload and verify every object at ``dst``; seal it there last."""
     unseal(dst)
     for rel, want in sorted(s["objects"].items()):
-        _copy_object(f"{src.rstrip('/')}/{rel}", f"{dst.rstrip('/')}/{rel}", want)
+        copy_object(f"{src.rstrip('/')}/{rel}", f"{dst.rstrip('/')}/{rel}", want)
     problem = mismatch(dst, s)
     if problem:
         raise PayloadMismatch(f"copy at {dst}: {problem}")

@@ -117,6 +117,8 @@ def job_paths(run_dir: str, lev: dict) -> dict[str, str]:
     for teacher, c in sorted((data.get("configs") or {}).items()):
         if c.get("cache_dir"):
             out[f"data.configs.{teacher}.cache_dir"] = c["cache_dir"]
+    if lev.get("initialize_from_hf"):  # the student's initial weights: its models/ snapshot
+        out["initialize_from_hf"] = lev["initialize_from_hf"]
     return out
 
 

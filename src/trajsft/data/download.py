@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -54,24 +55,32 @@ def _one_line(e: BaseException) -> str:
     return " ".join(str(e).split())[:200] or type(e).__name__
 
 
+@contextlib.contextmanager
+def hub_errors(what: str):
+    """Hub failures inside the block as one line naming ``what`` (``repo@revision``)."""
+    from huggingface_hub.errors import HfHubHTTPError
+
+    try:
+        yield
+    except HfHubHTTPError as e:
+        status = getattr(e.response, "status_code", "?")
+        hint = " (set HF_TOKEN for gated/private repos)" if status in (401, 403) and not os.environ.get("HF_TOKEN") else ""
+        raise DataError(f"{what}: Hugging Face Hub answered HTTP {status}{hint}") from None
+    except OSError as e:  # offline, DNS, a download cut short (huggingface_hub's consistency check) ...
+        raise DataError(f"{what}: download from the Hugging Face Hub failed ({type(e).__name__}: {_one_line(e)})") from None
+
+
 def _hf_snapshot(dataset: str, revision: str, dest: Path) -> str:
     """Download a dataset repo at a pinned revision; returns the resolved commit sha."""
     from huggingface_hub import HfApi, snapshot_download
-    from huggingface_hub.errors import HfHubHTTPError
 
     token = os.environ.get("HF_TOKEN") or None  # honoured, never logged
-    try:
+    with hub_errors(f"{dataset}@{revision}"):
         sha = HfApi(token=token).dataset_info(dataset, revision=revision).sha or revision
         snapshot_download(
             repo_id=dataset, repo_type="dataset", revision=sha, token=token, local_dir=str(dest),
             allow_patterns=["*.parquet", "README.md"],
         )
-    except HfHubHTTPError as e:
-        status = getattr(e.response, "status_code", "?")
-        hint = " (set HF_TOKEN for gated/private datasets)" if status in (401, 403) and not token else ""
-        raise DataError(f"{dataset}@{revision}: Hugging Face Hub answered HTTP {status}{hint}") from None
-    except OSError as e:  # offline, DNS, ...
-        raise DataError(f"{dataset}@{revision}: cannot reach the Hugging Face Hub ({type(e).__name__})") from None
     return sha
 
 

@@ -371,7 +371,8 @@ def check(plan: Plan, target: str, lev: dict, steps: Optional[int], *, tpu_type:
     if not 0 < mfu <= 1:
         raise ValueError(f"--mfu {mfu}: a fraction in (0, 1]")
     t = tpu_type_of(plan, tpu_type)
-    hf_check = facts.check(plan.specs.targets[target].student)
+    model = plan.model(target)
+    hf_check = facts.check(plan.specs.targets[target].student, snapshot=model and model.location)
     raw = compile_setting(plan, Setting(target, t, _batch(plan, target)), lev)
     s = summarize(plan, target, raw, steps, mfu)
     s["hf_config_check"] = hf_check

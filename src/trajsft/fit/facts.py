@@ -2,8 +2,8 @@
 
 An ``init: hf`` student's dimensions (``students.<name>.model``), ``rope_theta`` and ``vocab_size`` live in
 the config beside its pinned revision, so the fit check compiles the right model with no download. When
-the checkpoint's ``config.json`` can be read (a local dir, or the Hub at the pinned revision within a few
-seconds), every fact is compared with it; a mismatch is one line naming the config key. Offline, the
+the checkpoint's ``config.json`` can be read (its sealed ``models/`` snapshot, a local dir, or the Hub at the
+pinned revision within a few seconds), every fact is compared with it; a mismatch is one line naming the config key. Offline, the
 check says it was not done and goes on.
 """
 
@@ -41,13 +41,30 @@ def fetch_hub_config(repo: str, revision: Optional[str], timeout: float = 5.0) -
         return None
 
 
-def check(student: StudentSpec, fetch: Callable[[str, Optional[str]], Optional[dict]] = fetch_hub_config) -> str:
-    """One line saying what was checked; ConfigError (one line) on a mismatch."""
+def snapshot_config(location: Optional[str]) -> Optional[dict]:
+    """``config.json`` of the student's sealed ``models/`` snapshot at ``location`` (None: not made yet)."""
+    from .. import io, storage
+
+    if not location or not storage.reachable(storage.absolute(location)) or storage.read_seal(location) is None:
+        return None
+    try:
+        return io.read_json(io.join(location, "config.json"))
+    except (OSError, ValueError):
+        return None
+
+
+def check(student: StudentSpec, fetch: Callable[[str, Optional[str]], Optional[dict]] = fetch_hub_config,
+          snapshot: Optional[str] = None) -> str:
+    """One line saying what was checked; ConfigError (one line) on a mismatch. ``snapshot``: the location of
+    the checkpoint's ``models/`` snapshot, read first when it is sealed (no Hub needed)."""
     ref = student.hf_checkpoint
     if student.init != "hf" or ref is None:
         return "random-init student: no checkpoint config to check"
     where = ref.hub_ref() if ref.local is None else ref.local
-    if ref.local is not None:
+    hf = snapshot_config(snapshot)
+    if hf is not None:
+        where = f"{where} (snapshot {snapshot})"
+    elif ref.local is not None:
         path = os.path.join(ref.local, "config.json")
         try:
             with open(path) as f:

@@ -29,9 +29,9 @@ DEFAULT_CONFIG = REPO_DIR / "config" / "config.yaml"
 TEMPLATE_PATH = PACKAGE_DIR / "data" / "templates" / "qwen3_chat_template.jinja"
 
 # Bump when the code that writes an artifact changes its bytes for the same inputs.
-FORMAT_VERSIONS = {"raw": 2, "shards": 3, "tokenized": 3, "checkpoints": 1, "exports": 2}
+FORMAT_VERSIONS = {"raw": 2, "shards": 3, "tokenized": 3, "models": 1, "checkpoints": 1, "exports": 2}
 STATE_DIR = "results"  # local manifests that Snakemake tracks (small files only)
-KINDS = ("raw", "shards", "tokenized", "checkpoints", "exports")
+KINDS = ("raw", "shards", "tokenized", "models", "checkpoints", "exports")
 
 
 REVISION_RE = re.compile(r"^(?:[0-9a-f]{7,40}|local)$")
@@ -243,6 +243,7 @@ class Plan:
         student = copy.deepcopy(cfg["students"][student_name])
         training = deep_merge(cfg["training"], entry.get("training"))
         tokenized = [(teacher, w, self._tokenized(teacher, spec.student, spec.training)) for teacher, w in spec.weights]
+        model = self._model(spec.student)  # the initial weights (init: hf), else None
         rows = {t: self.specs.teachers[t].rows for t in spec.teachers}
         run_inputs = {
             "format": FORMAT_VERSIONS["checkpoints"],
@@ -262,9 +263,10 @@ class Plan:
             run_name,
             h,
             run_inputs,
-            deps=[(a.kind, a.name) for _, _, a in tokenized],
+            deps=[(a.kind, a.name) for _, _, a in tokenized] + ([(model.kind, model.name)] if model else []),
             spec={
                 "target": name,
+                "model": model.name if model else None,
                 "student_name": student_name,
                 "student": student,
                 "training": training,
@@ -324,6 +326,25 @@ class Plan:
         """The teacher's transform: its own settings over the defaults; with an ``eval:`` section that
         sets ``heldout_fraction``, that fraction for every teacher that sets none of its own."""
         return S.as_dict(self.specs.teachers[teacher].transform)
+
+    def _model(self, student: S.StudentSpec) -> Artifact | None:
+        """The student's initial weights (``init: hf``): a snapshot of its checkpoint at the pinned revision,
+        made once (rule ``download_model``) into ``<storage_root>/models/<repo>-<hash>`` and read from there
+        by every training host and the HF export; content-addressed by repo + revision (a local dir: its
+        content), so students that share a checkpoint share it."""
+        if student.init != "hf" or student.hf_checkpoint is None:
+            return None
+        ref = student.hf_checkpoint
+        inputs = {"format": FORMAT_VERSIONS["models"], **student.identity("models")}
+        h = hashing.short(inputs)
+        readable = re.sub(r"[^A-Za-z0-9._-]", "-", Path(ref.local or ref.ref).name).lstrip("._-") or "model"
+        return self._add("models", f"{readable}-{h}", h, inputs,
+                         spec={"ref": ref.ref, "revision": ref.revision, "local": ref.local})
+
+    def model(self, target: str) -> Artifact | None:
+        """The initial weights artifact of a target's run (None: a random-init student)."""
+        name = self.target(target)["run"].spec.get("model")
+        return self.artifacts[("models", name)] if name else None
 
     def _raw(self, teacher: str) -> Artifact:
         t = self.cfg["teachers"][teacher]

@@ -24,12 +24,13 @@ from typing import Any, Mapping, Optional
 from . import hashing
 from ..errors import ConfigError
 
-KINDS = ("raw", "shards", "tokenized", "checkpoints", "exports")
+KINDS = ("raw", "shards", "tokenized", "models", "checkpoints", "exports")
 # the artifacts built (directly or not) from an artifact of each kind
 DOWNSTREAM = {
     "raw": ("shards", "tokenized", "checkpoints", "exports"),
     "shards": ("tokenized", "checkpoints", "exports"),
     "tokenized": ("checkpoints",),
+    "models": ("checkpoints",),
     "checkpoints": (),
     "exports": (),
 }
@@ -194,14 +195,15 @@ class StudentSpec(Spec):
 
     name: str = cosmetic("a label: what it selects (preset model dimensions) is resolved into model",
                          config=("students",))
-    init: str = hashed("checkpoints", "exports", why="random weights or a pretrained checkpoint (an export names "
-                       "the checkpoint as LLaMA-Factory's model)")
+    init: str = hashed("models", "checkpoints", "exports", why="random weights or a pretrained checkpoint (init: hf "
+                       "adds the initial weights artifact; an export names the checkpoint as LLaMA-Factory's model)")
     tokenizer: Ref = hashed("tokenized", "checkpoints", why="token ids of the cache; the model's vocabulary",
                             config=("tokenizer", "tokenizer_revision"))
     rope_theta: float = hashed("checkpoints", why="rotary embedding base")
     model: ModelSpec = hashed("checkpoints", why="the model dimensions Levanter builds (config over preset)")
-    hf_checkpoint: Optional[Ref] = hashed("checkpoints", "exports", why="the initial weights (init: hf; none for random); "
-                                          "an export's LLaMA-Factory model_name_or_path",
+    hf_checkpoint: Optional[Ref] = hashed("models", "checkpoints", "exports", why="the initial weights (init: hf; none "
+                                          "for random), snapshotted once into models/; an export's LLaMA-Factory "
+                                          "model_name_or_path",
                                           config=("hf_checkpoint", "hf_revision"), default=None)
     vocab_size: Optional[int] = cosmetic("a fact of the tokenizer (hashed through tokenizer): len(tokenizer), for "
                                          "the fit check of a Hub tokenizer it does not download", default=None)
@@ -227,7 +229,7 @@ class TargetSpec(Spec):
                        config=("teachers", "mixtures"))
     weights: tuple[tuple[str, float], ...] = hashed("checkpoints", "exports", why="each teacher's share (normalised)",
                                                     config=("teachers",))
-    student: StudentSpec = hashed("tokenized", "checkpoints", "exports", why="see StudentSpec")
+    student: StudentSpec = hashed("tokenized", "models", "checkpoints", "exports", why="see StudentSpec")
     training: TrainingSpec = hashed("tokenized", "checkpoints", "exports", why="see TrainingSpec")
 
     @property

@@ -17,14 +17,14 @@ if TYPE_CHECKING:
     from .config import Artifact, Plan
 
 # the artifact kind each step writes
-KIND_OF = {"download": "raw", "shards": "shards", "tokenize": "tokenized", "train": "checkpoints",
-           "export": "exports"}
+KIND_OF = {"download": "raw", "shards": "shards", "tokenize": "tokenized", "model": "models",
+           "train": "checkpoints", "export": "exports"}
 STEPS = (*KIND_OF, "eval")
 
 
 @dataclass(frozen=True)
 class Step:
-    """One rule job: ``step`` (download, shards, tokenize, train, export, eval), ``name`` (the
+    """One rule job: ``step`` (download, shards, tokenize, model, train, export, eval), ``name`` (the
     artifact's name, or the target of train and export) and ``plan``: a copy of the workflow's plan
     that holds only the artifacts this step writes and reads (and, for train, export and eval,
     its targets)."""

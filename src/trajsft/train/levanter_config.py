@@ -76,6 +76,8 @@ class RunInputs:
     permanent checkpoint every that many steps (the final step always); ``hf_save_steps`` exports every
     that many (default: only at the end). ``watch_interval`` is Levanter's grad/param-norm logging period
     (0 = off, saves a compile); ``jax_compilation_cache_dir`` enables JAX's persistent compilation cache.
+    ``init_weights`` is where an ``init: hf`` student's checkpoint is read from: its ``models/`` artifact
+    under the storage root (None: the checkpoint reference itself, ``repo@revision``).
     """
 
     run_id: str
@@ -92,6 +94,7 @@ class RunInputs:
     watch_interval: int = 10
     jax_compilation_cache_dir: Optional[str] = None
     wandb: WandbSettings = field(default_factory=WandbSettings)
+    init_weights: Optional[str] = None
 
 
 def resolve_hub_refs(cfg: dict) -> dict:
@@ -149,11 +152,12 @@ def data_config(target: TargetSpec, run: RunInputs) -> dict:
     }
 
 
-def initialize_from_hf(student: StudentSpec) -> Optional[str]:
-    """The pretrained weights of an ``init: hf`` student as Levanter's ``RepoRef`` (``repo@revision``)."""
+def initialize_from_hf(student: StudentSpec, run: RunInputs) -> Optional[str]:
+    """The pretrained weights of an ``init: hf`` student: its snapshot under the storage root
+    (``run.init_weights``), else Levanter's ``RepoRef`` of the checkpoint (``repo@revision``)."""
     if student.init == "random":
         return None
-    return student.hf_checkpoint.hub_ref()
+    return run.init_weights or student.hf_checkpoint.hub_ref()
 
 
 def qwen3_config(student: StudentSpec, training: TrainingSpec, run: RunInputs) -> dict:
@@ -169,7 +173,7 @@ def qwen3_config(student: StudentSpec, training: TrainingSpec, run: RunInputs) -
         **student.model.dims(),
         **QWEN3_FIXED,
         "rope": {"type": "default", "theta": float(student.rope_theta)},
-        "reference_checkpoint": initialize_from_hf(student) or os.path.join(_run_dir(run), "hf_reference"),
+        "reference_checkpoint": initialize_from_hf(student, run) or os.path.join(_run_dir(run), "hf_reference"),
         "tokenizer": run.tokenizer,
     }
 
@@ -290,7 +294,7 @@ def train_lm_config(target: TargetSpec, run: RunInputs) -> dict:
     }
     if run.hf_save_dtype:
         cfg["hf_save_dtype"] = run.hf_save_dtype
-    init = initialize_from_hf(student)
+    init = initialize_from_hf(student, run)
     if init:
         cfg["initialize_from_hf"] = init
         cfg["use_hf_model_config"] = False

@@ -8,7 +8,7 @@ import logging
 import os
 from pathlib import Path
 
-from .. import io
+from .. import io, storage
 from ..data import template
 from ..data.tokenize import _read_manifest, cache_dir
 from ..errors import DataError, TrainingFailed
@@ -16,7 +16,7 @@ from ..io import is_remote, join, write_json
 from ..observe import provenance
 from ..plan import schedule
 from ..plan.config import STATE_DIR, Plan
-from ..plan.specs import Ref
+from ..plan.specs import StudentSpec
 from .levanter_config import DataSource, RunInputs, WandbSettings, train_lm_config
 from .run import run_training
 
@@ -88,10 +88,13 @@ def levanter_config(plan: Plan, target: str, *, accelerator: str | None = None,
     B = int(target_spec.training.batch_size)
     steps = schedule.train_steps(spec["training"], spec["rows"], {t: s.packed_sequences for t, s in sources.items()})
     wandb_project, wandb_entity = wandb_names(cfg)
+    model = plan.model(target)  # init: hf: its snapshot under the storage root (rule download_model)
+    init_weights = storage.absolute(model.location) if model else None
     inputs = RunInputs(
         run_id=run.hash,  # W&B run id and trainer id: a retry continues the same run
         run_dir=p["run_dir"],
-        tokenizer=_tokenizer_ref(plan, target_spec.student.tokenizer),
+        init_weights=init_weights,
+        tokenizer=_tokenizer_ref(plan, target_spec.student, init_weights),
         chat_template=template.load_template(),
         sources=sources,
         num_train_steps=max(2, steps) if untokenized_ok else steps,
@@ -107,9 +110,13 @@ def levanter_config(plan: Plan, target: str, *, accelerator: str | None = None,
     return train_lm_config(target_spec, inputs)
 
 
-def _tokenizer_ref(plan: Plan, tokenizer: Ref) -> str:
-    """The student's tokenizer as the launch reads it: a local dir (relative to the job's working dir on Ray,
-    where it ships with the workflow code), else ``repo@revision``."""
+def _tokenizer_ref(plan: Plan, student: StudentSpec, init_weights: str | None) -> str:
+    """The student's tokenizer as the launch reads it: the initial weights' snapshot when it is the
+    checkpoint's own (same repo and revision: no host goes to the Hub for it), a local dir (relative to the
+    job's working dir on Ray, where it ships with the workflow code), else ``repo@revision``."""
+    tokenizer = student.tokenizer
+    if init_weights and student.hf_checkpoint is not None and tokenizer.identity() == student.hf_checkpoint.identity():
+        return init_weights
     resolved = tokenizer.resolved()
     if plan.cfg["executor"] == "ray" and tokenizer.local is not None:
         return os.path.relpath(resolved, plan.base_dir)
