@@ -17,6 +17,8 @@ RAY_LOGICAL_CPUS = 8
 TRAIN_LOCAL = config["executor"] != "ray"
 TRAIN_THREADS = 2 if TRAIN_LOCAL else 1
 TRAIN_MEM_MB = 16000 if TRAIN_LOCAL else 1000
+# a Ray profile compiles the train step for its TPU slice before submitting (rule check_fit)
+FIT_CHECK = not TRAIN_LOCAL and bool((config.get("ray") or {}).get("fit_check", True))
 
 
 def validate_or_exit(cfg):
@@ -110,12 +112,22 @@ def not_a_target():
 
 
 def train_inputs(wildcards):
-    """Input function (train): the tokenized manifests of the target's teachers, and the manifest of
-    the student's initial weights (init: hf)."""
+    """Input function (train): the tokenized manifests of the target's teachers, the manifest of the
+    student's initial weights (init: hf) and, on a Ray profile, the fit check of its slice.
+    """
     model = PLAN.model(wildcards.target)
-    return [a.manifest for a in PLAN.target(wildcards.target)["tokenized"]] + (
-        [model.manifest] if model else []
+    return (
+        [a.manifest for a in PLAN.target(wildcards.target)["tokenized"]]
+        + ([model.manifest] if model else [])
+        + ([f"{STATE_DIR}/fit/{wildcards.target}/preflight.json"] if FIT_CHECK else [])
     )
+
+
+def fit_versions():
+    """Params of check_fit: the compiler's versions (jax, jaxlib, libtpu, levanter)."""
+    from trajsft.fit.check import versions
+
+    return versions()
 
 
 def export_inputs(wildcards):

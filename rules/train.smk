@@ -17,6 +17,29 @@ rule download_model:
         "../scripts/rule_download_model.py"
 
 
+# Ray profiles (ray.fit_check, the default): the target's train step compiled for the profile's TPU
+# slice here (libtpu, no TPU), while the data rules run. A step that does not fit fails this job in one
+# line and the train rule never submits; without libtpu it says so and the run goes on (docs/fit.md).
+rule check_fit:
+    output:
+        f"{STATE_DIR}/fit/{{target}}/preflight.json",
+    log:
+        "logs/check_fit/{target}.log",
+    benchmark:
+        "benchmarks/check_fit/{target}.tsv"
+    threads: 1  # XLA's TPU compiler: ~3.3 GB peak RSS for Qwen3-8B on a v5p-32
+    resources:
+        mem_mb=6000,
+    params:
+        # rerun triggers: a new run (any hashed setting), another slice, another compiler
+        run=run_name,
+        tpu_type=config.get("ray", {}).get("tpu_type"),
+        versions=lambda wildcards: fit_versions(),
+        step=job_step("fit"),
+    script:
+        "../scripts/rule_check_fit.py"
+
+
 # The resumable Levanter checkpoint directory (<storage_root>/checkpoints/<target>-<hash>/)
 # is deliberately NOT an output: Snakemake deletes outputs of failed jobs. Only the small
 # `done` marker is; `params.run` (the content-addressed run name) re-triggers training

@@ -96,8 +96,9 @@ def test_preflight_refuses_and_submits_nothing(data, ray_head):
 
 
 def test_preflight_refuses_a_step_that_does_not_fit_before_any_job(data, ray_head):
-    """ray.fit_check (the default): the train rule compiles the step for the profile's slice before submitting
-    and refuses, in one line naming HBM and the knobs, a student that does not fit; no Ray job is created."""
+    """ray.fit_check (the default): rule check_fit compiles the step for the profile's slice before the train
+    rule runs and refuses, in one line naming HBM and the knobs, a student that does not fit; the train rule
+    never runs and no Ray job is created."""
     wd = workdir(data, "fit")
     fit_on = {"ray": {**SLICE["ray"], "fit_check": True}}
     prof = profile(wd.parent / "fit-profile", ray_head.address, data[1],
@@ -106,9 +107,10 @@ def test_preflight_refuses_a_step_that_does_not_fit_before_any_job(data, ray_hea
     p = snakemake(wd, prof, ray_head, check=False)
     assert p.returncode != 0
     # one line (the profile's `retries` repeat it; the retries read the cached compile)
-    [line] = {ln for ln in p.stderr.splitlines() if ln.startswith("trajsft train demo: preflight")}
+    [line] = {ln for ln in p.stderr.splitlines() if ln.startswith("trajsft fit demo: preflight")}
     assert "does not fit" in line and "GiB of HBM per chip" in line and "nothing submitted" in line
     assert "training.batch_size 4" in line and "ray.tpu_type v5p-8" in line
+    assert "rule check_fit:" in p.stdout + p.stderr and "rule train:" not in p.stdout + p.stderr
     assert len(jobs(ray_head)) == before
     assert not (wd / "checkpoints/demo/done").exists()
     # a student that fits (the one test_fit compiled: cached); with the data tokenized, the estimate covers

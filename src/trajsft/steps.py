@@ -1,5 +1,5 @@
 """The rule-job harness: rule scripts call :func:`run_rule`, which runs one step (``data.download``,
-``data.shard``, ``data.tokenize``, ``train.model_snapshot``, ``train.step``) with logging, stop handling, user errors as one line
+``data.shard``, ``data.tokenize``, ``train.model_snapshot``, ``cluster.fit_step``, ``train.step``) with logging, stop handling, user errors as one line
 and the artifact manifest."""
 
 from __future__ import annotations
@@ -47,6 +47,10 @@ def _step_function(step: str) -> Callable[[Plan, str], dict]:
         from .train.model_snapshot import snapshot
 
         return snapshot
+    if step == "fit":
+        from .cluster.fit_step import fit
+
+        return fit
     raise ValueError(f"unknown step {step!r}")
 
 
@@ -90,6 +94,9 @@ def run_rule(snakemake) -> None:
         if step == "train":
             result = storage.train(plan, job.artifact,
                                    lambda: train_step.train(plan, name, done_path=snakemake.output[0]))
+        elif step == "fit":  # no artifact: the summary is the output
+            result = _step_function(step)(plan, name)
+            write_json(snakemake.output[0], result)
         else:
             result = storage.build(plan, job.artifact, lambda: _step_function(step)(plan, name))
             if step == "shards" and result["payload_from"] != "built":
@@ -116,7 +123,7 @@ def run_rule(snakemake) -> None:
     except Exception:
         log.error("trajsft %s %s failed:\n%s", step, name, traceback.format_exc())
         raise
-    if step != "train":
+    if step not in ("train", "fit"):
         art = job.artifact
         manifest = {
             "kind": art.kind, "name": art.name, "hash": art.hash, "location": art.location,

@@ -142,26 +142,35 @@ def check_or_raise(cfg: dict) -> None:
         raise PreflightError(f"preflight for {cluster} failed, nothing submitted: " + " | ".join(problems))
 
 
-def fit_or_raise(plan: Plan, target: str, lev: dict) -> dict | None:
+def fit_check(plan: Plan, target: str, lev: dict, steps: int | None) -> dict:
     """The fit check of preflight (``ray.fit_check``): the target's train step compiled for the profile's
     slice (cached, else compiled here, ~1 min for Qwen3-8B), refused in one line naming HBM and the knobs
-    when it does not fit or does not compile, before anything is submitted. Without libtpu it says so in
-    one line and goes on."""
+    (PreflightError) when it does not fit or does not compile, before anything is submitted. Without
+    libtpu, or switched off, it says so in one line and goes on: the summary, or ``{"skipped": why}``."""
     from ..fit import check as fit
 
     ray = ray_settings(plan.cfg)
     if not ray.get("fit_check", True):
         log.info("fit check off (ray.fit_check: false)")
-        return None
+        return {"skipped": "ray.fit_check: false"}
     try:
-        summary = fit.check(plan, target, lev, int(lev["trainer"]["num_train_steps"]))
+        summary = fit.check(plan, target, lev, steps)
     except fit.LibtpuMissing as e:
         log.warning("fit check skipped: %s", e)
-        return None
+        return {"skipped": str(e)}
     if not summary["fits"]:
         raise PreflightError(f"preflight for {ray.get('cluster', 'ray')} failed, nothing submitted: "
                              + fit.refusal(summary, summary.get("suggestion")))
     log.info("fit: %s", fit.render(summary)[0])
+    return summary
+
+
+def fit_or_raise(plan: Plan, target: str, lev: dict) -> dict | None:
+    """:func:`fit_check` as the train rule runs it before submitting (the compile is cached by then: rule
+    ``check_fit`` ran it while the data rules ran); the summary goes into the run's provenance."""
+    summary = fit_check(plan, target, lev, int(lev["trainer"]["num_train_steps"]))
+    if "skipped" in summary:
+        return None
     run_dir = _abs(plan.target(target)["run"].location)
     io.write_bytes(join(run_dir, "provenance", "fit.json"), json.dumps(summary, indent=2, sort_keys=True).encode())
     return summary

@@ -19,14 +19,14 @@ if TYPE_CHECKING:
 # the artifact kind each step writes
 KIND_OF = {"download": "raw", "shards": "shards", "tokenize": "tokenized", "model": "models",
            "train": "checkpoints", "export": "exports"}
-STEPS = (*KIND_OF, "eval")
+STEPS = (*KIND_OF, "fit", "eval")
 
 
 @dataclass(frozen=True)
 class Step:
-    """One rule job: ``step`` (download, shards, tokenize, model, train, export, eval), ``name`` (the
-    artifact's name, or the target of train and export) and ``plan``: a copy of the workflow's plan
-    that holds only the artifacts this step writes and reads (and, for train, export and eval,
+    """One rule job: ``step`` (download, shards, tokenize, model, train, fit, export, eval), ``name`` (the
+    artifact's name, or the target of train, fit and export) and ``plan``: a copy of the workflow's plan
+    that holds only the artifacts this step writes and reads (and, for train, fit, export and eval,
     its targets)."""
 
     step: str
@@ -35,10 +35,10 @@ class Step:
 
     @property
     def artifact(self) -> Artifact | None:
-        """The artifact this step writes (eval writes the matrix, no artifact)."""
+        """The artifact this step writes (fit and eval write a summary and the matrix: no artifact)."""
         if self.step in ("train", "export"):
             return self.plan.target(self.name)["run" if self.step == "train" else "export"]
-        if self.step == "eval":
+        if self.step in ("fit", "eval"):
             return None
         return self.plan.get(KIND_OF[self.step], self.name)
 
@@ -48,10 +48,10 @@ def resolve(plan: Plan, step: str, name: str = "") -> Step:
     if step not in STEPS:
         raise ValueError(f"unknown step {step!r} (steps: {', '.join(STEPS)})")
     cells = {}
-    if step in ("train", "export"):
+    if step in ("train", "fit", "export"):
         target = plan.target(name)
         targets = {name: target}
-        roots = [target["run" if step == "train" else "export"]]
+        roots = [target["export" if step == "export" else "run"]]
     elif step == "eval":
         targets = {r: plan.target(r) for r in plan.eval_rows()}
         cells = dict(plan.eval_cells)

@@ -1,0 +1,30 @@
+"""Step ``fit`` (rule ``check_fit``, Ray profiles with ``ray.fit_check``): the target's train step compiled
+for the profile's TPU slice on this machine (libtpu), as a job of its own that Snakemake runs while the data
+rules run, so the compile is off the critical path and cached by the time the train rule submits.
+
+The train_lm config is the train rule's own (:func:`trajsft.train.step.levanter_config` for a TPU); a
+teacher not tokenized yet gets a placeholder source, which decides no shape of the step. A step that does
+not fit or does not compile fails the job in one line naming HBM and the knobs (the train rule is then
+never run: nothing is submitted); without libtpu the job says so in one line and the run goes on.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from ..plan.config import Plan
+from ..train.step import explain, levanter_config
+from .submit import fit_check
+
+log = logging.getLogger("trajsft")
+
+
+def fit(plan: Plan, target: str) -> dict:
+    """The fit summary of ``target`` on the profile's slice (``{"skipped": why}`` without libtpu)."""
+    from ..fit import check
+
+    lev = levanter_config(plan, target, accelerator="tpu", untokenized_ok=True)
+    summary = fit_check(plan, target, lev, explain(plan, target)["steps"])
+    for line in check.render(summary) if "skipped" not in summary else []:
+        log.info("%s", line)
+    return summary
