@@ -1,12 +1,17 @@
 """Integration: training on every host of an emulated multi-host TPU slice (real Ray nodes on
 127.0.0.1 that present themselves as TPU VM hosts; multi-process JAX on CPU with gloo).
 
-One emulated cluster per module (CPU head + a 2-host v5p-16 slice), reused by every scenario:
+One emulated cluster per module (CPU head + a 2-host v5p-16 slice), reused by every scenario; its nodes
+reach a bucket on fake-gcs-server (started with the emulator's endpoint in their environment, as TPU VMs
+reach GCS):
 1. Snakemake with the tpu-east5 profile (only address and storage root changed, plus test
    overrides) trains data-parallel on both hosts to `done`; the loss matches a single-process run.
-2. One host's trainer killed, then a whole host, then the whole slice (a fresh slice appears
-   later): each time the same Ray job resumes from the latest checkpoint on a new slice attempt,
-   no Snakemake retry is used, and status shows the preemptions.
+2. With the profile's gs:// storage root on the bucket and a student initialised from a checkpoint on
+   the (fake) Hub: the checkpoint is snapshotted once into the bucket and the Hub goes away; one host's
+   trainer is killed before the first checkpoint (the next slice attempt initialises again, from the
+   bucket), then a whole host, then the whole slice (a fresh slice appears later): each time the same
+   Ray job resumes from the latest checkpoint in the bucket on a new slice attempt, no Snakemake retry
+   is used, and status (reading the bucket) shows the preemptions.
 3. The old shape (one process pinned to the slice head) fails fast with a clear message.
 """
 
@@ -21,9 +26,14 @@ from pathlib import Path
 
 import pytest
 
+import tiny_hf_model
+from fake_hub import FakeHub, Repo
+from gcs_fixtures import Bucket, clear_fsspec_cache, start_gcs
 from pipeline_utils import REPO, kill_group, wait_for
 from slice_fixtures import start_emulated_cluster
-from tpu_utils import (HF, WK, data_rules, jobs, make_profile, run_hash, sm_cmd, sm_env, snakemake, status, workdir)
+from tpu_utils import (HF, WK, data_rules, jobs, make_profile, plan_of, run_hash, sm_cmd, sm_env, snakemake, status,
+                       workdir)
+from trajsft import io
 from trajsft.train import checkpoints
 from trajsft.train import metrics
 from trajsft.train import run as train_run
@@ -39,13 +49,39 @@ TPU = "v5p-16"  # 2 hosts x 4 chips
 BASE = {"ray": {"tpu_type": TPU, "failure_grace_seconds": 45, "fit_check": False}}
 
 
+HUB_REPO, HUB_SHA = "trajsft-test/tiny-qwen3", "89abcdef0123456789abcdef0123456789abcdef"
+
+
+def hub_student() -> dict:
+    """The demo's student initialised from a tiny checkpoint on the (fake) Hub instead of random weights."""
+    return {"students": {"tiny-hf": {"init": "hf", "hf_checkpoint": HUB_REPO, "hf_revision": HUB_SHA,
+                                     "tokenizer": "demo/tokenizer", "model": dict(tiny_hf_model.TINY)}},
+            "teachers": {"demo": {"student": "tiny-hf"}}}
+
+
 def overrides(**training) -> dict:
     return {**BASE, "teachers": {"demo": {"training": {"batch_size": 8, **training}}},
             "checkpointing": {"keep_every_steps": 3, "save_interval_minutes": 600}}
 
 
 @pytest.fixture(scope="module")
-def cluster():
+def bucket(tmp_path_factory):
+    """A bucket on fake-gcs-server, its endpoint in this process's environment for the whole module: set
+    before the cluster starts, so every Ray node (and every host added later) inherits it."""
+    emu = start_gcs(tmp_path_factory.mktemp("fake-gcs") / "data")
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            for k, v in emu.env().items():
+                mp.setenv(k, v)
+            clear_fsspec_cache()  # gcsfs instances of earlier modules point at their (stopped) emulators
+            yield Bucket(emu, emu.make_bucket())
+        clear_fsspec_cache()
+    finally:
+        emu.stop()
+
+
+@pytest.fixture(scope="module")
+def cluster(bucket):
     c = start_emulated_cluster({"slice-a": TPU})
     try:
         yield c
@@ -58,9 +94,9 @@ def data(tmp_path_factory, cluster):
     return data_rules(tmp_path_factory.mktemp("mh"), cluster.head, BASE)
 
 
-def attempts(run_dir: Path) -> list[dict]:
-    p = run_dir / "attempts.json"
-    return json.loads(p.read_text()) if p.exists() else []
+def attempts(run_dir: Path | str) -> list[dict]:
+    p = io.join(str(run_dir), "attempts.json")  # a local run dir, or one in the bucket
+    return io.read_json(p) if io.exists(p) else []
 
 
 def slice_attempts(run_dir: Path) -> list[dict]:
@@ -68,8 +104,10 @@ def slice_attempts(run_dir: Path) -> list[dict]:
     return a[-1].get("slice_attempts", []) if a else []
 
 
-def logged_steps(run_dir: Path, run_id: str) -> list[int]:
-    return sorted(metrics.read_metrics(str(run_dir / "logs" / f"{run_id}.log.log"))["steps"])
+def job_log_steps(wd: Path) -> list[int]:
+    """The steps in the job log Snakemake's train rule follows (the slice's primary host's output)."""
+    return sorted(s for s, m in metrics.read_metrics(str(wd / "logs/train/demo.log"))["steps"].items()
+                  if "train/loss" in m)
 
 
 def test_trains_on_every_host_and_matches_a_single_process(data, cluster, tmp_path):
@@ -142,46 +180,71 @@ def _wait_running(run_dir: Path, after: int, proc, timeout=600) -> dict:
                     proc, poll=1.0)
 
 
-def _wait_step_after(run_dir: Path, run_id: str, step: int, proc, timeout=600) -> int:
-    return wait_for(lambda: (s := logged_steps(run_dir, run_id)) and s[-1] > step and s[-1], timeout,
+def _wait_step_after(wd: Path, step: int, proc, timeout=600) -> int:
+    return wait_for(lambda: (s := job_log_steps(wd)) and s[-1] > step and s[-1], timeout,
                     f"a logged step after {step}", proc, poll=1.0)
 
 
-def test_host_process_host_and_slice_losses_resume_without_snakemake_retry(data, cluster):
+def test_on_a_bucket_losses_resume_from_the_bucket_without_snakemake_retry(data, cluster, bucket, tmp_path):
     wd = workdir(data, "preempt")
+    root = f"{bucket.url}/trajsft"
     # the hosts that appear during the test are CPU nodes: skip the profile's jax[tpu]/libtpu runtime env
     # (installed fresh on every new node, minutes each on 2 cores; the e2e test above exercises it)
     over = overrides(max_steps=24)
     over["ray"] = {**over["ray"], "pip_requirements": None}
-    prof = make_profile(wd.parent / "preempt-profile", cluster.address, data[1], over)
+    over = C.deep_merge(over, hub_student())
+    prof = make_profile(wd.parent / "preempt-profile", cluster.address, root, over)
+    t = plan_of(wd, prof)
     h = run_hash(wd, prof)
-    run_dir = data[1] / "checkpoints" / f"demo-{h}"
-    ckdir = str(run_dir / "checkpoints")
+    run_dir = f"{root}/checkpoints/demo-{h}"
+    ckdir = f"{run_dir}/checkpoints"
+    model = next(a for a in t["artifacts"] if a["kind"] == "models")
+    assert t["init_weights"] == model["location"] == f"{root}/models/{model['name']}"
+
+    # the student's checkpoint, snapshotted once from the Hub into the bucket; then the Hub goes away
+    hub = FakeHub({HUB_REPO: Repo(HUB_SHA, tiny_hf_model.files())}).start()
+    try:
+        p = subprocess.run([*sm_cmd(wd, prof)[:-1], model["manifest"]], capture_output=True, text=True, cwd=REPO,
+                           env=sm_env(cluster.head, HF_HUB_OFFLINE=None, HF_ENDPOINT=hub.url,
+                                      HF_HOME=str(tmp_path / "hf-home")), timeout=600)
+        assert p.returncode == 0, p.stderr[-4000:]
+        asked = list(hub.requests)
+    finally:
+        hub.stop()
+    assert asked and all(path.startswith((f"/api/models/{HUB_REPO}/", f"/{HUB_REPO}/resolve/")) for _, path in asked)
+    objs = bucket.objects()
+    for rel, blob in tiny_hf_model.files().items():
+        if rel != "README.md":
+            assert objs[f"trajsft/models/{model['name']}/{rel}"] == blob, rel
+
     p = subprocess.Popen(sm_cmd(wd, prof), stdout=open(wd / "snakemake.log", "w"), stderr=subprocess.STDOUT,
                          env=sm_env(cluster.head), start_new_session=True, cwd=REPO)
+    job_log = wd / "logs/train/demo.log"
+    init_line = f"Initializing model from HF checkpoint '{model['location']}'"
     kills = []
     try:
         t0 = time.time()
         sa = _wait_running(run_dir, 0, p)
-        at = _wait_step_after(run_dir, h, 4, p)
-        wait_for(lambda: checkpoints.latest_checkpoint(ckdir), 300, "a checkpoint", p)
-        # 1. one host's training process dies (SIGKILL, as the OOM killer would)
+        # 1. one host's training process dies (SIGKILL, as the OOM killer would) before the first checkpoint:
+        # the next slice attempt starts from the initial weights again, read from the bucket
+        wait_for(lambda: job_log.exists() and init_line in job_log.read_text(), 600, "the weights loaded", p)
         [pid] = cluster.trainer_pids("slice-a", 1)
-        at = logged_steps(run_dir, h)[-1]
+        assert checkpoints.latest_checkpoint(ckdir) is None
         os.kill(pid, 9)
-        kills.append(("process", at, sa["slice_attempt"]))
+        kills.append(("process", (job_log_steps(wd) or [-1])[-1], sa["slice_attempt"]))
         sa = _wait_running(run_dir, sa["slice_attempt"], p)
-        at = _wait_step_after(run_dir, h, sa["resumed_from_step"] + 2, p)
+        wait_for(lambda: checkpoints.latest_checkpoint(ckdir), 600, "a checkpoint in the bucket", p)
+        at = _wait_step_after(wd, checkpoints.latest_checkpoint(ckdir)["completed_steps"], p)
         # 2. a whole host goes away (raylet, workers, trainer), and comes back later
-        at = logged_steps(run_dir, h)[-1]
+        at = job_log_steps(wd)[-1]
         cluster.kill_host("slice-a", 1)
         kills.append(("host", at, sa["slice_attempt"]))
         time.sleep(5)
         cluster.add_host("slice-a", TPU, 1)
         sa = _wait_running(run_dir, sa["slice_attempt"], p)
-        at = _wait_step_after(run_dir, h, sa["resumed_from_step"] + 2, p)
+        at = _wait_step_after(wd, sa["resumed_from_step"] + 2, p)
         # 3. the whole slice is preempted; a fresh slice appears later
-        at = logged_steps(run_dir, h)[-1]
+        at = job_log_steps(wd)[-1]
         cluster.kill_slice("slice-a")
         kills.append(("slice", at, sa["slice_attempt"]))
         row = wait_for(lambda: (r := status(wd, prof, cluster.head)) and "waiting" in (r.get("detail") or "") and r,
@@ -206,14 +269,27 @@ def test_host_process_host_and_slice_losses_resume_without_snakemake_retry(data,
     assert att[0]["preemptions"] == len(sas) - 1 >= 3 and att[0]["failures"] == 0, shown
     assert "killed by SIGKILL" in sas[0]["cause"], shown
     assert sas[-1]["slices"] == ["slice-b"] and sas[0]["slices"] == ["slice-a"], shown
+    # the attempt after the first kill started again from the initial weights (nothing saved yet); the
+    # attempts after the host and slice losses resumed from checkpoints in the bucket
+    after = {kind: sas[n] for kind, _, n in kills}
+    assert after["process"]["resumed_from_step"] == 0, shown
+    assert 1 <= after["host"]["resumed_from_step"] <= after["slice"]["resumed_from_step"], shown
     for prev, s in zip(sas, sas[1:]):
-        assert s["resumed_from_step"] >= 1 and s["resumed_from_step"] >= prev["resumed_from_step"], shown
+        assert s["resumed_from_step"] >= prev["resumed_from_step"], shown
     done = json.loads((wd / "checkpoints/demo/done").read_text())
-    assert done["steps"] == 24 and checkpoints.hf_export_complete(done["hf_export"])
-    # the job log has every slice attempt's launch once (each attempt streams only what it appended)
-    job_log = (wd / "logs/train/demo.log").read_text()
-    launches = [ln for ln in job_log.splitlines() if metrics._LAUNCH_MARK in ln]
+    assert done["steps"] == 24 and done["checkpoint_dir"] == run_dir and checkpoints.hf_export_complete(done["hf_export"])
+    assert done["hf_export"].startswith(f"{run_dir}/hf/step-")
+    assert not (data[1] / "checkpoints" / f"demo-{h}").exists()  # nothing of the run under the local root
+    lev = io.read_json(f"{run_dir}/levanter_config.json")
+    assert lev["initialize_from_hf"] == lev["model"]["reference_checkpoint"] == model["location"]
+    assert lev["data"]["cache_dir"].startswith(f"{root}/tokenized/")
+    # the job log has every slice attempt's launch once (each attempt streams only what it appended); the
+    # weights were read from the bucket's snapshot by each attempt that had no checkpoint, never from the Hub
+    text = job_log.read_text()
+    launches = [ln for ln in text.splitlines() if metrics._LAUNCH_MARK in ln]
     assert len(launches) >= 4 and len(set(launches)) == len(launches), launches
+    assert text.count(init_line) == sum(1 for s in sas if s["resumed_from_step"] == 0) >= 2, shown
+    assert "Starting from scratch" not in text
     row = status(wd, prof, cluster.head)
     n = len(sas) - 1
     assert row["state"] == "done" and row["preemptions"] == n

@@ -68,13 +68,17 @@ def jobs(head, run_hash: str | None = None) -> list[dict]:
     return out
 
 
-def run_hash(wd: Path, profile: Path) -> str:
-    cfg = yaml.safe_load((profile / "overrides.yaml").read_text()) if (profile / "overrides.yaml").exists() else {}
-    cmd = [sys.executable, "-m", "trajsft.cli", "plan", "demo", "--json", "--configfile", str(profile / "cluster.yaml")]
-    if cfg:
+def plan_of(wd: Path, profile: Path) -> dict:
+    """``trajsft plan demo --json`` with the profile's config files (offline: no storage root is asked)."""
+    cmd = [sys.executable, "-m", "trajsft.cli", "plan", "demo", "--json", "--offline",
+           "--configfile", str(profile / "cluster.yaml")]
+    if (profile / "overrides.yaml").exists():
         cmd += ["--configfile", str(profile / "overrides.yaml")]
-    t = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=wd).stdout)[0]
-    return Path(t["checkpoint_dir"]).name.rsplit("-", 1)[1]
+    return json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=wd).stdout)[0]
+
+
+def run_hash(wd: Path, profile: Path) -> str:
+    return plan_of(wd, profile)["checkpoint_dir"].rsplit("-", 1)[1]
 
 
 _SHARED_DATA: dict[str, tuple[Path, Path]] = {}
