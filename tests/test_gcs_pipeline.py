@@ -4,6 +4,7 @@ gcsfs and tensorstore against the GCS JSON API), after its data was built under 
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 import time
@@ -39,7 +40,8 @@ def payload_files(wd: Path, art: dict) -> dict[str, bytes]:
 def test_demo_built_locally_trained_on_a_bucket_and_back(gcs, local_data):
     wd, arts = local_data
     root = f"{gcs.url}/trajsft"
-    over = {"storage_root": root, "teachers": {"demo": {"training": {"max_steps": 2}}}}  # cheap: 2 steps
+    over = {"storage_root": root, "teachers": {"demo": {"training": {"max_steps": 2}}},  # cheap: 2 steps
+            "eval": {"targets": ["demo"]}}  # the matrix of the demo on its held-out split (no hash changes)
     manifest = lambda k: json.loads((wd / arts[k]["manifest"]).read_text())  # noqa: E731
 
     # 1. the data under the local root
@@ -51,7 +53,8 @@ def test_demo_built_locally_trained_on_a_bucket_and_back(gcs, local_data):
     assert {a["kind"]: (a["exists"], a["present_at"]) for a in t["artifacts"]} == {
         "raw": (False, [str(wd / "results")]), "shards": (False, [str(wd / "results")]),
         "tokenized": (False, [str(wd / "results")]), "checkpoints": (False, []), "exports": (False, [])}
-    run(wd, "checkpoints/demo/done", "results/exports/demo/manifest.json", config=over)
+    # `all`: done, the report (cards, table, curves) and the eval matrix; plus the export rule
+    run(wd, "all", "results/exports/demo/manifest.json", config=over)
     objs = gcs.objects()
     for k in DATA:
         m, name = manifest(k), arts[k]["name"]
@@ -69,6 +72,13 @@ def test_demo_built_locally_trained_on_a_bucket_and_back(gcs, local_data):
                              str(wd / "test-overrides.yaml")], capture_output=True, text=True, cwd=wd, env=env())
     [row] = json.loads(status.stdout)
     assert (row["state"], row["hf_export"], row["steps_total"]) == ("done", done["hf_export"], done["steps"])
+    # the report and the eval matrix read the run from the bucket
+    card = json.loads((wd / "results/cards/demo/card.json").read_text())
+    assert card["rows_in"] == 60 and card["kept_total"] > 0 and card["tokens"]["per_split"]["train"]["chats"] > 0
+    assert (wd / "results/curves/demo.png").stat().st_size > 0 and (wd / "results/cards/teachers.html").exists()
+    matrix = json.loads((wd / "results/eval/matrix.json").read_text())
+    assert matrix["models"]["demo"]["path"].startswith(done["checkpoint_dir"] + "/"), matrix["models"]
+    assert math.isfinite(matrix["cells"]["demo"]["demo"]["loss"]) and matrix["cells"]["demo"]["demo"]["tokens"] > 0
     t = plan(wd, "demo", over)
     assert all(a["exists"] for a in t["artifacts"]) and t["done_exists"]
     assert {a["kind"]: a["present_at"] for a in t["artifacts"]} == (
