@@ -18,6 +18,7 @@ from trajsft.train import checkpoints
 
 pytestmark = pytest.mark.integration
 DATA = ("raw", "shards", "tokenized")
+TWO_STEPS = {"teachers": {"demo": {"training": {"max_steps": 2}}}}  # the gs:// runs' training (cheap)
 
 
 def files(d: Path) -> dict[str, bytes]:
@@ -40,7 +41,7 @@ def payload_files(wd: Path, art: dict) -> dict[str, bytes]:
 def test_demo_built_locally_trained_on_a_bucket_and_back(gcs, local_data):
     wd, arts = local_data
     root = f"{gcs.url}/trajsft"
-    over = {"storage_root": root, "teachers": {"demo": {"training": {"max_steps": 2}}},  # cheap: 2 steps
+    over = {"storage_root": root, **TWO_STEPS,
             "eval": {"targets": ["demo"]}}  # the matrix of the demo on its held-out split (no hash changes)
     manifest = lambda k: json.loads((wd / arts[k]["manifest"]).read_text())  # noqa: E731
 
@@ -104,15 +105,26 @@ def test_demo_built_locally_trained_on_a_bucket_and_back(gcs, local_data):
     assert files(hf) == {p[len(prefix):]: b for p, b in gcs.objects().items() if p.startswith(prefix)}
 
 
-def test_data_built_through_storage_faults_is_byte_identical(gcs, local_data, tmp_path, monkeypatch):
-    """download -> shards -> cache on a bucket behind the fault proxy (every 23rd request answered 503,
-    every 37th dropped after the server acted, one 8 s stall), in a workdir that knows no other root:
-    built, not copied, and every payload object is the local build's, byte for byte (our cache stats
-    record: but for the locations it names)."""
+def clean_weights(ref: Path) -> dict[str, bytes]:
+    """The HF export of the demo's 2-step training under the local root, without faults: the one the
+    first test copied back from its bucket, else trained here."""
+    t = plan(ref, "demo", TWO_STEPS)
+    done = ref / "checkpoints/demo/done"
+    if not (done.exists() and json.loads(done.read_text())["hash"] == t["checkpoint_dir"].rsplit("-", 1)[1]):
+        run(ref, "checkpoints/demo/done", config=TWO_STEPS)
+    return files(ref / json.loads(done.read_text())["hf_export"])
+
+
+def test_demo_built_and_trained_through_storage_faults_is_byte_identical(gcs, local_data, tmp_path, monkeypatch):
+    """The demo (download -> shards -> cache -> 2 training steps -> HF export) on a bucket behind the fault
+    proxy (every 23rd request answered 503, every 37th dropped after the server acted, one 8 s stall), in a
+    workdir that knows no other root: built, not copied, and every payload object is the local build's,
+    byte for byte (our cache stats record: but for the locations it names), the HF weights too."""
     from fault_proxy import FaultProxy
     from gcs_fixtures import clear_fsspec_cache
 
     ref, arts = local_data
+    weights = clean_weights(ref)
     proxy = FaultProxy(gcs.emulator.url, every={"503": 23, "drop": 37}, stall_at=40, stall_s=8.0).start()
     try:
         for k, v in gcs.emulator.env(proxy.url).items():
@@ -121,12 +133,22 @@ def test_data_built_through_storage_faults_is_byte_identical(gcs, local_data, tm
         wd = tmp_path / "faults"
         wd.mkdir()
         t0 = time.monotonic()
-        run(wd, arts["tokenized"]["manifest"], config={"storage_root": f"{gcs.url}/trajsft"})
+        over = {"storage_root": f"{gcs.url}/trajsft", **TWO_STEPS}
+        run(wd, arts["tokenized"]["manifest"], config=over)
+        data_seconds = time.monotonic() - t0
+        data_counts, data_requests = dict(proxy.counts), proxy.requests
+        run(wd, "checkpoints/demo/done", config=over)
         seconds = time.monotonic() - t0
     finally:
         proxy.stop()
-    print(f"storage faults: {dict(proxy.counts)} of {proxy.requests} requests, data rules in {seconds:.0f}s")
-    assert proxy.counts["503"] >= 3 and proxy.counts["drop"] >= 2 and proxy.counts["stall"] == 1, proxy.counts
+    print(f"storage faults: data rules {data_counts} of {data_requests} requests in {data_seconds:.0f}s; with "
+          f"training and HF export {dict(proxy.counts)} of {proxy.requests} requests in {seconds:.0f}s")
+    assert data_counts["503"] >= 3 and data_counts["drop"] >= 2 and data_counts["stall"] == 1, data_counts
+    assert proxy.counts["503"] > data_counts["503"] and proxy.counts["drop"] > data_counts["drop"], proxy.counts
+    done = json.loads((wd / "checkpoints/demo/done").read_text())
+    assert done["steps"] == 2 and done["hf_export"].startswith(f"{gcs.url}/trajsft/checkpoints/")
+    prefix = done["hf_export"].split("/", 3)[3] + "/"
+    assert {p[len(prefix):]: b for p, b in gcs.objects().items() if p.startswith(prefix)} == weights
     objs = gcs.objects()
     for k in DATA:
         m = json.loads((wd / arts[k]["manifest"]).read_text())
