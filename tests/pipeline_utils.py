@@ -41,13 +41,10 @@ def env(**extra: str | None) -> dict:
     return {k: v for k, v in e.items() if v is not None}
 
 
-_env = env  # run()'s own parameter is called env
-
-
 def run(workdir: Path, *args: str, config: dict | None = None, check=True, timeout=900,
-        env: dict | None = None) -> subprocess.CompletedProcess:
+        extra_env: dict | None = None) -> subprocess.CompletedProcess:
     p = subprocess.run(snakemake_cmd(workdir, *args, config=config), capture_output=True, text=True,
-                       env=_env(**(env or {})), timeout=timeout)
+                       env=env(**(extra_env or {})), timeout=timeout)
     if check and p.returncode != 0:
         raise AssertionError(f"snakemake failed ({p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-6000:]}")
     return p
@@ -56,7 +53,7 @@ def run(workdir: Path, *args: str, config: dict | None = None, check=True, timeo
 def start(workdir: Path, *args: str, config: dict | None = None, log: Path) -> subprocess.Popen:
     fh = open(log, "w")
     return subprocess.Popen(snakemake_cmd(workdir, *args, config=config), stdout=fh, stderr=subprocess.STDOUT,
-                            env=_env(), start_new_session=True)
+                            env=env(), start_new_session=True)
 
 
 def kill_group(p: subprocess.Popen, sig=signal.SIGKILL) -> None:
@@ -81,7 +78,7 @@ def wait_for(pred, timeout: float, what: str, proc: subprocess.Popen | None = No
 
 def plan(workdir: Path, target: str, config: dict | None = None) -> dict:
     cmd = [sys.executable, "-m", "trajsft.cli", "plan", target, "--json", *overrides_file(workdir, config)]
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=workdir, env=_env())
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=workdir, env=env())
     [t] = json.loads(out.stdout)
     return t
 

@@ -150,7 +150,7 @@ def test_the_rule_snapshots_once_and_training_starts_from_it(tmp_path):
         model = next(a for a in t["artifacts"] if a["kind"] == "models")
         assert t["init_weights"] == model["location"] and not model["exists"]
         online = {"HF_HUB_OFFLINE": None, "HF_ENDPOINT": h.url, "HF_HOME": str(tmp_path / "hf-home")}
-        run(wd, model["manifest"], config=cfg, env=online)
+        run(wd, model["manifest"], config=cfg, extra_env=online)
         m = json.loads((wd / model["manifest"]).read_text())
         assert m["payload_from"] == "built" and m["commit"] == SHA and m["location"] == model["location"]
         asked = len(h.requests)

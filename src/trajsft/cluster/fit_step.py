@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 
+from ..fit import check
 from ..plan.config import Plan
 from ..train.step import explain, levanter_config
 from .submit import fit_check
@@ -21,10 +22,9 @@ log = logging.getLogger("trajsft")
 
 def fit(plan: Plan, target: str) -> dict:
     """The fit summary of ``target`` on the profile's slice (``{"skipped": why}`` without libtpu)."""
-    from ..fit import check
-
     lev = levanter_config(plan, target, accelerator="tpu", untokenized_ok=True)
     summary = fit_check(plan, target, lev, explain(plan, target)["steps"])
-    for line in check.render(summary) if "skipped" not in summary else []:
-        log.info("%s", line)
+    if "skipped" not in summary:
+        for line in check.render(summary):
+            log.info("%s", line)
     return summary

@@ -77,7 +77,7 @@ def _from_hub(repo: str, revision: str | None, where: str) -> tuple[Path, dict[s
         lfs = s.lfs
         expect = ((lfs.size if lfs else s.size), (lfs.sha256 if lfs else s.blob_id))
         got = (d["size"], d["sha256"] if lfs else d["git_sha1"])
-        if expect[0] is not None and got[0] != expect[0] or expect[1] and got[1] != expect[1]:
+        if (expect[0] is not None and got[0] != expect[0]) or (expect[1] and got[1] != expect[1]):
             raise DataError(f"{repo}@{sha}: {rel} downloaded as {got[0]} bytes {got[1]}, the Hub says {expect[0]} "
                             f"bytes {expect[1]} ({where}): delete it from the HF cache and rerun")
         files[rel] = d
