@@ -51,8 +51,10 @@ class FakeHub:
         self.server.shutdown()
         self.server.server_close()
 
-    def env(self) -> dict[str, str]:
-        return {"HF_ENDPOINT": self.url}
+    def env(self) -> dict[str, str | None]:
+        """A process's environment for this Hub: its endpoint, and neither of huggingface_hub's offline
+        switches (HF_HUB_OFFLINE, or TRANSFORMERS_OFFLINE, which it honours too) that the tests set."""
+        return {"HF_ENDPOINT": self.url, "HF_HUB_OFFLINE": None, "TRANSFORMERS_OFFLINE": None}
 
     def _handler(self):
         hub = self

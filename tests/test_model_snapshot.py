@@ -36,6 +36,7 @@ def hub(monkeypatch, tmp_path):
     """The fake Hub, and this process's huggingface_hub pointed at it (its endpoint and cache are read at import)."""
     import huggingface_hub.constants as hc
     import huggingface_hub.file_download as fd
+    from huggingface_hub.utils._http import reset_sessions
 
     h = FakeHub({REPO_ID: Repo(SHA, tiny_hf_model.files())}).start()
     template = h.url + "/{repo_id}/resolve/{revision}/{filename}"
@@ -44,10 +45,12 @@ def hub(monkeypatch, tmp_path):
     monkeypatch.setattr(fd, "HUGGINGFACE_CO_URL_TEMPLATE", template)
     monkeypatch.setattr(hc, "HF_HUB_CACHE", str(tmp_path / "hf-cache"))
     monkeypatch.setattr(hc, "HF_HUB_OFFLINE", False)
+    reset_sessions()  # a session made while offline (other tests set TRANSFORMERS_OFFLINE) refuses every call
     monkeypatch.delenv("HF_TOKEN", raising=False)
     monkeypatch.chdir(tmp_path)  # the workdir's state (results/storage_roots.json): this test's own
     yield h
     h.stop()
+    reset_sessions()
 
 
 def build(cfg: dict):
@@ -149,7 +152,7 @@ def test_the_rule_snapshots_once_and_training_starts_from_it(tmp_path):
         t = plan_cli(wd, "demo", cfg)
         model = next(a for a in t["artifacts"] if a["kind"] == "models")
         assert t["init_weights"] == model["location"] and not model["exists"]
-        online = {"HF_HUB_OFFLINE": None, "HF_ENDPOINT": h.url, "HF_HOME": str(tmp_path / "hf-home")}
+        online = {**h.env(), "HF_HOME": str(tmp_path / "hf-home")}
         run(wd, model["manifest"], config=cfg, extra_env=online)
         m = json.loads((wd / model["manifest"]).read_text())
         assert m["payload_from"] == "built" and m["commit"] == SHA and m["location"] == model["location"]

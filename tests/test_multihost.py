@@ -205,8 +205,7 @@ def test_on_a_bucket_losses_resume_from_the_bucket_without_snakemake_retry(data,
     hub = FakeHub({HUB_REPO: Repo(HUB_SHA, tiny_hf_model.files())}).start()
     try:
         p = subprocess.run([*sm_cmd(wd, prof)[:-1], model["manifest"]], capture_output=True, text=True, cwd=REPO,
-                           env=sm_env(cluster.head, HF_HUB_OFFLINE=None, HF_ENDPOINT=hub.url,
-                                      HF_HOME=str(tmp_path / "hf-home")), timeout=600)
+                           env=sm_env(cluster.head, **hub.env(), HF_HOME=str(tmp_path / "hf-home")), timeout=600)
         assert p.returncode == 0, p.stderr[-4000:]
         asked = list(hub.requests)
     finally:
