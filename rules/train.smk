@@ -33,7 +33,7 @@ rule check_fit:
     params:
         # rerun triggers: a new run (any hashed setting), another slice, another compiler
         run=run_name,
-        tpu_type=config.get("ray", {}).get("tpu_type"),
+        tpu_type=(config.get("ray") or {}).get("tpu_type"),
         versions=lambda wildcards: fit_versions(),
         step=job_step("fit"),
     script:

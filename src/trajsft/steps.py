@@ -1,6 +1,6 @@
 """The rule-job harness: rule scripts call :func:`run_rule`, which runs one step (``data.download``,
-``data.shard``, ``data.tokenize``, ``train.model_snapshot``, ``cluster.fit_step``, ``train.step``) with logging, stop handling, user errors as one line
-and the artifact manifest."""
+``data.shard``, ``data.tokenize``, ``train.model_snapshot``, ``cluster.fit_step``, ``train.step``) with
+logging, stop handling, user errors as one line and the artifact manifest."""
 
 from __future__ import annotations
 

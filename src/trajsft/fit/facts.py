@@ -3,8 +3,8 @@
 An ``init: hf`` student's dimensions (``students.<name>.model``), ``rope_theta`` and ``vocab_size`` live in
 the config beside its pinned revision, so the fit check compiles the right model with no download. When
 the checkpoint's ``config.json`` can be read (its sealed ``models/`` snapshot, a local dir, or the Hub at the
-pinned revision within a few seconds), every fact is compared with it; a mismatch is one line naming the config key. Offline, the
-check says it was not done and goes on.
+pinned revision within a few seconds), every fact is compared with it; a mismatch is one line naming the
+config key. Offline, the check says it was not done and goes on.
 """
 
 from __future__ import annotations

@@ -32,6 +32,10 @@ log = logging.getLogger("trajsft")
 # what Levanter's HF converter and the tokenizer read; weights in safetensors only
 PATTERNS = ("*.json", "*.safetensors", "*.txt", "*.model", "*.tiktoken", "*.jinja")
 CHUNK = 8 << 20
+# config.json facts recorded in the manifest (what ``trajsft fit`` checks the student's dimensions against)
+ARCHITECTURE_KEYS = ("architectures", "model_type", "hidden_size", "intermediate_size", "num_hidden_layers",
+                     "num_attention_heads", "num_key_value_heads", "head_dim", "vocab_size", "rope_theta",
+                     "max_position_embeddings", "tie_word_embeddings", "torch_dtype")
 
 
 def wanted(rel: str) -> bool:
@@ -114,10 +118,3 @@ def snapshot(plan: Plan, name: str) -> dict:
             "files": {rel: {"size": d["size"], "sha256": d["sha256"]} for rel, d in files.items()},
             "bytes": sum(d["size"] for d in files.values()),
             "config": {k: config.get(k) for k in ARCHITECTURE_KEYS if k in config}}
-
-
-# config.json facts recorded in the manifest (what ``trajsft fit`` checks the student's dimensions against)
-ARCHITECTURE_KEYS = ("architectures", "model_type", "hidden_size", "intermediate_size", "num_hidden_layers",
-                     "num_attention_heads", "num_key_value_heads", "head_dim", "vocab_size", "rope_theta",
-                     "max_position_embeddings", "tie_word_embeddings", "torch_dtype")
-
