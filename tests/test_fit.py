@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from fit_fixtures import ALIGNED, OVERSIZED, fit_cli
 from trajsft.errors import ConfigError
 from trajsft.fit import check as F
 from trajsft.fit import facts, flops, slices
@@ -26,8 +27,6 @@ from trajsft.plan import config as C
 from trajsft.plan.specs import StudentSpec
 
 REPO = Path(__file__).resolve().parents[1]
-OVERSIZED = REPO / "tests" / "data" / "fit_oversized.yaml"
-ALIGNED = REPO / "tests" / "data" / "fit_aligned.yaml"
 QWEN3_8B = {"hidden_dim": 4096, "intermediate_dim": 12288, "num_layers": 36, "num_heads": 32, "num_kv_heads": 8,
             "head_dim": 128}
 
@@ -168,21 +167,6 @@ def test_libtpu_missing_is_one_line(monkeypatch):
 
 
 # --------------------------------------------------------------------------- the real compiler
-
-
-def fit_cli(*args, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "trajsft.cli", "fit", *args], cwd=cwd, capture_output=True,
-                          text=True, timeout=1200)
-
-
-@pytest.fixture(scope="module")
-def demo_fit(tmp_path_factory):
-    cwd = tmp_path_factory.mktemp("fit")
-    t0 = time.time()
-    p = fit_cli("demo", "--tpu-type", "v5p-8", "--json", "--configfile", str(ALIGNED), cwd=cwd)
-    assert p.returncode == 0, p.stderr[-3000:]
-    [s] = json.loads(p.stdout)
-    return cwd, s, time.time() - t0
 
 
 @pytest.mark.integration

@@ -27,10 +27,7 @@ from trajsft.train import levanter_config
 from trajsft.train import metrics
 from trajsft.train import run as train_run
 
-# never reach for the Hub, in this process or in the Levanter subprocesses (which inherit os.environ)
-os.environ["HF_HUB_OFFLINE"] = "1"
-os.environ["TRANSFORMERS_OFFLINE"] = "1"
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+# the Levanter children never reach for the Hub (this process is offline for the whole session: conftest.py)
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "WANDB_MODE": "offline"}
 
 SEQ_LEN = 256

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from fit_fixtures import ALIGNED, OVERSIZED
 from pipeline_utils import REPO, SNAKEMAKE, alive, attempts, kill9_snakemake_only, procs, wait_for
 from slice_fixtures import start_emulated_cluster
 from tpu_utils import (HF, WK, data_rules, jobs, make_profile, run_hash, sm_cmd, sm_env, snakemake, status,
@@ -29,8 +30,6 @@ pytestmark = pytest.mark.integration
 
 # the fit check compiles each distinct run's step; it is on in test_preflight_refuses_a_step_that_does_not_fit
 SLICE = {"ray": {"tpu_type": "v5p-8", "fit_check": False}}
-OVERSIZED = REPO / "tests" / "data" / "fit_oversized.yaml"  # the student tests/test_fit.py refuses too
-ALIGNED = REPO / "tests" / "data" / "fit_aligned.yaml"  # the student tests/test_fit.py compiles
 
 
 @pytest.fixture(scope="module")
@@ -95,7 +94,7 @@ def test_preflight_refuses_and_submits_nothing(data, ray_head):
     assert not (wd / "checkpoints/demo/done").exists()
 
 
-def test_preflight_refuses_a_step_that_does_not_fit_before_any_job(data, ray_head):
+def test_preflight_refuses_a_step_that_does_not_fit_before_any_job(data, ray_head, demo_fit):
     """ray.fit_check (the default): rule check_fit compiles the step for the profile's slice before the train
     rule runs and refuses, in one line naming HBM and the knobs, a student that does not fit; the train rule
     never runs and no Ray job is created."""
@@ -113,7 +112,7 @@ def test_preflight_refuses_a_step_that_does_not_fit_before_any_job(data, ray_hea
     assert "rule check_fit:" in p.stdout + p.stderr and "rule train:" not in p.stdout + p.stderr
     assert len(jobs(ray_head)) == before
     assert not (wd / "checkpoints/demo/done").exists()
-    # a student that fits (the one test_fit compiled: cached); with the data tokenized, the estimate covers
+    # a student that fits (the session's demo_fit compiled it: cached); with the data tokenized, the estimate covers
     # the whole run
     good = profile(wd.parent / "fit-good-profile", ray_head.address, data[1],
                    {**yaml.safe_load(ALIGNED.read_text()), **fit_on})
