@@ -24,4 +24,4 @@ if "TRAJSFT_FIT_CACHE" not in os.environ:
     os.environ["TRAJSFT_FIT_CACHE"] = tempfile.mkdtemp(prefix="trajsft-fit-cache-")
     atexit.register(shutil.rmtree, os.environ["TRAJSFT_FIT_CACHE"], True)
 
-pytest_plugins = ["ray_fixtures", "gcs_fixtures", "fit_fixtures"]
+pytest_plugins = ["ray_fixtures", "gcs_fixtures", "fit_fixtures", "slice_fixtures"]

@@ -51,8 +51,16 @@ DEFAULT_RESOURCES = {"TPU-v5p-32-head": 2, "TPU": 4}  # two v5p-32 slice heads
 MARKER_ENV = "TRAJSFT_TEST_RAY_HEAD"
 # The test head stands in for a TPU slice head on a machine with no TPU and no internet:
 # jobs may train on CPU and W&B logs offline (see trajsft.cluster.entrypoint).
+# Ray's memory monitor is off on every test node (RAY_memory_monitor_refresh_ms=0): it kills a worker when the
+# *machine's* real usage passes RAY_memory_usage_threshold (0.95), whatever --memory a node declares, and here
+# every emulated VM shares one machine with other jobs: a loaded machine had it kill a job supervisor, failing
+# a test whose own usage was a few GiB. The kernel's OOM killer still guards the machine.
+# The GCS checks every node each second instead of every 3 s (RAY_health_check_period_ms; 5 failures in a row
+# still mark it dead, and each check may take Ray's default 10 s to answer): a SIGKILLed host refuses the
+# check at once, so a preemption is seen in ~5 s instead of ~15 s; a slow but live node is not declared dead.
 TEST_HEAD_ENV = {"TRAJSFT_ALLOW_CPU_TRAINING": "1", "WANDB_MODE": "offline", "JAX_PLATFORMS": "cpu",
-                 "HF_HUB_OFFLINE": "1", "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0"}
+                 "HF_HUB_OFFLINE": "1", "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0", "RAY_memory_monitor_refresh_ms": "0",
+                 "RAY_health_check_period_ms": "1000"}
 # Never let these reach the head (tests check the job gets them only via our
 # secret channel).
 _SCRUB_ENV = ("HF_TOKEN", "WANDB_API_KEY", "RAY_ADDRESS", "RAY_API_SERVER_ADDRESS",

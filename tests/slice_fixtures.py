@@ -12,6 +12,10 @@ Hosts are started one at a time (on 2 cores, raylets started together miss Ray's
 registration deadline; a host that misses it is started again). Every node is its own process
 group, recorded by pid: ``kill_host`` / ``kill_slice`` SIGKILL those groups (a preemption), and
 teardown stops only what was started here (never ``ray stop``).
+
+Fixtures: ``shared_cluster`` (one per session: the head, a 2-host v5p-16 and two 1-host v5p-8 slices, every
+node pointed at one fake-gcs-server) and ``slices`` (that cluster, restored to its shape with no job running
+before and after each test that asks for it).
 """
 
 from __future__ import annotations
@@ -28,8 +32,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
+import pytest
 import requests
 
+from gcs_fixtures import GcsEmulator, start_gcs
 from ray_fixtures import MARKER_ENV, TEST_HEAD_ENV, RayHead, _free_port_range, _free_ports, start_ray_head
 
 CHIPS_PER_HOST = 4
@@ -42,6 +48,7 @@ class Host:
     worker: int
     proc: subprocess.Popen
     log_path: Path
+    node_id: str | None = None  # Ray's id of the node, once it registered
 
     @property
     def pid(self) -> int:
@@ -53,6 +60,9 @@ class EmulatedCluster:
     head: RayHead
     hosts: dict[tuple[str, int], Host] = field(default_factory=dict)
     hosts_started: list[tuple[str, int]] = field(default_factory=list)
+    killed_node_ids: set[str] = field(default_factory=set)  # nodes SIGKILLed here, until Ray lists them dead
+    node_env: dict[str, str] = field(default_factory=dict)  # given to every host when it starts (e.g. GCS endpoint)
+    slice_types: dict[str, str] = field(default_factory=dict)  # slice name -> tpu type, of every slice started
 
     @property
     def address(self) -> str:
@@ -74,6 +84,7 @@ class EmulatedCluster:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_AUTH", "TPU_"))}
         env.update(TEST_HEAD_ENV)
         env.update(self.head.client_env())
+        env.update(self.node_env)
         env.update({
             "TPU_NAME": slice_name, "TPU_WORKER_ID": str(worker), "TPU_ACCELERATOR_TYPE": tpu_type,
             "TPU_TOPOLOGY": f"2x2x{n}", "TPU_WORKER_HOSTNAMES": ",".join(["127.0.0.1"] * n),
@@ -110,13 +121,16 @@ class EmulatedCluster:
         Registration is recognised by a node id Ray did not list before (a host just killed may still
         be listed as alive for a while, so counting nodes is not enough)."""
         known = {n["node_id"] for n in self.alive_nodes()}
+        self.slice_types[slice_name] = tpu_type
         for _ in range(4):
             host = self._start_host(slice_name, tpu_type, worker)
             deadline = time.monotonic() + timeout
             while time.monotonic() < deadline and host.proc.poll() is None:
                 with contextlib.suppress(requests.RequestException):
-                    if any(n["node_id"] not in known and slice_name in (n.get("resources_total") or {})
-                           for n in self.alive_nodes()):
+                    new = [n["node_id"] for n in self.alive_nodes()
+                           if n["node_id"] not in known and slice_name in (n.get("resources_total") or {})]
+                    if new:
+                        host.node_id = new[0]
                         self.hosts[(slice_name, worker)] = host
                         return host
                 time.sleep(1.0)
@@ -131,10 +145,63 @@ class EmulatedCluster:
         """Abrupt VM loss: SIGKILL the host's whole process group (raylet, workers, trainers)."""
         host = self.hosts.pop((slice_name, worker))
         _kill_group(host.proc)
+        if host.node_id:
+            self.killed_node_ids.add(host.node_id)
 
     def kill_slice(self, slice_name: str) -> None:
         for key in [k for k in self.hosts if k[0] == slice_name]:
             self.kill_host(*key)
+
+    def complete_slices(self, tpu_type: str) -> list[str]:
+        """The slices of ``tpu_type`` whose every host runs, in the order they were started."""
+        return [name for name, t in self.slice_types.items() if t == tpu_type
+                and all((name, k) in self.hosts and self.hosts[(name, k)].proc.poll() is None
+                        for k in range(HOST_TYPES[t]))]
+
+    def new_slice_name(self) -> str:
+        """A slice name never used in this cluster (a preempted slice's successor is another VM)."""
+        return f"slice-{len(self.slice_types)}-{os.urandom(2).hex()}"
+
+    def restore(self, shape: dict[str, int], timeout: float = 180.0) -> None:
+        """Put the cluster back in ``shape`` ({tpu_type: complete slices}) with no job of any test left running.
+
+        A slice that lost a host is removed whole (its survivors are SIGKILLed, as a preempted slice's
+        are), slices beyond the shape are removed, missing ones started afresh under new names; then Ray
+        must list every removed node as dead (a node Ray still counts would take the next job's slice
+        actor), and every job still pending or running is stopped."""
+        for name, tpu_type in list(self.slice_types.items()):
+            held = [k for k in self.hosts if k[0] == name]
+            if held and len(held) < HOST_TYPES[tpu_type] or any(self.hosts[k].proc.poll() is not None for k in held):
+                self.kill_slice(name)
+        for tpu_type, want in shape.items():
+            have = self.complete_slices(tpu_type)
+            for name in have[want:]:
+                self.kill_slice(name)
+            for _ in range(want - len(have)):
+                self.add_slice(self.new_slice_name(), tpu_type)
+        extra = {t for t in self.slice_types.values() if t not in shape}
+        for name in [n for n, t in self.slice_types.items() if t in extra]:
+            self.kill_slice(name)
+        deadline = time.monotonic() + timeout
+        while self.killed_node_ids:
+            alive = {n["node_id"] for n in self.alive_nodes()}
+            self.killed_node_ids &= alive
+            if not self.killed_node_ids:
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"Ray still lists {len(self.killed_node_ids)} SIGKILLed host(s) as alive after "
+                                   f"{timeout:g}s: {sorted(self.killed_node_ids)}")
+            time.sleep(1.0)
+        from trajsft.cluster import jobs as cluster_jobs
+
+        r = requests.get(self.head.address + "/api/jobs/", headers=self.head.headers(), timeout=10)
+        r.raise_for_status()
+        for job in r.json():
+            if job.get("status") not in cluster_jobs.TERMINAL_STATUSES:
+                st = cluster_jobs.stop(self.head.address, job["submission_id"], 60, auth_token=self.head.token)
+                if st not in cluster_jobs.TERMINAL_STATUSES:
+                    raise TimeoutError(f"Ray job {job['submission_id']} left by a test is still {st} 60s after "
+                                       "a stop request")
 
     def trainer_pids(self, slice_name: str, worker: int) -> list[int]:
         """The train_lm processes running on one emulated host."""
@@ -153,7 +220,7 @@ class EmulatedCluster:
             "import io, json, sys, zipfile, ray\n"
             "from ray.experimental import internal_kv as kv\n"
             "ray.init(address=sys.argv[1], logging_level='ERROR', log_to_driver=False)\n"
-            "needles = [n.encode() for n in json.loads(sys.argv[2])]\n"
+            "needles = [n.encode() for n in json.loads(sys.stdin.read())]\n"
             "hits = []\n"
             "for ns in (None, 'package', 'job', 'fun', 'session', 'dashboard'):\n"
             "    for key in kv._internal_kv_list(b'', namespace=ns):\n"
@@ -169,7 +236,9 @@ class EmulatedCluster:
             "print(json.dumps(hits))\n")
         env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
         env.update(self.head.client_env())
-        out = subprocess.run([sys.executable, "-c", script, self.head.gcs_address, json.dumps(needles)],
+        # the needles go in on stdin: this script is a Ray driver, and the cluster lists every driver's command
+        # line as a job (a later test checks that listing for the same secrets)
+        out = subprocess.run([sys.executable, "-c", script, self.head.gcs_address], input=json.dumps(needles),
                              capture_output=True, text=True, env=env, timeout=120)
         if out.returncode != 0:
             raise RuntimeError(out.stderr[-2000:])
@@ -206,10 +275,12 @@ def _kill_group(proc: subprocess.Popen) -> None:
         proc.wait(30)
 
 
-def start_emulated_cluster(slices: dict[str, str] | None = None) -> EmulatedCluster:
-    """A CPU head plus the given slices ({name: tpu_type}), hosts started one by one."""
-    head = start_ray_head(resources={}, num_cpus=0, extra_env=TEST_HEAD_ENV)
-    cluster = EmulatedCluster(head)
+def start_emulated_cluster(slices: dict[str, str] | None = None,
+                           node_env: dict[str, str] | None = None) -> EmulatedCluster:
+    """A CPU head plus the given slices ({name: tpu_type}), hosts started one by one; ``node_env`` is given to
+    every node (the head and each host, also hosts added later) when it starts."""
+    head = start_ray_head(resources={}, num_cpus=0, extra_env={**TEST_HEAD_ENV, **(node_env or {})})
+    cluster = EmulatedCluster(head, node_env=dict(node_env or {}))
     atexit.register(cluster.stop)  # also when pytest itself is interrupted
     try:
         for name, tpu_type in (slices or {}).items():
@@ -218,3 +289,71 @@ def start_emulated_cluster(slices: dict[str, str] | None = None) -> EmulatedClus
         cluster.stop()
         raise
     return cluster
+
+
+# The one emulated cluster of a test session, shared by tests/test_multihost.py and tests/test_tpu_profile.py
+# (as Ray's own suite shares ``ray_start_regular_shared``): a CPU head, a 2-host v5p-16 slice and two 1-host
+# v5p-8 slices. A job picks a slice by its type (the ``TPU-<type>-head`` resource), so the multi-host tests
+# land on the v5p-16 and the single-host ones on a v5p-8, on the same head.
+SHAPE = {"v5p-16": 1, "v5p-8": 2}  # what every test finds: {tpu_type: complete slices}
+_FIRST_SLICES = {"slice-a": "v5p-16", "slice-x": "v5p-8", "slice-y": "v5p-8"}
+
+
+@dataclass
+class SharedCluster:
+    cluster: EmulatedCluster
+    gcs: GcsEmulator  # the bucket server every node was started pointing at (STORAGE_EMULATOR_HOST...)
+
+
+_RUNNING: list[SharedCluster] = []  # the session's cluster while it runs
+_ORDER: list[pytest.Item] = []  # the tests in the order they run (after any reordering plugin)
+
+
+@pytest.fixture(scope="session")
+def shared_cluster(tmp_path_factory):
+    """Started once per session, when a test first asks for it, and stopped after the last test that uses it
+    (not at the session's end: its five Ray nodes would idle under every later module). Every node gets the
+    fake-gcs-server's endpoint when it starts (a TPU VM reaches GCS without being told); this process does
+    not: a module that uses the bucket sets the variables for its own tests (tests/test_multihost.py)."""
+    emu = start_gcs(tmp_path_factory.mktemp("fake-gcs-slices") / "data")
+    try:
+        c = start_emulated_cluster(_FIRST_SLICES, node_env=emu.env())
+        shared = SharedCluster(c, emu)
+        _RUNNING.append(shared)
+        try:
+            yield shared
+        finally:
+            _stop_shared()
+    finally:
+        emu.stop()
+
+
+def _stop_shared() -> None:
+    while _RUNNING:
+        shared = _RUNNING.pop()
+        shared.cluster.stop()
+        shared.gcs.stop()
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(session, config, items):
+    _ORDER[:] = items
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    result = yield  # the test's own fixtures first (``slices`` restores the cluster)
+    if _RUNNING and "shared_cluster" in item.fixturenames and item in _ORDER:
+        if not any("shared_cluster" in i.fixturenames for i in _ORDER[_ORDER.index(item) + 1:]):
+            _stop_shared()
+    return result
+
+
+@pytest.fixture
+def slices(shared_cluster) -> EmulatedCluster:
+    """The shared cluster in the promised shape (SHAPE, no job running) before the test, and put back in it
+    after: a test that kills hosts or slices, or fails with a job running, leaves nothing to the next one."""
+    c = shared_cluster.cluster
+    c.restore(SHAPE)
+    yield c
+    c.restore(SHAPE)

@@ -1,9 +1,10 @@
 """Integration: training on every host of an emulated multi-host TPU slice (real Ray nodes on
 127.0.0.1 that present themselves as TPU VM hosts; multi-process JAX on CPU with gloo).
 
-One emulated cluster per module (CPU head + a 2-host v5p-16 slice), reused by every scenario; its nodes
-reach a bucket on fake-gcs-server (started with the emulator's endpoint in their environment, as TPU VMs
-reach GCS):
+The session's one emulated cluster (tests/slice_fixtures.py: a CPU head, a 2-host v5p-16 slice and two
+v5p-8 slices, shared with tests/test_tpu_profile.py); this module's jobs ask for the v5p-16. Its nodes reach
+a bucket on fake-gcs-server (started with the emulator's endpoint in their environment, as TPU VMs reach
+GCS); a scenario that kills hosts leaves the cluster back in its shape for the next test:
 1. Snakemake with the tpu-east5 profile (only address and storage root changed, plus test
    overrides) trains data-parallel on both hosts to `done`; the loss matches a single-process run.
 2. With the profile's gs:// storage root on the bucket and a student initialised from a checkpoint on
@@ -28,9 +29,8 @@ import pytest
 
 import tiny_hf_model
 from fake_hub import FakeHub, Repo
-from gcs_fixtures import Bucket, clear_fsspec_cache, start_gcs
+from gcs_fixtures import Bucket, clear_fsspec_cache
 from pipeline_utils import REPO, kill_group, wait_for
-from slice_fixtures import start_emulated_cluster
 from tpu_utils import (HF, WK, data_rules, jobs, make_profile, plan_of, run_hash, sm_cmd, sm_env, snakemake, status,
                        workdir)
 from trajsft import io
@@ -65,33 +65,28 @@ def overrides(**training) -> dict:
 
 
 @pytest.fixture(scope="module")
-def bucket(tmp_path_factory):
-    """A bucket on fake-gcs-server, its endpoint in this process's environment for the whole module: set
-    before the cluster starts, so every Ray node (and every host added later) inherits it."""
-    emu = start_gcs(tmp_path_factory.mktemp("fake-gcs") / "data")
-    try:
-        with pytest.MonkeyPatch.context() as mp:
-            for k, v in emu.env().items():
-                mp.setenv(k, v)
-            clear_fsspec_cache()  # gcsfs instances of earlier modules point at their (stopped) emulators
-            yield Bucket(emu, emu.make_bucket())
-        clear_fsspec_cache()
-    finally:
-        emu.stop()
+def bucket(shared_cluster):
+    """A fresh bucket on the fake-gcs-server the shared cluster's nodes were started pointing at; its endpoint
+    in this process's environment (so Snakemake, the CLI and this test's reads) for this module's tests."""
+    emu = shared_cluster.gcs
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in emu.env().items():
+            mp.setenv(k, v)
+        clear_fsspec_cache()  # gcsfs instances of earlier modules point at their (stopped) emulators
+        yield Bucket(emu, emu.make_bucket())
+    clear_fsspec_cache()
+
+
+@pytest.fixture
+def cluster(bucket, slices):
+    """The session's emulated cluster (tests/slice_fixtures.py): this module's jobs ask for a v5p-16 and get
+    its one 2-host slice; the cluster is back in its shape after each test."""
+    return slices
 
 
 @pytest.fixture(scope="module")
-def cluster(bucket):
-    c = start_emulated_cluster({"slice-a": TPU})
-    try:
-        yield c
-    finally:
-        c.stop()
-
-
-@pytest.fixture(scope="module")
-def data(tmp_path_factory, cluster):
-    return data_rules(tmp_path_factory.mktemp("mh"), cluster.head, BASE)
+def data(tmp_path_factory, shared_cluster):
+    return data_rules(tmp_path_factory.mktemp("mh"), shared_cluster.cluster.head, BASE)
 
 
 def attempts(run_dir: Path | str) -> list[dict]:
@@ -124,7 +119,7 @@ def test_trains_on_every_host_and_matches_a_single_process(data, cluster, tmp_pa
     assert job["status"] == "SUCCEEDED" and job["entrypoint"].find("trajsft.cluster.entrypoint") >= 0
     # one training process per host of the slice, all in one slice attempt
     [sa] = slice_attempts(run_dir)
-    assert sa["outcome"] == "succeeded" and sa["slices"] == ["slice-a"]
+    assert sa["outcome"] == "succeeded" and sa["slices"] == cluster.complete_slices(TPU)  # the one v5p-16
     assert sorted(hst["worker"] for hst in sa["hosts"]) == [0, 1]
     result = json.loads((run_dir / "training_result.json").read_text())
     assert sorted(x["worker"] for x in result["hosts"]) == [0, 1]
@@ -221,34 +216,45 @@ def test_on_a_bucket_losses_resume_from_the_bucket_without_snakemake_retry(data,
     job_log = wd / "logs/train/demo.log"
     init_line = f"Initializing model from HF checkpoint '{model['location']}'"
     kills = []
+    [first] = cluster.complete_slices(TPU)  # the cluster's one v5p-16 slice; a fresh one replaces it below
+    second = cluster.new_slice_name()
     try:
         t0 = time.time()
         sa = _wait_running(run_dir, 0, p)
         # 1. one host's training process dies (SIGKILL, as the OOM killer would) before the first checkpoint:
         # the next slice attempt starts from the initial weights again, read from the bucket
         wait_for(lambda: job_log.exists() and init_line in job_log.read_text(), 600, "the weights loaded", p)
-        [pid] = cluster.trainer_pids("slice-a", 1)
+        [pid] = cluster.trainer_pids(first, 1)
         assert checkpoints.latest_checkpoint(ckdir) is None
         os.kill(pid, 9)
         kills.append(("process", (job_log_steps(wd) or [-1])[-1], sa["slice_attempt"]))
         sa = _wait_running(run_dir, sa["slice_attempt"], p)
-        wait_for(lambda: checkpoints.latest_checkpoint(ckdir), 600, "a checkpoint in the bucket", p)
+        # the trainer logs each checkpoint it saved: read the job log here, not the bucket's listing every second
+        wait_for(lambda: f"Saved checkpoint to {ckdir}/step-" in job_log.read_text(), 600,
+                 "the job log to show a checkpoint saved in the bucket", p, poll=1.0)
         at = _wait_step_after(wd, checkpoints.latest_checkpoint(ckdir)["completed_steps"], p)
         # 2. a whole host goes away (raylet, workers, trainer), and comes back later
         at = job_log_steps(wd)[-1]
-        cluster.kill_host("slice-a", 1)
+        cluster.kill_host(first, 1)
         kills.append(("host", at, sa["slice_attempt"]))
-        time.sleep(5)
-        cluster.add_host("slice-a", TPU, 1)
+        # the host comes back once the job has seen it go (its slice attempt ended), not after a fixed sleep
+        lost = sa["slice_attempt"]
+        wait_for(lambda: any(x["slice_attempt"] == lost and x["outcome"] != "running" for x in slice_attempts(run_dir)),
+                 240, f"slice attempt {lost} to end after its host 1 was killed", p, poll=1.0)
+        cluster.add_host(first, TPU, 1)
         sa = _wait_running(run_dir, sa["slice_attempt"], p)
         at = _wait_step_after(wd, sa["resumed_from_step"] + 2, p)
         # 3. the whole slice is preempted; a fresh slice appears later
         at = job_log_steps(wd)[-1]
-        cluster.kill_slice("slice-a")
+        cluster.kill_slice(first)
         kills.append(("slice", at, sa["slice_attempt"]))
-        row = wait_for(lambda: (r := status(wd, prof, cluster.head)) and "waiting" in (r.get("detail") or "") and r,
-                       240, "status to show the job waiting for a slice", p, poll=2.0)
-        cluster.add_slice("slice-b", TPU)
+        # the job records a new slice attempt waiting for a slice (one object in the bucket: no CLI started per
+        # poll); status then says so
+        wait_for(lambda: (x := slice_attempts(run_dir)) and x[-1]["slice_attempt"] > sa["slice_attempt"]
+                 and x[-1]["outcome"] == "waiting for slice", 240, "a slice attempt waiting for a slice", p, poll=1.0)
+        row = status(wd, prof, cluster.head)
+        assert "waiting" in (row.get("detail") or ""), row
+        cluster.add_slice(second, TPU)
         assert p.wait(timeout=1200) == 0, (wd / "snakemake.log").read_text()[-4000:]
         wall = time.time() - t0
     finally:
@@ -267,7 +273,7 @@ def test_on_a_bucket_losses_resume_from_the_bucket_without_snakemake_retry(data,
     assert len(hit) == 3 and all(sas[n - 1]["outcome"] == "preempted" for n in hit), (kills, shown)
     assert att[0]["preemptions"] == len(sas) - 1 >= 3 and att[0]["failures"] == 0, shown
     assert "killed by SIGKILL" in sas[0]["cause"], shown
-    assert sas[-1]["slices"] == ["slice-b"] and sas[0]["slices"] == ["slice-a"], shown
+    assert sas[-1]["slices"] == [second] and sas[0]["slices"] == [first], shown
     # the attempt after the first kill started again from the initial weights (nothing saved yet); the
     # attempts after the host and slice losses resumed from checkpoints in the bucket
     after = {kind: sas[n] for kind, _, n in kills}
@@ -292,7 +298,7 @@ def test_on_a_bucket_losses_resume_from_the_bucket_without_snakemake_retry(data,
     row = status(wd, prof, cluster.head)
     n = len(sas) - 1
     assert row["state"] == "done" and row["preemptions"] == n
-    assert f"preempted {n}x" in row["detail"] and "slice-b" in row["detail"]
+    assert f"preempted {n}x" in row["detail"] and second in row["detail"]
     report = [f"{kind}: killed at step {at}, resumed from {sas[n]['resumed_from_step']} "
               f"({at + 1 - sas[n]['resumed_from_step']} steps redone)" for kind, at, n in kills]
     print("\n" + "\n".join(report) + f"\nwall {wall:.0f}s\n" + shown)

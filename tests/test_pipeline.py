@@ -31,7 +31,13 @@ def demo(tmp_path_factory):
     """The README's main job, from a clean state: `snakemake` (demo training + cards + curves)."""
     wd = tmp_path_factory.mktemp("demo")
     run(wd)
+    # what `trajsft status` prints right after the run, before any test of this module (in whatever order)
+    # reruns it: test_rerun_is_noop... records a second, not relaunched, attempt
+    _STATUS_AFTER_RUN[wd] = cli(wd, "status", "--offline").stdout
     return wd, plan(wd, "demo")
+
+
+_STATUS_AFTER_RUN: dict[Path, str] = {}
 
 
 def test_done_marker_points_at_content_addressed_run(demo):
@@ -243,11 +249,11 @@ def test_status_and_logs_of_a_local_run(demo):
 def test_status_example_is_a_real_demo_run(demo):
     """docs/status-example.txt (scripts/render_docs.sh, shown in the README) is what `trajsft status`
     prints after this demo run, paths relative to the run's directory; only the loss digits may differ
-    between machines. Before the rerun test below, which records a second (not relaunched) attempt."""
+    between machines. Read by the fixture before the rerun test records a second (not relaunched) attempt."""
     import re
 
     wd, _ = demo
-    out = cli(wd, "status", "--offline").stdout.replace(f"{wd}/", "")
+    out = _STATUS_AFTER_RUN[wd].replace(f"{wd}/", "")
     example = (REPO / "docs/status-example.txt").read_text()
     loss = re.compile(r"(?<= )\d+\.\d{4}\b")
     assert loss.sub("<loss>", out) == loss.sub("<loss>", example), "stale: run scripts/render_docs.sh"

@@ -2,8 +2,9 @@
 
 The test profile is profiles/tpu-east5 with only the Ray address and the storage root
 changed (asserted below), plus test overrides: the slice type is v5p-8 (one host), and the
-cluster is a CPU head with two emulated single-host v5p-8 slices (tests/slice_fixtures.py),
-so two targets can train at once. Multi-host slices and preemptions: tests/test_multihost.py.
+cluster is the session's emulated one (tests/slice_fixtures.py, shared with tests/test_multihost.py),
+whose two single-host v5p-8 slices let two targets train at once. Multi-host slices and preemptions:
+tests/test_multihost.py.
 """
 
 from __future__ import annotations
@@ -19,8 +20,7 @@ import pytest
 import yaml
 
 from fit_fixtures import ALIGNED, OVERSIZED
-from pipeline_utils import REPO, SNAKEMAKE, alive, attempts, kill9_snakemake_only, procs, wait_for
-from slice_fixtures import start_emulated_cluster
+from pipeline_utils import REPO, SNAKEMAKE, alive, attempts, kill9_snakemake_only, kill_group, procs, wait_for
 from tpu_utils import (HF, WK, data_rules, jobs, make_profile, run_hash, sm_cmd, sm_env, snakemake, status,
                        trajsft, workdir)
 from trajsft.train import checkpoints
@@ -29,30 +29,24 @@ from trajsft.cluster import jobs as cluster_jobs
 pytestmark = pytest.mark.integration
 
 # the fit check compiles each distinct run's step; it is on in test_preflight_refuses_a_step_that_does_not_fit
-SLICE = {"ray": {"tpu_type": "v5p-8", "fit_check": False}}
+# the hosts run the job without the profile's pip requirements (envs/tpu-requirements.txt): that runtime env
+# (a copy of the venv per node) is exercised on both hosts of tests/test_multihost.py's end-to-end run
+SLICE = {"ray": {"tpu_type": "v5p-8", "fit_check": False, "pip_requirements": None}}
 
 
-@pytest.fixture(scope="module")
-def tpu_cluster():
-    c = start_emulated_cluster({"slice-x": "v5p-8", "slice-y": "v5p-8"})
-    try:
-        yield c
-    finally:
-        c.stop()
-
-
-@pytest.fixture(scope="module")
-def ray_head(tpu_cluster):
-    """This module's head: the emulated cluster's (overrides the session-wide single-node head)."""
-    return tpu_cluster.head
+@pytest.fixture
+def ray_head(slices):
+    """The head of the session's emulated cluster (tests/slice_fixtures.py; overrides the session-wide
+    single-node head): this module's jobs ask for a v5p-8 and get one of its two single-host slices."""
+    return slices.head
 
 
 def profile(dest: Path, address: str, storage_root: Path, overrides: dict | None = None) -> Path:
     return make_profile(dest, address, storage_root, {**SLICE, **(overrides or {})})
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory, ray_head):
-    return data_rules(tmp_path_factory.mktemp("tpu"), ray_head, SLICE)
+def data(tmp_path_factory, shared_cluster):
+    return data_rules(tmp_path_factory.mktemp("tpu"), shared_cluster.cluster.head, SLICE)
 
 
 def test_test_profile_differs_from_tpu_east5_only_in_address_and_storage(tmp_path):
@@ -125,12 +119,35 @@ def test_preflight_refuses_a_step_that_does_not_fit_before_any_job(data, ray_hea
     assert "fit on v5p-8: " in status(wd, good, ray_head)["fit"]
 
 
-def test_end_to_end_on_ray_and_no_secret_leaks(data, ray_head):
+def test_end_to_end_two_targets_at_once_and_no_secret_leaks(data, ray_head):
+    """The whole TPU-profile path, for two targets at once (one training fewer than a test each):
+    -j 2 with demo and mix-demo runs two Ray jobs at the same time (one per slice head) in separate run
+    dirs; demo's done marker, job, log, status, `logs` and `clusters` are then checked, and no secret
+    is in any file, log or Ray's job metadata."""
     wd = workdir(data, "e2e")
-    prof = profile(wd.parent / "e2e-profile", ray_head.address, data[1],
-                        {"teachers": {"demo": {"training": {"max_steps": 4}}}})
+    demo_training = {"epochs": 2, "batch_size": 4, "learning_rate": 3.0e-3, "max_grad_norm": 1.0, "seq_len": 1024,
+                     "max_steps": 4}
+    prof = profile(wd.parent / "e2e-profile", ray_head.address, data[1], {
+        "teachers": {"demo": {"training": {"max_steps": 4}}},
+        "mixtures": {"mix-demo": {"teachers": {"demo": 1.0}, "student": "tiny", "training": demo_training}}})
     h = run_hash(wd, prof)
-    snakemake(wd, prof, ray_head)
+    cmd = [SNAKEMAKE, "-s", str(REPO / "Snakefile"), "-d", str(wd), "--profile", str(prof), "-j", "2",
+           "checkpoints/demo/done", "checkpoints/mix-demo/done"]
+    p = subprocess.Popen(cmd, stdout=open(wd / "snakemake.log", "w"), stderr=subprocess.STDOUT, env=sm_env(ray_head),
+                         start_new_session=True, cwd=REPO)
+    try:
+        both = wait_for(lambda: (r := [j for j in jobs(ray_head) if j["status"] == "RUNNING"
+                                        and j["submission_id"].startswith("trajsft-")]) and len(r) == 2 and r,
+                        600, "two Ray jobs running at once", p)
+        assert p.wait(timeout=900) == 0, (wd / "snakemake.log").read_text()[-4000:]
+    finally:
+        if p.poll() is None:
+            kill_group(p)
+    two = [json.loads((wd / f"checkpoints/{t}/done").read_text()) for t in ("demo", "mix-demo")]
+    assert {d["ray_job_id"] for d in two} == {j["submission_id"] for j in both}
+    assert two[0]["checkpoint_dir"] != two[1]["checkpoint_dir"] and two[0]["hash"] != two[1]["hash"]
+    assert all(d["steps"] == 4 for d in two)
+
     done = json.loads((wd / "checkpoints/demo/done").read_text())
     assert done["executor"] == "ray" and done["cluster"] == "us-east5-a" and done["steps"] == 4
     assert done["ray_job_id"] == f"trajsft-{h}-a0"
@@ -232,25 +249,3 @@ def test_signal_to_snakemake_stops_the_ray_job(data, ray_head, sig):
     row = status(wd, prof, ray_head)
     assert (row["state"], row["cause"], row["attempt"]) == ("failed", "stopped", 1)
     assert row["next"].startswith(("resume from step", "start from step 0"))
-
-
-def test_two_targets_run_as_two_concurrent_ray_jobs(data, ray_head):
-    """-j 2 with two targets: two Ray jobs at once (one per slice head), separate run dirs."""
-    wd = workdir(data, "two")
-    demo_training = {"epochs": 2, "batch_size": 4, "learning_rate": 3.0e-3, "max_grad_norm": 1.0, "seq_len": 1024,
-                     "max_steps": 5}
-    prof = profile(wd.parent / "two-profile", ray_head.address, data[1], {
-        "teachers": {"demo": {"training": {"max_steps": 5}}},
-        "mixtures": {"mix-demo": {"teachers": {"demo": 1.0}, "student": "tiny", "training": demo_training}}})
-    cmd = [SNAKEMAKE, "-s", str(REPO / "Snakefile"), "-d", str(wd), "--profile", str(prof), "-j", "2",
-           "checkpoints/demo/done", "checkpoints/mix-demo/done"]
-    p = subprocess.Popen(cmd, stdout=open(wd / "snakemake.log", "w"), stderr=subprocess.STDOUT, env=sm_env(ray_head),
-                         start_new_session=True, cwd=REPO)
-    both = wait_for(lambda: (r := [j for j in jobs(ray_head) if j["status"] == "RUNNING"
-                                    and j["submission_id"].startswith("trajsft-")]) and len(r) == 2 and r,
-                    600, "two Ray jobs running at once", p)
-    assert p.wait(timeout=900) == 0, (wd / "snakemake.log").read_text()[-4000:]
-    done = [json.loads((wd / f"checkpoints/{t}/done").read_text()) for t in ("demo", "mix-demo")]
-    assert {d["ray_job_id"] for d in done} == {j["submission_id"] for j in both}
-    assert done[0]["checkpoint_dir"] != done[1]["checkpoint_dir"] and done[0]["hash"] != done[1]["hash"]
-    assert all(d["steps"] == 5 for d in done)
