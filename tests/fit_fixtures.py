@@ -4,6 +4,8 @@
 tests/test_fit.py checks the compile itself (``cached`` is False) and the cache, tests/test_tpu_profile.py
 reads the cached result through the CLI. Both ask for the fixture, so neither depends on the other running
 first; the compile lands in the session's fit cache (``TRAJSFT_FIT_CACHE``, set in conftest.py).
+``oversized_fit`` is the same for the student no v5p-8 holds: test_fit checks the CLI's refusal, and
+test_tpu_profile's check_fit rule then reads that compile from the cache instead of compiling it again.
 """
 
 from __future__ import annotations
@@ -35,3 +37,10 @@ def demo_fit(tmp_path_factory):
     assert p.returncode == 0, p.stderr[-3000:]
     [s] = json.loads(p.stdout)
     return cwd, s, time.time() - t0
+
+
+@pytest.fixture(scope="session")
+def oversized_fit(tmp_path_factory) -> subprocess.CompletedProcess:
+    """``trajsft fit demo --tpu-type v5p-8`` on OVERSIZED: the CLI's refusal (exit 1, the line, the JSON)."""
+    return fit_cli("demo", "--tpu-type", "v5p-8", "--json", "--configfile", str(OVERSIZED),
+                   cwd=tmp_path_factory.mktemp("fit-oversized"))

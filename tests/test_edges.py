@@ -20,7 +20,7 @@ import psutil
 import pytest
 import yaml
 
-from pipeline_utils import REPO, SNAKEMAKE
+from pipeline_utils import REPO, SNAKEMAKE, wait_for
 from trajsft.plan import config as C
 from trajsft.observe import signals
 
@@ -227,6 +227,30 @@ def test_download_stages_under_storage_root_and_removes_stale_staging(tmp_path, 
     os.umask(umask)
     mode = os.stat(raw.location).st_mode & 0o777
     assert mode == 0o777 & ~umask and mode & 0o055, oct(mode)  # not 0700
+
+
+def test_stale_cache_builds_of_dead_or_zombie_builders_are_removed_live_ones_kept(tmp_path):
+    """A builder SIGKILLed with its Snakemake stays a zombie until init reaps it (seconds on a busy machine):
+    the next build must not take it for alive, or its dir is left behind for good."""
+    from trajsft.data import cache
+
+    zombie = subprocess.Popen([sys.executable, "-c", "pass"])  # exits; not waited for: a zombie
+    wait_for(lambda: psutil.Process(zombie.pid).status() == psutil.STATUS_ZOMBIE, 30, "a zombie child")
+    live = sleeper()
+    try:
+        dirs = {who: tmp_path / f".cache.building-{rid}-0123abcd" for who, rid in (
+            ("zombie", signals.run_id(psutil.Process(zombie.pid))), ("dead", dead_run_id()),
+            ("live", signals.run_id(psutil.Process(live.pid))), ("reused pid", f"{live.pid}-1"))}
+        for d in dirs.values():
+            (d / "train").mkdir(parents=True)
+        (tmp_path / ".cache-packed.building-1-1-0123abcd").mkdir()  # another cache's build: not ours to judge
+        cache._cleanup_stale_builds(str(tmp_path), "cache")
+        assert {who for who, d in dirs.items() if d.exists()} == {"live"}
+        assert (tmp_path / ".cache-packed.building-1-1-0123abcd").exists()
+    finally:
+        live.kill()
+        live.wait()
+        zombie.wait()
 
 
 # ---- config errors --------------------------------------------------------------------------

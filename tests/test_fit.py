@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from fit_fixtures import ALIGNED, OVERSIZED, fit_cli
+from fit_fixtures import ALIGNED, fit_cli
 from trajsft.errors import ConfigError
 from trajsft.fit import check as F
 from trajsft.fit import facts, flops, slices
@@ -244,8 +244,8 @@ def test_analytic_flops_agree_with_xla_on_the_unscanned_model(tmp_path):
 
 
 @pytest.mark.integration
-def test_oversized_student_is_refused_in_one_line_with_what_would_fit(tmp_path):
-    p = fit_cli("demo", "--tpu-type", "v5p-8", "--json", "--configfile", str(OVERSIZED), cwd=tmp_path)
+def test_oversized_student_is_refused_in_one_line_with_what_would_fit(oversized_fit):
+    p = oversized_fit
     assert p.returncode == 1, p.stderr[-2000:]
     assert "Traceback" not in p.stderr
     lines = [ln for ln in p.stderr.splitlines() if ln.startswith("trajsft fit:")]

@@ -88,7 +88,7 @@ def test_preflight_refuses_and_submits_nothing(data, ray_head):
     assert not (wd / "checkpoints/demo/done").exists()
 
 
-def test_preflight_refuses_a_step_that_does_not_fit_before_any_job(data, ray_head, demo_fit):
+def test_preflight_refuses_a_step_that_does_not_fit_before_any_job(data, ray_head, demo_fit, oversized_fit):
     """ray.fit_check (the default): rule check_fit compiles the step for the profile's slice before the train
     rule runs and refuses, in one line naming HBM and the knobs, a student that does not fit; the train rule
     never runs and no Ray job is created."""
@@ -99,7 +99,7 @@ def test_preflight_refuses_a_step_that_does_not_fit_before_any_job(data, ray_hea
     before = len(jobs(ray_head))
     p = snakemake(wd, prof, ray_head, check=False)
     assert p.returncode != 0
-    # one line (the profile's `retries` repeat it; the retries read the cached compile)
+    # one line (the profile's `retries` repeat it; the rule and its retries read the session's cached compile)
     [line] = {ln for ln in p.stderr.splitlines() if ln.startswith("trajsft fit demo: preflight")}
     assert "does not fit" in line and "GiB of HBM per chip" in line and "nothing submitted" in line
     assert "training.batch_size 4" in line and "ray.tpu_type v5p-8" in line

@@ -133,7 +133,12 @@ def _ray_session(num_cpus: Optional[int], ray_tmpdir: Optional[str]):
 
 
 def _cleanup_stale_builds(parent: str, base: str) -> None:
-    """Remove ``.<base>.building-<pid>-*`` dirs left by killed builds (owner pid gone)."""
+    """Remove ``.<base>.building-<run id>-*`` dirs left by killed builds: the run id (pid and start time,
+    :func:`trajsft.observe.signals.run_id`) names no live process. A killed builder that is still a zombie
+    (its parent died with it and init has not reaped it yet) is dead, and a pid reused by another
+    process is not the builder."""
+    from ..observe.signals import process_of
+
     prefix = f".{base}.building-"
     try:
         names = os.listdir(parent)
@@ -142,18 +147,9 @@ def _cleanup_stale_builds(parent: str, base: str) -> None:
     for name in names:
         if not name.startswith(prefix):
             continue
-        try:
-            pid = int(name[len(prefix) :].split("-", 1)[0])
-        except ValueError:
-            continue
-        alive = True
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            alive = False
-        except PermissionError:
-            alive = True
-        if not alive or pid == os.getpid():
+        rid = "-".join(name[len(prefix):].split("-")[:2])
+        proc = process_of(rid)
+        if proc is None or proc.pid == os.getpid():
             shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
 
 
@@ -279,6 +275,14 @@ def _build_on_ray(build_dir: str, splits: Mapping[str, Sequence[str]], fmt, tok,
             cache.await_finished(None, await_cleanup=True)
 
 
+def _own_run_id() -> str:
+    import psutil
+
+    from ..observe.signals import run_id
+
+    return run_id(psutil.Process())
+
+
 @contextlib.contextmanager
 def _building(final_dir: str):
     """A build dir for the cache ``final_dir``: a hidden sibling renamed into place on success
@@ -290,7 +294,7 @@ def _building(final_dir: str):
     parent, base = os.path.split(final_dir.rstrip("/"))
     os.makedirs(parent, exist_ok=True)
     _cleanup_stale_builds(parent, base)
-    build_dir = os.path.join(parent, f".{base}.building-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    build_dir = os.path.join(parent, f".{base}.building-{_own_run_id()}-{uuid.uuid4().hex[:8]}")
     os.makedirs(build_dir)
     try:
         yield build_dir
