@@ -20,12 +20,12 @@ VENV_BIN = str(REPO / ".venv" / "bin")
 # Commands a doc shows that this test does not run, with the reason. A command found in a doc and
 # on neither this list nor run by the test fails it, so a new page's commands get classified.
 NOT_RUN = {
-    "python3 -m pip install -q uv==0.13.8 && python3 -m uv run --locked snakemake --cores 2": "the demo: 4-5 min (tests/test_pipeline.py runs it)",
+    "python3 -m pip install -q uv==0.13.8 && python3 -m uv run --locked snakemake --cores 2": "the demo: 1 min (tests/test_pipeline.py runs it)",
     "python3 -m pip install -q uv==0.13.8 && python3 -m uv run --locked pytest -p randomly --randomly-seed=4242": "the whole test suite (.ci/run)",
-    'python3 -m pip install -q uv==0.13.8 && python3 -m uv run --locked pytest -m "not integration"': "the unit suite: 3 min",
+    'python3 -m pip install -q uv==0.13.8 && python3 -m uv run --locked pytest -m "not integration"': "the unit suite: 1.5 min",
     "uv run snakemake --profile tpu-east5 checkpoints/minimax-m2.5/done": "a TPU cluster (tests/test_tpu_profile.py emulates one)",
-    "uv run snakemake --cores 2 checkpoints/demo/done": "the demo: 4-5 min",
-    "uv run snakemake checkpoints/demo/done": "the demo: 4-5 min",
+    "uv run snakemake --cores 2 checkpoints/demo/done": "the demo: 1 min",
+    "uv run snakemake checkpoints/demo/done": "the demo: 1 min",
     "uv run snakemake checkpoints/demo/done --configfile mine.yaml": "the demo, with the user's own config file",
     "uv run snakemake --configfile mine.yaml -- checkpoints/demo/done": "the demo, with the user's own config file",
     "uv run snakemake --configfile mine.yaml checkpoints/demo/done": "shown as the wrong argument order",
