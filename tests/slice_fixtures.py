@@ -169,19 +169,14 @@ class EmulatedCluster:
         are), slices beyond the shape are removed, missing ones started afresh under new names; then Ray
         must list every removed node as dead (a node Ray still counts would take the next job's slice
         actor), and every job still pending or running is stopped."""
-        for name, tpu_type in list(self.slice_types.items()):
-            held = [k for k in self.hosts if k[0] == name]
-            if held and len(held) < HOST_TYPES[tpu_type] or any(self.hosts[k].proc.poll() is not None for k in held):
-                self.kill_slice(name)
-        for tpu_type, want in shape.items():
+        for tpu_type in set(self.slice_types.values()):
             have = self.complete_slices(tpu_type)
-            for name in have[want:]:
-                self.kill_slice(name)
-            for _ in range(want - len(have)):
+            keep = have[:shape.get(tpu_type, 0)]
+            for name in [n for n, t in self.slice_types.items() if t == tpu_type and n not in keep]:
+                self.kill_slice(name)  # a slice that lost a host, or one beyond the shape
+        for tpu_type, want in shape.items():
+            for _ in range(want - len(self.complete_slices(tpu_type))):
                 self.add_slice(self.new_slice_name(), tpu_type)
-        extra = {t for t in self.slice_types.values() if t not in shape}
-        for name in [n for n, t in self.slice_types.items() if t in extra]:
-            self.kill_slice(name)
         deadline = time.monotonic() + timeout
         while self.killed_node_ids:
             alive = {n["node_id"] for n in self.alive_nodes()}
@@ -194,13 +189,12 @@ class EmulatedCluster:
             time.sleep(1.0)
         from trajsft.cluster import jobs as cluster_jobs
 
-        r = requests.get(self.head.address + "/api/jobs/", headers=self.head.headers(), timeout=10)
-        r.raise_for_status()
-        for job in r.json():
-            if job.get("status") not in cluster_jobs.TERMINAL_STATUSES:
-                st = cluster_jobs.stop(self.head.address, job["submission_id"], 60, auth_token=self.head.token)
+        conn = cluster_jobs._Conn(self.head.address, self.head.token)
+        for job in conn.list_jobs():
+            if job.status not in cluster_jobs.TERMINAL_STATUSES:
+                st = cluster_jobs.stop(self.head.address, job.submission_id, 60, _conn=conn)
                 if st not in cluster_jobs.TERMINAL_STATUSES:
-                    raise TimeoutError(f"Ray job {job['submission_id']} left by a test is still {st} 60s after "
+                    raise TimeoutError(f"Ray job {job.submission_id} left by a test is still {st} 60s after "
                                        "a stop request")
 
     def trainer_pids(self, slice_name: str, worker: int) -> list[int]:

@@ -275,14 +275,6 @@ def _build_on_ray(build_dir: str, splits: Mapping[str, Sequence[str]], fmt, tok,
             cache.await_finished(None, await_cleanup=True)
 
 
-def _own_run_id() -> str:
-    import psutil
-
-    from ..observe.signals import run_id
-
-    return run_id(psutil.Process())
-
-
 @contextlib.contextmanager
 def _building(final_dir: str):
     """A build dir for the cache ``final_dir``: a hidden sibling renamed into place on success
@@ -294,7 +286,9 @@ def _building(final_dir: str):
     parent, base = os.path.split(final_dir.rstrip("/"))
     os.makedirs(parent, exist_ok=True)
     _cleanup_stale_builds(parent, base)
-    build_dir = os.path.join(parent, f".{base}.building-{_own_run_id()}-{uuid.uuid4().hex[:8]}")
+    from ..observe.signals import own_run_id
+
+    build_dir = os.path.join(parent, f".{base}.building-{own_run_id()}-{uuid.uuid4().hex[:8]}")
     os.makedirs(build_dir)
     try:
         yield build_dir

@@ -108,9 +108,7 @@ def remove_stale_staging(root: Path) -> list[Path]:
 
 
 def download(plan: Plan, name: str) -> dict:
-    import psutil
-
-    from ..observe.signals import run_id
+    from ..observe.signals import own_run_id
 
     art = plan.get("raw", name)
     spec = art.spec
@@ -123,7 +121,7 @@ def download(plan: Plan, name: str) -> dict:
     sroot = staging_root(plan)
     for d in remove_stale_staging(sroot):
         log.info("removed the staging dir of a killed download: %s", d)
-    tmp = sroot / f"{art.name}.{run_id(psutil.Process())}"
+    tmp = sroot / f"{art.name}.{own_run_id()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)  # normal permissions (umask), unlike a mkdtemp dir
     try:

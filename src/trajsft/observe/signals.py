@@ -52,6 +52,11 @@ def run_id(proc: psutil.Process) -> str:
     return f"{proc.pid}-{round(proc.create_time() * 100)}"
 
 
+def own_run_id() -> str:
+    """This process's :func:`run_id`."""
+    return run_id(psutil.Process())
+
+
 def process_of(rid: str) -> psutil.Process | None:
     """The live process a run id names, or None (gone, or its pid now belongs to another one)."""
     try:
@@ -83,7 +88,7 @@ def stop_marker(rid: str, workdir: str | os.PathLike = ".") -> Path:
 # ---- in the Snakemake process ------------------------------------------------------------
 def register_run(workdir: str | os.PathLike = ".") -> str:
     """``onstart``: export this run's id to the rule jobs; drop markers of runs that are gone."""
-    rid = run_id(psutil.Process())
+    rid = own_run_id()
     os.environ[RUN_ENV] = run_env(rid)
     remove_stale_markers(workdir)
     return rid
@@ -103,7 +108,7 @@ def remove_stale_markers(workdir: str | os.PathLike = ".") -> list[Path]:
 def mark_stopping(workdir: str | os.PathLike = ".") -> Path:
     """Remember (in the workdir) that this Snakemake run was told to stop; forgotten at exit."""
     # absolute: Snakemake runs in its --directory but is back in its start dir when it exits
-    path = stop_marker(run_id(psutil.Process()), workdir).absolute()
+    path = stop_marker(own_run_id(), workdir).absolute()
     path.parent.mkdir(parents=True, exist_ok=True)
     if not path.exists():
         path.touch()
