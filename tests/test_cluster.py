@@ -120,7 +120,8 @@ def test_runtime_env_of_the_driver():
     env = submit.runtime_env(_cfg(pip_requirements="envs/tpu-requirements.txt"))
     assert env["worker_process_setup_hook"] == "trajsft.cluster.hooks.setup"
     assert env["config"] == {"setup_timeout_seconds": 1800}
-    assert "jax[tpu]==0.7.2" in env["pip"]["packages"] and "libtpu==0.0.23" in env["pip"]["packages"]
+    assert "jax==0.7.2" in env["pip"]["packages"] and "libtpu==0.0.23" in env["pip"]["packages"]
+    assert not any(p.startswith(("ray==", "ray[", "#")) for p in env["pip"]["packages"])
 
 
 def test_preflight_refuses_in_seconds_without_network(tmp_path, monkeypatch):

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import sys
 import time
@@ -146,12 +145,9 @@ def test_tpu_requirements_agree_with_the_lock():
     import tomllib
 
     lock = {p["name"]: p["version"] for p in tomllib.loads((REPO / "uv.lock").read_text())["package"]}
-    pins = {}
-    for ln in (REPO / "envs/tpu-requirements.txt").read_text().splitlines():
-        ln = ln.split("#")[0].strip()
-        if ln:
-            name, version = ln.split("==")
-            pins[re.sub(r"\[.*\]", "", name).lower().replace("_", "-")] = version
+    from trajsft.cluster.requirements import pins as requirement_pins
+
+    pins = requirement_pins((REPO / "envs/tpu-requirements.txt").read_text())
     assert pins["libtpu"] == lock["libtpu"] == "0.0.23"
     for name, version in pins.items():
         assert lock.get(name) == version, f"envs/tpu-requirements.txt pins {name}=={version}, uv.lock {lock.get(name)}"
