@@ -107,3 +107,29 @@ def test_every_distribution_the_job_imports_is_installed_on_the_hosts():
     have = set(R.pins(FILE.read_text())) | set(R.cluster_only(lock))
     assert {"levanter", "tenacity", "jax", "gcsfs", "wandb"} <= imported
     assert imported <= have, sorted(imported - have)
+
+
+CHILD = """
+import os, subprocess, sys, trajsft
+from trajsft.train import launch
+env = launch.levanter_env()
+out = subprocess.run([sys.executable, "-c", "import trajsft; print(trajsft.__file__)"], env=env, cwd=sys.argv[1],
+                     capture_output=True, text=True, check=True).stdout.strip()
+print(trajsft.__file__); print(out)
+"""
+
+
+def test_a_child_in_another_dir_imports_the_trajsft_the_job_shipped(tmp_path):
+    """As on a Ray host: the job's working dir holds the project (``PYTHONPATH=src``, relative), and the host
+    starts train_lm in the run's directory. The child imports the shipped package, not whatever a venv holds."""
+    import shutil
+
+    job = tmp_path / "job"
+    shutil.copytree(REPO / "src" / "trajsft", job / "src" / "trajsft", ignore=shutil.ignore_patterns("__pycache__"))
+    elsewhere = tmp_path / "run"
+    elsewhere.mkdir()
+    p = subprocess.run([sys.executable, "-c", CHILD, str(elsewhere)], cwd=job, capture_output=True, text=True,
+                       timeout=120, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": "src", "HOME": str(tmp_path)})
+    assert p.returncode == 0, p.stderr[-2000:]
+    parent, child = p.stdout.split()
+    assert parent == child == str(job / "src" / "trajsft" / "__init__.py")

@@ -13,15 +13,35 @@ from typing import Mapping, Optional
 from ..data.cache import _default_ray_tmpdir
 
 
+def child_pythonpath(current: str, cwd: Optional[str] = None) -> str:
+    """``PYTHONPATH`` for a child that runs in another directory and must import this very ``trajsft``: the
+    directory this process imported the package from comes first (on a Ray host that is the job's
+    unpacked working dir, whose ``src`` no venv holds), and relative entries (Ray's ``PYTHONPATH=src``)
+    become absolute against this process's working directory."""
+    import trajsft
+
+    cwd = cwd or os.getcwd()
+    pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(trajsft.__file__)))
+    entries = [pkg_root] if os.path.basename(pkg_root) not in ("site-packages", "dist-packages") else []
+    for e in current.split(os.pathsep):
+        if e:
+            e = e if os.path.isabs(e) else os.path.normpath(os.path.join(cwd, e))
+            if e not in entries:
+                entries.append(e)
+    return os.pathsep.join(entries)
+
+
 def levanter_env(run_dir: Optional[str] = None, env: Optional[Mapping[str, str]] = None) -> dict:
     """Environment for a Levanter subprocess: ``os.environ`` + safe defaults + ``env`` overrides.
 
     Defaults (only if not already set): ``RAY_AUTH_MODE=disabled`` (Ray 2.60 otherwise enables token
     auth for a fresh local cluster and writes ``~/.ray/auth_token``), ``RAY_TMPDIR`` (short path),
-    ``TOKENIZERS_PARALLELISM=false``, ``WANDB_SILENT=true``. ``WANDB_DIR`` is forced to ``run_dir``
+    ``TOKENIZERS_PARALLELISM=false``, ``WANDB_SILENT=true``; ``PYTHONPATH`` imports this process's
+    ``trajsft`` (:func:`child_pythonpath`). ``WANDB_DIR`` is forced to ``run_dir``
     (Levanter's WandbConfig has no ``dir`` field; W&B reads this env var) unless ``env`` sets it.
     """
     out = dict(os.environ)
+    out["PYTHONPATH"] = child_pythonpath(out.get("PYTHONPATH", ""))
     out.setdefault("RAY_AUTH_MODE", "disabled")
     out.setdefault("RAY_TMPDIR", _default_ray_tmpdir())
     out.setdefault("TOKENIZERS_PARALLELISM", "false")
