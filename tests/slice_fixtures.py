@@ -77,8 +77,10 @@ class EmulatedCluster:
     def slice_hosts_alive(self, slice_name: str) -> int:
         return sum(1 for n in self.alive_nodes() if slice_name in (n.get("resources_total") or {}))
 
-    def _start_host(self, slice_name: str, tpu_type: str, worker: int) -> Host:
+    def _start_host(self, slice_name: str, tpu_type: str, worker: int, python: Path | None = None) -> Host:
         n = HOST_TYPES[tpu_type]
+        ray_cli = [str(Path(sys.executable).parent / "ray")] if python is None else [str(python), "-m", "ray.scripts.scripts"]
+        python = Path(python or sys.executable)
         ports = _free_ports(6)
         wmin = _free_port_range(100)
         env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_AUTH", "TPU_"))}
@@ -90,12 +92,13 @@ class EmulatedCluster:
             "TPU_TOPOLOGY": f"2x2x{n}", "TPU_WORKER_HOSTNAMES": ",".join(["127.0.0.1"] * n),
             "RAY_USAGE_STATS_ENABLED": "0", MARKER_ENV: self.head.marker,
             "PYTHONUNBUFFERED": "1", "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0",
-            "PATH": str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", ""),
+            "PATH": str(python.parent) + os.pathsep + env.get("PATH", ""),
         })
         for k in ("HF_TOKEN", "WANDB_API_KEY"):
             env.pop(k, None)
         nm, om, agent_http, agent_grpc, metrics, renv = ports
-        cmd = [str(Path(sys.executable).parent / "ray"), "start", "--block", f"--address={self.head.gcs_address}",
+        # the host's Python runs Ray and every worker (Ray starts workers with the Python that started the node)
+        cmd = [*ray_cli, "start", "--block", f"--address={self.head.gcs_address}",
                f"--node-manager-port={nm}", f"--object-manager-port={om}",
                f"--dashboard-agent-listen-port={agent_http}", f"--dashboard-agent-grpc-port={agent_grpc}",
                f"--metrics-export-port={metrics}", f"--runtime-env-agent-port={renv}",
@@ -115,15 +118,17 @@ class EmulatedCluster:
                                     start_new_session=True, cwd=str(self.head.temp_dir))
         return Host(slice_name, worker, proc, log_path)
 
-    def add_host(self, slice_name: str, tpu_type: str, worker: int, timeout: float = 120.0) -> Host:
-        """Start one emulated host and wait until Ray lists it (retried if it misses registration).
+    def add_host(self, slice_name: str, tpu_type: str, worker: int, timeout: float = 120.0,
+                 python: Path | None = None) -> Host:
+        """Start one emulated host and wait until Ray lists it (retried if it misses registration). ``python``:
+        the host image's interpreter (default: this venv's, see :func:`host_image_without`).
 
         Registration is recognised by a node id Ray did not list before (a host just killed may still
         be listed as alive for a while, so counting nodes is not enough)."""
         known = {n["node_id"] for n in self.alive_nodes()}
         self.slice_types[slice_name] = tpu_type
         for _ in range(4):
-            host = self._start_host(slice_name, tpu_type, worker)
+            host = self._start_host(slice_name, tpu_type, worker, python)
             deadline = time.monotonic() + timeout
             while time.monotonic() < deadline and host.proc.poll() is None:
                 with contextlib.suppress(requests.RequestException):
@@ -138,8 +143,8 @@ class EmulatedCluster:
         raise RuntimeError(f"emulated host {slice_name}/{worker} did not register:\n"
                            + host.log_path.read_text(errors="replace")[-2000:])
 
-    def add_slice(self, slice_name: str, tpu_type: str) -> list[Host]:
-        return [self.add_host(slice_name, tpu_type, k) for k in range(HOST_TYPES[tpu_type])]
+    def add_slice(self, slice_name: str, tpu_type: str, python: Path | None = None) -> list[Host]:
+        return [self.add_host(slice_name, tpu_type, k, python=python) for k in range(HOST_TYPES[tpu_type])]
 
     def kill_host(self, slice_name: str, worker: int) -> None:
         """Abrupt VM loss: SIGKILL the host's whole process group (raylet, workers, trainers)."""
@@ -260,6 +265,24 @@ class EmulatedCluster:
         for key in list(self.hosts):
             _kill_group(self.hosts.pop(key).proc)
         self.head.stop(timeout=5.0)
+
+
+def host_image_without(dest: Path, *dropped: str) -> Path:
+    """The Python of a host image that lacks ``dropped`` distributions (their modules and metadata), and is
+    otherwise this venv: a venv on the same base interpreter whose site-packages links every other entry of
+    ours (``.pth`` files included, so the project's editable install too). Its ``bin/python``."""
+    import sysconfig
+
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(dest)], check=True, timeout=120)
+    ours = Path(sysconfig.get_paths()["purelib"])
+    site = next(dest.glob("lib/python3*/site-packages"))
+    drop = {d.lower().replace("-", "_") for d in dropped}
+    for entry in ours.iterdir():
+        top = entry.name.split("-", 1)[0].removesuffix(".py").lower() if entry.name.endswith(".dist-info") \
+            else entry.name.removesuffix(".py").lower()
+        if top not in drop and not (site / entry.name).exists():
+            (site / entry.name).symlink_to(entry)
+    return dest / "bin" / "python"
 
 
 def _kill_group(proc: subprocess.Popen) -> None:

@@ -21,7 +21,8 @@ import yaml
 
 from fit_fixtures import ALIGNED, OVERSIZED
 from pipeline_utils import REPO, SNAKEMAKE, alive, attempts, kill9_snakemake_only, kill_group, procs, wait_for
-from tpu_utils import (HF, WK, data_rules, jobs, make_profile, run_hash, sm_cmd, sm_env, snakemake, status,
+from slice_fixtures import host_image_without
+from tpu_utils import (HF, WK, data_rules, jobs, make_profile, plan_of, run_hash, sm_cmd, sm_env, snakemake, status,
                        trajsft, workdir)
 from trajsft.train import checkpoints
 from trajsft.cluster import jobs as cluster_jobs
@@ -249,3 +250,49 @@ def test_signal_to_snakemake_stops_the_ray_job(data, ray_head, sig):
     row = status(wd, prof, ray_head)
     assert (row["state"], row["cause"], row["attempt"]) == ("failed", "stopped", 1)
     assert row["next"].startswith(("resume from step", "start from step 0"))
+
+
+def test_a_host_image_missing_a_package_fails_in_one_line_and_is_submitted_once(data, slices, tmp_path):
+    """The only v5p-8 slice runs an image whose Python lacks one package the lock pins (wandb): the job fails
+    before training, every Snakemake attempt answers the same line naming the host and the package, and one
+    Ray job was submitted; status says so. After the image is fixed, `trajsft retry` and the next run trains."""
+    wd = workdir(data, "image")
+    prof = profile(wd.parent / "image-profile", slices.address, data[1],
+                   {"teachers": {"demo": {"training": {"batch_size": 8, "max_steps": 2}}}})
+    h = run_hash(wd, prof)
+    image = host_image_without(tmp_path / "image", "wandb")
+    for name in slices.complete_slices("v5p-8"):
+        slices.kill_slice(name)
+    broken = slices.new_slice_name()
+    slices.add_slice(broken, "v5p-8", python=image)
+    p = snakemake(wd, prof, slices.head, check=False)
+    assert p.returncode != 0
+    said = [ln for ln in p.stderr.splitlines() if ln.startswith("trajsft train demo: configuration error:")]
+    cause = f"{broken} host 0: wandb missing (the lock pins 0.31.0)"
+    assert said and said[0].startswith(f"trajsft train demo: configuration error: {cause}: its Python is not "
+                                       f"tpu-requirements.txt"), p.stderr[-3000:]
+    assert f"(Ray job trajsft-{h}-a0; not retried" in said[0]
+    # Snakemake's retries (the profile's 3) each answered at once, without resubmitting
+    again = [ln for ln in said[1:] if "not resubmitted" in ln]
+    assert len(again) == 3 and all(cause in ln for ln in again), said
+    [job] = jobs(slices.head, h)
+    assert (job["submission_id"], job["status"]) == (f"trajsft-{h}-a0", "FAILED")
+    # four Snakemake attempts, one slice attempt: the first one's
+    att = attempts(Path(plan_of(wd, prof)["checkpoint_dir"]))
+    assert [a["outcome"] for a in att] == ["failed"] * 4
+    assert [(s["outcome"], s["cause"].split(":")[0]) for s in att[0]["slice_attempts"]] == [
+        ("configuration error", f"{broken} host 0")]
+    assert not any(a.get("slice_attempts") for a in att[1:])
+    row = status(wd, prof, slices.head)
+    assert (row["state"], row["ray_job_id"]) == ("configuration error", f"trajsft-{h}-a0")
+    assert row["cause"].startswith(cause) and f"trajsft retry demo" in row["next"]
+
+    # the image is fixed (a slice of our own image); nothing the fingerprint sees changed: `trajsft retry`
+    slices.kill_slice(broken)
+    slices.add_slice(slices.new_slice_name(), "v5p-8")
+    r = trajsft(wd, slices.head, "retry", "demo", "--profile", str(prof))
+    assert r.returncode == 0 and f"cleared the configuration error of Ray job trajsft-{h}-a0" in r.stdout, r.stderr
+    snakemake(wd, prof, slices.head)
+    assert sorted((j["submission_id"], j["status"]) for j in jobs(slices.head, h)) == [
+        (f"trajsft-{h}-a0", "FAILED"), (f"trajsft-{h}-a1", "SUCCEEDED")]
+    assert status(wd, prof, slices.head)["state"] == "done"

@@ -1,6 +1,6 @@
 """`trajsft` command line: where a target's artifacts live and what they hash (``plan``), the state of
 every run (``status``), a training log (``logs``), the clusters of the profiles (``clusters``), stopping
-a target's Ray jobs (``stop``), the cross-teacher matrix (``eval``), a profile's checks
+a target's Ray jobs (``stop``), forgetting a configuration error after a fix (``retry``), the cross-teacher matrix (``eval``), a profile's checks
 (``preflight``) and whether a target's train step fits its TPU slice, with the run's cost (``fit``). Running the pipeline itself is Snakemake's: ``snakemake checkpoints/<target>/done``."""
 
 from __future__ import annotations
@@ -119,6 +119,19 @@ def cmd_stop(args) -> int:
             print(f"{t}: {j['submission_id']} {st}")
             rc |= st not in ("STOPPED", "SUCCEEDED", "FAILED")
     return rc
+
+
+def cmd_retry(args) -> int:
+    """Drop a target's configuration-error record, so the next ``snakemake`` submits its job again."""
+    from .cluster import setup_failure
+    from .cluster.submit import _abs
+
+    plan = _load(args)
+    for t in _targets(plan, args.targets):
+        rec = setup_failure.clear(_abs(plan.target(t)["run"].location))
+        print(f"{t}: " + (f"cleared the configuration error of Ray job {rec['ray_job_id']} ({rec['cause']}); "
+                          f"the next snakemake run submits it again" if rec else "no configuration error recorded"))
+    return 0
 
 
 def cmd_preflight(args) -> int:
@@ -357,6 +370,12 @@ def build_parser() -> argparse.ArgumentParser:
     common(sp)
     sp.add_argument("targets", nargs="+")
     sp.set_defaults(func=cmd_stop)
+
+    sp = sub.add_parser("retry", help="after fixing a job's environment outside the code and requirements: "
+                                      "forget its configuration error, so the next snakemake run submits again")
+    common(sp)
+    sp.add_argument("targets", nargs="+")
+    sp.set_defaults(func=cmd_retry)
 
     sp = sub.add_parser("eval", help="cross-teacher matrix: held-out loss of trained targets on teachers' held-out splits")
     common(sp)

@@ -16,6 +16,12 @@ class PreflightError(ConfigError):
     """A cluster profile was refused before anything was submitted (address, token, bucket, env)."""
 
 
+class JobEnvironmentError(ConfigError):
+    """The training job's environment cannot start training: Ray could not set up the runtime env, a
+    package does not import, an installed version is not the lock's. Never retried (another slice or
+    Snakemake attempt meets the same environment); see :mod:`trajsft.cluster.setup_failure`."""
+
+
 class DataError(RuntimeError):
     """A data problem: wrong row count, a missing column, an unreadable file or manifest."""
 

@@ -29,10 +29,9 @@ import socket
 import sys
 import tempfile
 
-from .. import io
-from ..io import is_remote, join
-from ..observe import provenance
-from ..train import checkpoints, hf_export, run as train_run
+from ..errors import JobEnvironmentError
+from ..io import is_remote, join  # stdlib only: every other module of ours is imported once the bundle is gone
+from .setup_failure import MARK  # stdlib only, too
 
 log = logging.getLogger("trajsft")
 
@@ -74,6 +73,8 @@ def _free_port() -> int:
 
 
 def _record(run_dir: str, attempt: int):
+    from ..observe import provenance
+
     def progress(slice_attempts: list[dict]) -> None:
         preempted = sum(a["outcome"] == "preempted" for a in slice_attempts)
         failed = sum(a["outcome"] == "failed" for a in slice_attempts)
@@ -108,6 +109,16 @@ def only_our_workers_in_the_job_log() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The driver; a job whose environment cannot train ends with one :data:`setup_failure.MARK` line and
+    exit code 3 (the Snakemake side reads that line: a configuration error, not resubmitted)."""
+    try:
+        return _main(argv)
+    except JobEnvironmentError as e:
+        print(f"{MARK} {e}", flush=True)
+        return 3
+
+
+def _main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="trajsft.cluster.entrypoint")
     ap.add_argument("--config", required=True)
     ap.add_argument("--run-dir", required=True)
@@ -123,13 +134,19 @@ def main(argv: list[str] | None = None) -> int:
 
     import ray
 
-    from . import hooks, slices
-    from .host import HostJob
-
     ray.init(logging_level="WARNING")
+    delete_secret_bundle()  # first: a driver that cannot go on leaves no secret in the cluster
+    here = f"the driver on {socket.gethostname()}"
+    try:
+        from .. import io
+        from ..train import checkpoints, hf_export, run as train_run
+        from . import hooks, requirements, setup_failure, slices
+        from .host import HostJob
+    except ImportError as e:  # the job's environment lacks a package: a configuration error, in one line
+        raise JobEnvironmentError(f"{here}: {type(e).__name__}: {e}") from None
     only_our_workers_in_the_job_log()
     hooks.setup()
-    delete_secret_bundle()
+    setup_failure.check_installed(here, requirements.REPO_DIR / requirements.OUT)
     channel = slices.driver_channel(forwarded_secrets())
 
     cfg = json.loads(io.read_bytes(args.config))

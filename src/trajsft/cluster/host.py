@@ -12,7 +12,8 @@ on the node) the coordinator address, process count and id are passed to Levante
 from the same ``TPU_WORKER_ID`` / ``TPU_WORKER_HOSTNAMES`` variables JAX reads on GKE, and every
 host gets as many CPU devices as it has TPU chips.
 
-Outcomes: a dict on success; :class:`HostLost` when this host's process was killed by a signal or
+Outcomes: a dict on success; :class:`JobEnvironmentError` when this host's Python is not the lock's or
+``train_lm`` cannot import what it needs (a configuration error: never retried); :class:`HostLost` when this host's process was killed by a signal or
 a peer host of the slice went away (a preemption: the driver gets a new slice and resumes);
 :class:`TrainingFailed` when ``train_lm`` exited with an error on a slice whose hosts are all alive.
 """
@@ -29,9 +30,10 @@ import time
 from typing import Any, Optional
 
 from .. import io
-from ..errors import HostLost, TrainingFailed
+from ..errors import HostLost, JobEnvironmentError, TrainingFailed
 from ..observe.status import tail
 from ..train import checkpoints, launch, levanter_config, metrics, run as train_run
+from . import requirements, setup_failure
 
 ALLOW_CPU_ENV = "TRAJSFT_ALLOW_CPU_TRAINING"  # set on emulated/test Ray nodes only, never by a profile
 
@@ -173,6 +175,8 @@ def run_host(job: HostJob) -> dict:
 
     host = HostInfo.from_env()
     started = time.time()
+    # a host whose Python is not the lock's trains another program than the one `trajsft fit` compiled
+    setup_failure.check_installed(str(host), requirements.REPO_DIR / requirements.OUT)
     ray.get(job.channel.checkin.remote(job.attempt_tag, {
         "slice": host.slice_name, "worker": host.worker_id, "slice_id": host.slice_id,
         "node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid(),
@@ -202,9 +206,9 @@ def run_host(job: HostJob) -> dict:
               f"on {host} ({job.attempt_tag}; latest checkpoint: {ckpt['path'] if ckpt else None})")
     stop = threading.Event()
     tee = None
+    with open(log_path, "ab") as f:
+        start = f.tell()  # earlier slice attempts' lines are in the log (and the job log) already
     if host.primary:
-        with open(log_path, "ab") as f:
-            start = f.tell()  # earlier slice attempts' lines are in the job log already
         tee = threading.Thread(target=_tee, args=(log_path, stop, start), daemon=True)
         tee.start()
     try:
@@ -219,6 +223,13 @@ def run_host(job: HostJob) -> dict:
         name = signal.Signals(-rc).name if -rc in signal.Signals._value2member_map_ else str(-rc)
         raise HostLost(f"train_lm on {host} was killed by {name} (preempted, or out of memory?)")
     if rc > 0:
+        with open(log_path, "rb") as f:
+            f.seek(start)
+            launched = f.read().decode(errors="replace")
+        trained = (metrics.read_metrics(log_path)["launches"] or [{}])[-1].get("first_step") is not None
+        err = None if trained else setup_failure.startup_error(launched)
+        if err:
+            raise JobEnvironmentError(f"train_lm on {host} cannot start: {err}")
         lost = _peer_lost(host, job.failure_grace_s)
         if lost:
             raise HostLost(f"train_lm on {host} exited with code {rc} after {lost}")

@@ -27,7 +27,8 @@ import re
 import time
 from typing import Any, Callable, Optional
 
-from ..errors import HostLost, SliceLimitExceeded, TrainingFailed
+from ..errors import HostLost, JobEnvironmentError, SliceLimitExceeded, TrainingFailed
+from . import setup_failure
 from .host import HostJob, run_host
 from .jobs import _one_line
 
@@ -37,7 +38,9 @@ log = logging.getLogger("trajsft")
 _INFRA_ERRORS = ("NodeDiedError", "WorkerCrashedError", "ActorDiedError", "ActorUnavailableError",
                  "OwnerDiedError", "ObjectLostError", "ObjectReconstructionFailed", "RayActorError",
                  "LocalRayletDiedError", "TaskUnschedulableError", "ActorUnschedulableError")
-_OUR_ERROR_RE = re.compile(r"\b(HostLost|TrainingFailed): (.+)")
+_OUR_ERROR_RE = re.compile(r"\b(HostLost|TrainingFailed|JobEnvironmentError): (.+)")
+# Ray could not set up the job's runtime env for an actor or task on a node: a configuration error
+_SETUP_ERRORS = ("RuntimeEnvSetupError",)
 
 
 
@@ -64,11 +67,12 @@ def _chain(exc: BaseException):
 
 
 def classify(exc: BaseException) -> tuple[str, str]:
-    """``("preempted" | "failed", one-line cause)`` of an exception out of ``run_on_pod``.
+    """``("preempted" | "failed" | "config", one-line cause)`` of an exception out of ``run_on_pod``.
 
-    Our host function says what happened when it can (HostLost / TrainingFailed); exceptions come
-    back across processes as RayTaskErrors whose text carries the remote traceback, so the text is
-    read too. Ray's worker/actor/node/owner-loss errors are preemptions; anything else is a failure.
+    Our host function says what happened when it can (HostLost / TrainingFailed / JobEnvironmentError);
+    exceptions come back across processes as RayTaskErrors whose text carries the remote traceback, so
+    the text is read too. A runtime env Ray could not set up is a configuration error ("config"); Ray's
+    worker/actor/node/owner-loss errors are preemptions; anything else is a failure.
     """
     chain = list(_chain(exc))
     for e in chain:
@@ -76,11 +80,20 @@ def classify(exc: BaseException) -> tuple[str, str]:
             return "preempted", _one_line(e.args[0] if e.args else e)
         if isinstance(e, TrainingFailed):
             return "failed", _one_line(e.args[0] if e.args else e)
+        if isinstance(e, JobEnvironmentError):
+            return "config", _one_line(e.args[0] if e.args else e)
     text = "\n".join(str(e) for e in chain)
     m = _OUR_ERROR_RE.search(text)
     if m:
-        return ("preempted" if m.group(1) == "HostLost" else "failed"), _one_line(m.group(2))
+        kind = {"HostLost": "preempted", "TrainingFailed": "failed", "JobEnvironmentError": "config"}[m.group(1)]
+        return kind, _one_line(m.group(2))
     names = {c.__name__ for e in chain for c in type(e).__mro__}
+    for name in _SETUP_ERRORS:
+        if name in names or re.search(rf"\b{name}\b", text):
+            return "config", _one_line(f"{name}: {_first_line(text, name)}")
+    imported = setup_failure.startup_error(text)  # e.g. a host actor whose class does not import there
+    if imported:
+        return "config", _one_line(imported)
     for name in _INFRA_ERRORS:
         if name in names or re.search(rf"\b{name}\b", text):
             return "preempted", _one_line(f"{name}: {_first_line(text, name)}")
@@ -181,6 +194,11 @@ def run_on_slices(
             rec.update(outcome="succeeded", ended=now(), checkpoint_step=checkpoint_step())
             progress(attempts)
             return results, attempts
+        if kind == "config":  # another slice meets the same environment: stop here, submit nothing more
+            rec.update(outcome=setup_failure.OUTCOME, cause=cause, ended=now(), checkpoint_step=checkpoint_step())
+            progress(attempts)
+            log.error("slice attempt %d: %s: %s", n, setup_failure.OUTCOME, cause)
+            raise JobEnvironmentError(cause)
         if kind == "preempted":
             preemptions += 1
         else:

@@ -19,11 +19,11 @@ import os
 import shlex
 
 from .. import io
-from ..errors import ConfigError, DataError, PreflightError
+from ..errors import ConfigError, DataError, JobEnvironmentError, PreflightError
 from ..io import is_remote, join
 from ..plan.config import REPO_DIR, Plan
 from ..train import checkpoints
-from . import jobs as cluster_jobs, preflight as cluster_preflight, run_job
+from . import jobs as cluster_jobs, preflight as cluster_preflight, run_job, setup_failure
 
 log = logging.getLogger("trajsft")
 
@@ -196,6 +196,24 @@ def runtime_env(cfg: dict) -> dict:
     return env
 
 
+def _setup_fingerprint(address: str, renv: dict) -> str:
+    """What a configuration error of this job depends on: its runtime env, the cluster's Ray version, our code."""
+    try:
+        ray_version = cluster_jobs._Conn(address).check().get("ray_version")
+    except cluster_jobs.RayJobsError as e:
+        raise DataError(f"Ray: {e}") from None
+    return setup_failure.fingerprint(renv, ray_version, REPO_DIR / "src")
+
+
+def _configuration_error(address: str, job_id: str) -> str | None:
+    """The one-line cause when the failed job never got to train (:mod:`trajsft.cluster.setup_failure`)."""
+    conn = cluster_jobs._Conn(address)
+    try:
+        return setup_failure.from_failed_job(conn.job_info(job_id), conn.job_logs(job_id))
+    except cluster_jobs.RayJobsError:
+        return None
+
+
 def driver_command(cfg_url: str, run_dir: str, ray: dict, attempt: int) -> tuple[str, str]:
     """The Ray job's entrypoint (the driver) and its identity: the same command without
     ``--attempt``. The attempt is the Snakemake-side record the driver files slice attempts under;
@@ -216,6 +234,11 @@ def train_on_ray(plan: Plan, target: str, lev: dict, paths: dict, attempt: int) 
     run = paths["run"]
     run_dir = _abs(run.location)
     refuse_foreign_paths(cfg, job_paths(run_dir, lev))  # instant: before the fit check's compile
+    renv = runtime_env(cfg)
+    prior = setup_failure.read(run_dir)
+    if prior and prior.get("fingerprint") == _setup_fingerprint(ray["address"], renv):
+        # Snakemake's retry of a configuration error: the same answer, nothing submitted
+        raise JobEnvironmentError(setup_failure.line(prior, repeated=True))
     fit_or_raise(plan, target, lev)
     cfg_url = join(run_dir, "levanter_config.json")
     io.write_bytes(cfg_url, json.dumps(lev, indent=2, sort_keys=True).encode())
@@ -226,13 +249,18 @@ def train_on_ray(plan: Plan, target: str, lev: dict, paths: dict, attempt: int) 
     try:
         res = run_job.run_job(
             ray["address"], entrypoint, run.hash, paths["log"], identity=identity,
-            runtime_env=runtime_env(cfg),
+            runtime_env=renv,
             entrypoint_resources=None,  # the driver runs on a CPU node; it schedules the slice itself
             metadata=metadata,
             env_vars=forwarded_env(cfg),
             poll_s=float(ray.get("poll_seconds", 5)),
         )
     except cluster_jobs.JobFailed as e:
+        cause = _configuration_error(ray["address"], e.job_id)
+        if cause:  # it failed before training started: record it, so Snakemake's retries do not resubmit it
+            rec = setup_failure.write(run_dir, cause=cause, fingerprint=_setup_fingerprint(ray["address"], renv),
+                                      job_id=e.job_id)
+            raise JobEnvironmentError(setup_failure.line(rec)) from None
         raise DataError(f"{e} (a Snakemake retry resumes from the latest checkpoint in {run_dir})") from None
     except cluster_jobs.JobInterrupted as e:
         raise DataError(f"interrupted: {e}") from None

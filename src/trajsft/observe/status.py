@@ -106,6 +106,7 @@ def _jobs(address: str, content_hash: str) -> tuple[tuple[Job, ...], str | None]
 
 def _training_facts(plan: C.Plan, target: str, p: dict, query_ray: bool, attempts: tuple[dict, ...]) -> dict:
     """The facts of a run that is not finished: data, progress, Ray jobs, the newest attempt, the launcher."""
+    from ..cluster import setup_failure
     from ..train import metrics
 
     run_dir = p["run_dir"]
@@ -126,6 +127,7 @@ def _training_facts(plan: C.Plan, target: str, p: dict, query_ray: bool, attempt
         "jobs": jobs, "cluster_error": err,
         "attempt_alive": last.get("outcome") == "running" and provenance.attempt_alive(last),
         "launcher_tail": tuple(tail(launcher, 20)) if launcher.exists() else (),
+        "config_failure": setup_failure.read(run_dir) if plan.cfg["executor"] == "ray" else None,
     }
 
 

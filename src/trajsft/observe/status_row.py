@@ -20,6 +20,7 @@ from typing import Mapping
 STATES = ("not started", "data ready", "training running", "retrying", "failed", "done")
 # states whose row says where the next rerun starts (needs the checkpoint Levanter resumes from)
 RESUMABLE = ("failed", "retrying", "training running", "data ready")
+CONFIG_ERROR = "configuration error"  # = cluster.setup_failure.OUTCOME
 
 # (cause, pattern) in priority order; matched against Ray's job message + the log tail
 CAUSES = [
@@ -70,6 +71,7 @@ class Facts:
     cluster_error: str | None = None  # the Ray job list could not be read
     attempt_alive: bool = False  # the newest attempt is "running" and its process lives on this host
     launcher_tail: tuple[str, ...] = ()  # the last 20 lines of the Ray launcher log
+    config_failure: dict | None = None  # the run's configuration-error record (cluster.setup_failure), if any
     # ---- gathered only when the state is in RESUMABLE
     resume_step: int | None = None  # completed steps of the checkpoint Levanter resumes from; None: none
 
@@ -177,6 +179,10 @@ def training_state(f: Facts) -> dict:
         pre = [ln for ln in f.launcher_tail if "preflight" in ln]
         if pre:
             out.update(state="failed", cause="preflight: " + pre[-1].split("preflight", 1)[1].strip(" :"))
+    if f.config_failure and out["state"] in ("failed", "data ready", "not started"):
+        # the job failed before training: reruns answer this at once until what caused it changes
+        out.update(state=CONFIG_ERROR, cause=f.config_failure["cause"],
+                   ray_job_id=out["ray_job_id"] or f.config_failure.get("ray_job_id"))
     return out
 
 
@@ -217,6 +223,9 @@ def row(f: Facts) -> dict:
     r.update(training_state(f))
     if r["state"] in RESUMABLE:
         r["next"] = f"resume from step {f.resume_step}" if f.resume_step is not None else "start from step 0"
+    elif r["state"] == CONFIG_ERROR:
+        r["next"] = (f"fix the job's environment and rerun (after a fix outside the code and requirements: "
+                     f"trajsft retry {f.target})")
     return r
 
 
