@@ -246,10 +246,10 @@ class EmulatedCluster:
     def files_holding(self, needles: list[str]) -> list[str]:
         """Files of every node's Ray session (logs, extracted packages...) that hold any needle.
 
-        The pip virtualenvs Ray builds for the job (copies of installed packages) are skipped."""
+        The pip/uv virtualenvs Ray builds for the job (copies of installed packages) are skipped."""
         hits = []
         for f in self.head.temp_dir.rglob("*"):
-            if "runtime_resources/pip" in str(f) or not f.is_file() or f.is_symlink() or f.is_socket():
+            if "runtime_resources/pip" in str(f) or "runtime_resources/uv" in str(f) or not f.is_file() or f.is_symlink() or f.is_socket():
                 continue
             with contextlib.suppress(OSError):
                 blob = f.read_bytes()

@@ -120,8 +120,13 @@ def test_runtime_env_of_the_driver():
     env = submit.runtime_env(_cfg(pip_requirements="envs/tpu-requirements.txt"))
     assert env["worker_process_setup_hook"] == "trajsft.cluster.hooks.setup"
     assert env["config"] == {"setup_timeout_seconds": 1800}
-    assert "jax==0.7.2" in env["pip"]["packages"] and "libtpu==0.0.23" in env["pip"]["packages"]
-    assert not any(p.startswith(("ray==", "ray[", "#")) for p in env["pip"]["packages"])
+    # the lock's closure, installed by Ray's uv runtime env (pip on request)
+    assert "jax==0.7.2" in env["uv"]["packages"] and "libtpu==0.0.23" in env["uv"]["packages"]
+    assert not any(p.startswith(("ray==", "ray[", "#")) for p in env["uv"]["packages"])
+    assert env["uv"]["uv_check"] is False and "pip" not in env
+    pip = submit.runtime_env(_cfg(pip_requirements="envs/tpu-requirements.txt", installer="pip"))
+    assert pip["pip"]["packages"] == env["uv"]["packages"] and "uv" not in pip
+    assert "uv" not in submit.runtime_env(_cfg(pip_requirements=None)) and "pip" not in submit.runtime_env(_cfg())
 
 
 def test_preflight_refuses_in_seconds_without_network(tmp_path, monkeypatch):

@@ -53,7 +53,7 @@ def forwarded_env(cfg: dict) -> list[str]:
 
 # defaults of the cluster settings a profile may leave out
 RAY_DEFAULTS = {"num_slices": 1, "max_preemptions": 100, "max_failures": 2, "failure_grace_seconds": 90,
-                "runtime_env_setup_timeout_seconds": 1800, "fit_check": True}
+                "runtime_env_setup_timeout_seconds": 1800, "fit_check": True, "installer": "uv"}
 
 
 def ray_settings(cfg: dict) -> dict:
@@ -192,7 +192,10 @@ def runtime_env(cfg: dict) -> dict:
     if req:
         path = REPO_DIR / req
         pkgs = [ln.strip() for ln in path.read_text().splitlines() if ln.strip() and not ln.startswith("#")]
-        env["pip"] = {"packages": pkgs, "pip_check": False}
+        if {**RAY_DEFAULTS, **ray}["installer"] == "uv":  # the lock's closure in seconds, where pip takes minutes
+            env["uv"] = {"packages": pkgs, "uv_check": False}
+        else:
+            env["pip"] = {"packages": pkgs, "pip_check": False}
     return env
 
 
