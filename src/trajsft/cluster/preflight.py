@@ -197,18 +197,43 @@ def _check_storage(storage_root: str, timeout_s: float) -> str | None:
     return result[0]
 
 
+def our_ray_version() -> str:
+    """The Ray this project is locked to (the one installed here: ``uv sync --locked``)."""
+    import importlib.metadata as md
+
+    return md.version("ray")
+
+
+def ray_version_problem(theirs: str | None, address: str, ours: str | None = None) -> str | None:
+    """One line when the head's Ray is not the lock's minor version, else None. The driver and the hosts run
+    the cluster image's Ray, and this project uses Ray internals (the internal KV store, the worker stdstream
+    dispatcher, the job config env var) and token auth: only the lock's minor version is supported."""
+    ours = ours or our_ray_version()
+    supported = ".".join(ours.split(".")[:2])
+    if not theirs:
+        return (f"Ray on {address} did not say its version (/api/version has no ray_version): this project "
+                f"runs Ray {supported}.x (the lock's {ours})")
+    if ".".join(str(theirs).split(".")[:2]) != supported:
+        return (f"Ray {theirs} on {address}, but this project runs Ray {supported}.x (the lock's {ours}): "
+                f"use a cluster whose image has Ray {supported}, nothing was submitted")
+    return None
+
+
 def _check_cluster(address: str, auth_token: str | None, timeout_s: float, wait_for: Mapping[str, float],
-                   notes: list[str]) -> list[str]:
+                   notes: list[str], tunnel_hint: str | None = None) -> list[str]:
     problems: list[str] = []
     try:
         conn = _Conn(address, auth_token, timeout=timeout_s)
-        conn.check()
+        version = conn.check()  # the first thing asked: nothing else of a head on another Ray needs to answer
     except ClusterUnauthorized as e:
         return [_one_line(f"unauthorized: {e}")]
     except ClusterUnreachable as e:
-        return [_one_line(f"unreachable: {e}")]
+        return [_one_line(f"unreachable: {e}") + (f"; {tunnel_hint}" if tunnel_hint else "")]
     except ValueError as e:
         return [_one_line(f"bad Ray address: {e}")]
+    wrong = ray_version_problem(version.get("ray_version") if isinstance(version, dict) else None, conn.address)
+    if wrong:
+        return [wrong]
     if not wait_for:
         return problems
     try:
@@ -236,12 +261,14 @@ def preflight(
     timeout_s: float = 5.0,
     storage_timeout_s: float = 20.0,
     notes: list[str] | None = None,
+    tunnel_hint: str | None = None,
 ) -> list[str]:
     """Check everything a training submission needs; one line per problem.
 
     Env vars are checked at once; the cluster and the storage root are probed concurrently, each
     with a short timeout. ``resources`` are waited for, not required: missing ones become lines in
-    ``notes`` ("waiting for a slice").
+    ``notes`` ("waiting for a slice"). The cluster's Ray version is its first question (a head on another
+    Ray is refused in one line); ``tunnel_hint`` ends the line of an unreachable head (how to open the tunnel).
     """
     from concurrent.futures import ThreadPoolExecutor
 
@@ -252,7 +279,7 @@ def preflight(
     notes = notes if notes is not None else []
     pool = ThreadPoolExecutor(max_workers=2)
     try:
-        cluster = pool.submit(_check_cluster, address, auth_token, timeout_s, resources, notes)
+        cluster = pool.submit(_check_cluster, address, auth_token, timeout_s, resources, notes, tunnel_hint)
         store = pool.submit(_check_storage, storage_root, storage_timeout_s)
         problems.extend(cluster.result())
         err = store.result()

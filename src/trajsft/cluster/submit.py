@@ -93,11 +93,26 @@ def preflight(cfg: dict, notes: list[str] | None = None) -> list[str]:
         return [str(e)]
     problems = cluster_preflight.preflight(ray["address"], required_env(cfg),
                                            {slice_head_resource(ray): ray["num_slices"]}, cfg["storage_root"],
-                                           notes=notes)
+                                           notes=notes, tunnel_hint=tunnel_hint(ray))
     if not is_remote(cfg["storage_root"]) and not on_this_machine(ray["address"]):
         problems.append(f"storage_root {cfg['storage_root']} is a local dir: the hosts of {ray['address']} cannot "
                         "read it (use a bucket, e.g. storage_root: gs://<bucket>/trajsft)")
     return problems
+
+
+def tunnel_hint(ray: dict) -> str:
+    """How to reach the profile's head when its address does not answer: the dashboard tunnel of the
+    cluster's yaml (``ray.cluster_config``), as marin's ``ray_run.py`` opens it."""
+    from urllib.parse import urlsplit
+
+    address = ray["address"] if "://" in ray["address"] else f"http://{ray['address']}"
+    port = urlsplit(address).port
+    opt = f" --port {port}" if port and port != 8265 else ""
+    yaml = ray.get("cluster_config")
+    if yaml:
+        return f"open the tunnel to the head first: ray dashboard{opt} {yaml}"
+    return (f"is the head up and its dashboard forwarded? `ray dashboard{opt} <the cluster's yaml>` opens the tunnel "
+            "(set ray.cluster_config in the profile to have the exact command here)")
 
 
 def on_this_machine(address: str) -> bool:

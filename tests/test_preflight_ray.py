@@ -1,0 +1,126 @@
+"""Preflight asks the head's Ray version first, and a dead address gets the command that opens the tunnel.
+The stand-in head is a real HTTP server on loopback that answers only /api/version."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+import yaml
+
+from trajsft.cluster import preflight as P, submit
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+class StandInHead:
+    """Answers ``GET /api/version`` with ``ray_version``; 404 for anything else; records every path asked."""
+
+    def __init__(self, ray_version: str | None):
+        self.asked: list[str] = []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802
+                outer.asked.append(self.path)
+                if self.path == "/api/version":
+                    body = json.dumps({"version": "4", "session_name": "s", **(
+                        {"ray_version": ray_version} if ray_version else {})}).encode()
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/json")
+                else:
+                    body = b"not found"
+                    self.send_response(404)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *a):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.address = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def stop(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def old_head():
+    h = StandInHead("2.30.0")
+    yield h
+    h.stop()
+
+
+def test_the_heads_ray_version_outside_the_lock_minor_is_one_line():
+    assert P.ray_version_problem("2.60.3", "http://h:8265", ours="2.60.0") is None
+    line = P.ray_version_problem("2.30.0", "http://h:8265", ours="2.60.0")
+    assert line == ("Ray 2.30.0 on http://h:8265, but this project runs Ray 2.60.x (the lock's 2.60.0): use a cluster "
+                    "whose image has Ray 2.60, nothing was submitted")
+    assert "did not say its version" in P.ray_version_problem(None, "http://h:8265", ours="2.60.0")
+    assert P.our_ray_version() == "2.60.0"
+
+
+def test_preflight_asks_the_version_first_and_nothing_else_of_an_old_head(old_head, tmp_path):
+    probs = P.preflight(old_head.address, [], {"TPU-v5p-32-head": 1}, str(tmp_path / "store"), timeout_s=3)
+    assert probs == [f"Ray 2.30.0 on {old_head.address}, but this project runs Ray 2.60.x (the lock's 2.60.0): use a "
+                     f"cluster whose image has Ray 2.60, nothing was submitted"]
+    assert old_head.asked == ["/api/version"]  # not the nodes or the cluster status it does not have
+
+
+def _profile(tmp_path: Path, address: str, **ray) -> Path:
+    prof = tmp_path / "profile"
+    prof.mkdir()
+    cluster = yaml.safe_load((REPO / "profiles/tpu-east5/cluster.yaml").read_text())
+    cluster["storage_root"] = str(tmp_path / "store")
+    cluster["ray"].update(address=address, **ray)
+    (prof / "cluster.yaml").write_text(yaml.safe_dump(cluster))
+    (prof / "config.yaml").write_text(yaml.safe_dump({"configfiles": [str(prof / "cluster.yaml")]}))
+    return prof
+
+
+def _preflight_cli(prof: Path) -> subprocess.CompletedProcess:
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(prof.parent), "HF_TOKEN": "x", "WANDB_API_KEY": "y",
+           "RAY_AUTH_MODE": "disabled"}
+    return subprocess.run([sys.executable, "-m", "trajsft.cli", "preflight", "--profile", str(prof)],
+                          capture_output=True, text=True, env=env, cwd=REPO, timeout=120)
+
+
+def test_trajsft_preflight_refuses_a_head_on_ray_2_30_in_one_line(old_head, tmp_path):
+    p = _preflight_cli(_profile(tmp_path, old_head.address))
+    assert p.returncode == 1, p.stderr
+    lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
+    assert lines == [f"trajsft preflight: Ray 2.30.0 on {old_head.address}, but this project runs Ray 2.60.x (the "
+                     f"lock's 2.60.0): use a cluster whose image has Ray 2.60, nothing was submitted"], p.stderr
+    assert "Traceback" not in p.stderr + p.stdout
+
+
+def test_a_dead_address_gets_the_command_that_opens_the_tunnel(tmp_path):
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+    t0 = time.monotonic()
+    p = _preflight_cli(_profile(tmp_path, dead, cluster_config="infra/marin-us-east5-a.yaml"))
+    assert p.returncode == 1 and time.monotonic() - t0 < 60
+    [line] = [ln for ln in p.stderr.splitlines() if ln.strip()]
+    port = dead.rsplit(":", 1)[1]
+    assert line.startswith(f"trajsft preflight: unreachable: Ray dashboard {dead} unreachable")
+    assert line.endswith(f"; open the tunnel to the head first: ray dashboard --port {port} infra/marin-us-east5-a.yaml")
+    # the profiles name their cluster's yaml; without one the hint says where to set it
+    assert submit.tunnel_hint({"address": "http://127.0.0.1:8265", "cluster_config": "infra/marin-us-east5-a.yaml"}) \
+        == "open the tunnel to the head first: ray dashboard infra/marin-us-east5-a.yaml"
+    assert "set ray.cluster_config" in submit.tunnel_hint({"address": "http://127.0.0.1:8266"})
+    assert "--port 8266" in submit.tunnel_hint({"address": "http://127.0.0.1:8266"})
+    for name in ("tpu-east5", "tpu-central1"):
+        ray = yaml.safe_load((REPO / f"profiles/{name}/cluster.yaml").read_text())["ray"]
+        assert ray["cluster_config"].startswith("infra/marin-us-"), name
