@@ -104,14 +104,16 @@ def _jobs(address: str, content_hash: str) -> tuple[tuple[Job, ...], str | None]
     return tuple(Job(j["submission_id"], j["attempt"], j["status"], j["message"]) for j in jobs), None
 
 
-def _training_facts(plan: C.Plan, target: str, p: dict, query_ray: bool, attempts: tuple[dict, ...]) -> dict:
-    """The facts of a run that is not finished: data, progress, Ray jobs, the newest attempt, the launcher."""
+def _training_facts(plan: C.Plan, target: str, p: dict, query_ray: bool, attempts: tuple[dict, ...],
+                    run_dir_readable: bool = True) -> dict:
+    """The facts of a run that is not finished: data, progress, Ray jobs, the newest attempt, the launcher.
+    Nothing is read from the run dir when its bucket did not answer (``run_dir_readable``)."""
     from ..cluster import setup_failure
     from ..train import metrics
 
     run_dir = p["run_dir"]
-    lev = _read_json(io.join(run_dir, "levanter_config.json")) or (
-        _read_json(io.join(run_dir, "provenance", "config.json")) or {}).get("levanter")
+    lev = (_read_json(io.join(run_dir, "levanter_config.json")) or (
+        _read_json(io.join(run_dir, "provenance", "config.json")) or {}).get("levanter")) if run_dir_readable else None
     ray_cfg = plan.cfg.get("ray") or {}
     jobs, err = ((), None)
     if plan.cfg["executor"] == "ray" and query_ray and ray_cfg.get("address"):
@@ -122,22 +124,26 @@ def _training_facts(plan: C.Plan, target: str, p: dict, query_ray: bool, attempt
         "data_ready": all(Path(a.manifest).exists() for a in plan.target(target)["tokenized"]),
         "steps_total": lev["trainer"]["num_train_steps"] if lev else None,
         "metrics": metrics.read_metrics(p["log"])["steps"],
-        "hf_export": _latest_hf_export(run_dir),
+        "hf_export": _latest_hf_export(run_dir) if run_dir_readable else None,
         "log_tail": "\n".join(tail(p["log"], 60)),
         "jobs": jobs, "cluster_error": err,
         "attempt_alive": last.get("outcome") == "running" and provenance.attempt_alive(last),
         "launcher_tail": tuple(tail(launcher, 20)) if launcher.exists() else (),
-        "config_failure": setup_failure.read(run_dir) if plan.cfg["executor"] == "ray" else None,
+        "config_failure": setup_failure.read(run_dir) if plan.cfg["executor"] == "ray" and run_dir_readable else None,
     }
 
 
 def gather(plan: C.Plan, target: str, query_ray: bool = True) -> Facts:
     """Everything status needs to know about ``target``, reading only what its state needs: nothing
     about training for a finished run, the resume checkpoint only for a resumable state."""
+    from .. import storage
     from ..train.step import run_paths, wandb_url
 
     p = run_paths(plan, target)
     run, run_dir = p["run"], p["run_dir"]
+    # a bucket that does not answer is said in the row, at once: gcsfs would retry it for about a minute
+    readable = storage.reachable(run_dir)
+    storage_error = None if readable else f"storage root {plan.cfg['storage_root']} did not answer (no network, DNS or the endpoint down)"
     ray_cfg = plan.cfg.get("ray") or {}
     done = _read_json(C.Plan.done_path(target)) if Path(C.Plan.done_path(target)).exists() else None
     facts = Facts(
@@ -147,12 +153,19 @@ def gather(plan: C.Plan, target: str, query_ray: bool = True) -> Facts:
         done=done if isinstance(done, dict) else None,
         kept=_read_json(str(Path(p["state_dir"], "manifest.json"))),
         manifests=tuple(_read_json(str(m)) for m in Path(C.STATE_DIR, "checkpoints").glob(f"{target}-*/manifest.json")),
-        attempts=tuple(provenance.read_attempts(run_dir)) if io.exists(run_dir) else (),
+        storage_error=storage_error,
     )
+    if readable:
+        try:
+            facts = replace(facts, attempts=tuple(provenance.read_attempts(run_dir)) if io.exists(run_dir) else ())
+        except Exception as e:  # noqa: BLE001 - a bucket that refuses us (401/403...): said in the row, not raised
+            readable = False
+            facts = replace(facts, storage_error=f"storage root {plan.cfg['storage_root']} refused the request: "
+                                                 f"{' '.join(str(e).split())[:200]}")
     if finish_record(facts) is not None:
         return facts
-    facts = replace(facts, **_training_facts(plan, target, p, query_ray, facts.attempts))
-    if needs_resume_point(facts):
+    facts = replace(facts, **_training_facts(plan, target, p, query_ray, facts.attempts, readable))
+    if readable and needs_resume_point(facts):
         ck = resume_checkpoint(io.join(run_dir, "checkpoints"))
         facts = replace(facts, resume_step=ck["completed_steps"] if ck else None)
     return facts

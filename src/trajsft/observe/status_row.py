@@ -17,7 +17,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Mapping
 
-STATES = ("not started", "data ready", "training running", "retrying", "failed", "done")
+STATES = ("not started", "data ready", "training running", "retrying", "failed", "done", "configuration error",
+          "unknown")  # unknown: the run dir's bucket did not answer
 # states whose row says where the next rerun starts (needs the checkpoint Levanter resumes from)
 RESUMABLE = ("failed", "retrying", "training running", "data ready")
 CONFIG_ERROR = "configuration error"  # = cluster.setup_failure.OUTCOME
@@ -72,6 +73,7 @@ class Facts:
     attempt_alive: bool = False  # the newest attempt is "running" and its process lives on this host
     launcher_tail: tuple[str, ...] = ()  # the last 20 lines of the Ray launcher log
     config_failure: dict | None = None  # the run's configuration-error record (cluster.setup_failure), if any
+    storage_error: str | None = None  # the run dir's bucket did not answer: nothing was read from it
     # ---- gathered only when the state is in RESUMABLE
     resume_step: int | None = None  # completed steps of the checkpoint Levanter resumes from; None: none
 
@@ -179,6 +181,8 @@ def training_state(f: Facts) -> dict:
         pre = [ln for ln in f.launcher_tail if "preflight" in ln]
         if pre:
             out.update(state="failed", cause="preflight: " + pre[-1].split("preflight", 1)[1].strip(" :"))
+    if f.storage_error and out["state"] in ("data ready", "not started"):  # its run dir could not be read
+        out.update(state="unknown", cause=f.storage_error + (f"; {out['cause']}" if out["cause"] else ""))
     if f.config_failure and out["state"] in ("failed", "data ready", "not started"):
         # the job failed before training: reruns answer this at once until what caused it changes
         out.update(state=CONFIG_ERROR, cause=f.config_failure["cause"],

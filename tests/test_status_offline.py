@@ -1,0 +1,103 @@
+"""`trajsft status --profile tpu-east5` when the bucket does not answer or refuses us, and the head is down:
+the table at once, each row saying which, no traceback and no retry storm. The bucket is a real HTTP endpoint
+on loopback (nothing listening, or a server answering 403 to everything: fake-gcs-server checks no
+credentials), reached through gcsfs' STORAGE_EMULATOR_HOST as a TPU VM reaches GCS."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from trajsft.observe.status_row import Facts, row
+
+REPO = Path(__file__).resolve().parents[1]
+TARGETS = 6  # the default config's teachers and mixtures
+
+
+def _status(endpoint: str) -> tuple[subprocess.CompletedProcess, float]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("STORAGE_EMULATOR", "RAY_ADDRESS"))}
+    env["STORAGE_EMULATOR_HOST"] = endpoint
+    t0 = time.monotonic()
+    p = subprocess.run([sys.executable, "-m", "trajsft.cli", "status", "--profile", "tpu-east5"], env=env,
+                       capture_output=True, text=True, cwd=REPO, timeout=300)
+    return p, time.monotonic() - t0
+
+
+def _rows(out: str) -> list[list[str]]:
+    lines = out.splitlines()
+    assert lines[0].split()[:2] == ["TARGET", "STATE"], out
+    return [ln.split() for ln in lines[1:1 + TARGETS]]
+
+
+def test_a_bucket_that_does_not_answer_is_said_per_row_at_once():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+    p, took = _status(dead)
+    assert p.returncode == 0 and "Traceback" not in p.stderr + p.stdout, p.stderr[-2000:]
+    assert all(r[1] == "unknown" for r in _rows(p.stdout)), p.stdout
+    causes = [ln for ln in p.stdout.splitlines() if ": cause: " in ln]
+    assert len(causes) == TARGETS and all(
+        "storage root gs://marin-us-east5/trajsft did not answer" in c and "cluster not reachable" in c for c in causes)
+    assert took < 60, took  # measured: about 1 s; gcsfs alone retries a dead endpoint for about a minute
+
+
+class Refusing:
+    def __init__(self):
+        self.requests = 0
+        outer = self
+
+        class H(BaseHTTPRequestHandler):
+            def _deny(self):
+                outer.requests += 1
+                body = b'{"error": {"code": 403, "message": "caller does not have storage.objects.list access"}}'
+                self.send_response(403)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            do_GET = do_POST = do_PUT = do_HEAD = do_DELETE = _deny
+
+            def log_message(self, *a):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+@pytest.fixture
+def refusing():
+    r = Refusing()
+    yield r
+    r.server.shutdown()
+    r.server.server_close()
+
+
+def test_a_bucket_that_refuses_the_credentials_is_said_per_row_without_retries(refusing):
+    p, took = _status(refusing.endpoint)
+    assert p.returncode == 0 and "Traceback" not in p.stderr + p.stdout, p.stderr[-2000:]
+    assert all(r[1] == "unknown" for r in _rows(p.stdout)), p.stdout
+    causes = [ln for ln in p.stdout.splitlines() if ": cause: " in ln]
+    assert len(causes) == TARGETS and all("refused the request: Forbidden" in c for c in causes), causes
+    assert refusing.requests <= 2 * TARGETS, refusing.requests  # one look per target: nothing retried
+    assert took < 60, took
+
+
+def test_the_row_of_an_unreadable_run_dir_is_unknown_and_says_why():
+    f = Facts(target="demo", hash="h", run="demo-h", cluster="east5", checkpoint_dir="gs://b/run", log="/l",
+              storage_error="storage root gs://b did not answer", cluster_error="refused")
+    r = row(f)
+    assert (r["state"], r["cause"]) == ("unknown", "storage root gs://b did not answer; cluster not reachable: refused")
+    done = row(Facts(target="demo", hash="h", run="demo-h", cluster="east5", checkpoint_dir="gs://b/run", log="/l",
+                     storage_error="x", done={"hash": "h", "steps": 3}))
+    assert (done["state"], done["step"]) == ("done", 3)  # the local done marker decides; the bucket is not needed
