@@ -389,7 +389,10 @@ def test_logs_and_stop_without_a_cluster_are_one_line(tmp_path, cmd):
     assert p.returncode == 1
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in p.stderr, p.stderr
-    assert lines[0].startswith(f"trajsft {cmd[0]}: cannot use Ray at http://127.0.0.1:") and "is the Ray cluster up?" in lines[0]
+    assert lines[0].startswith(f"trajsft {cmd[0]}: cannot use Ray at http://127.0.0.1:")
+    # tpu-local names no cluster yaml: the hint says how the tunnel is opened and where to name it
+    assert "is the head up and its dashboard forwarded? `ray dashboard --port" in lines[0]
+    assert "set ray.cluster_config" in lines[0]
 
 
 # ---- what goes up with the working dir ------------------------------------------------------

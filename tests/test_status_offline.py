@@ -101,3 +101,32 @@ def test_the_row_of_an_unreadable_run_dir_is_unknown_and_says_why():
     done = row(Facts(target="demo", hash="h", run="demo-h", cluster="east5", checkpoint_dir="gs://b/run", log="/l",
                      storage_error="x", done={"hash": "h", "steps": 3}))
     assert (done["state"], done["step"]) == ("done", 3)  # the local done marker decides; the bucket is not needed
+
+
+def test_plan_and_logs_say_which_in_one_go(refusing):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STORAGE_EMULATOR")}
+    env["STORAGE_EMULATOR_HOST"] = refusing.endpoint
+    p = subprocess.run([sys.executable, "-m", "trajsft.cli", "plan", "demo", "--profile", "tpu-east5"], env=env,
+                       capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr[-2000:]
+    marks = [ln for ln in p.stdout.splitlines() if "gs://marin-us-east5/trajsft/" in ln and "[" in ln]
+    assert marks and all("gs://marin-us-east5/trajsft refused: Forbidden" in ln for ln in marks), p.stdout
+    assert refusing.requests <= 2  # refused once for the whole plan, not once per artifact
+    # the profile's head is down (nothing on 127.0.0.1:8265 here): logs names the command that opens the tunnel
+    p = subprocess.run([sys.executable, "-m", "trajsft.cli", "logs", "demo", "--profile", "tpu-east5"], env=env,
+                       capture_output=True, text=True, cwd=REPO, timeout=300)
+    [line] = p.stderr.strip().splitlines()
+    assert p.returncode == 1 and line.startswith("trajsft logs: cannot use Ray at http://127.0.0.1:8265")
+    assert line.endswith("open the tunnel to the head first: ray dashboard infra/marin-us-east5-a.yaml")
+
+
+def test_preflight_says_the_bucket_refused_and_the_head_is_down_in_two_lines(refusing):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STORAGE_EMULATOR")}
+    env.update(STORAGE_EMULATOR_HOST=refusing.endpoint, HF_TOKEN="x", WANDB_API_KEY="y")
+    p = subprocess.run([sys.executable, "-m", "trajsft.cli", "preflight", "--profile", "tpu-east5"], env=env,
+                       capture_output=True, text=True, cwd=REPO, timeout=300)
+    lines = p.stderr.strip().splitlines()
+    assert p.returncode == 1 and len(lines) == 2 and "Traceback" not in p.stderr, p.stderr
+    assert lines[0].startswith("trajsft preflight: unreachable: Ray dashboard http://127.0.0.1:8265 unreachable")
+    assert lines[1].startswith("trajsft preflight: storage root gs://marin-us-east5/trajsft is not writable: ")
+    assert "Forbidden" in lines[1] and refusing.requests == 1

@@ -185,11 +185,13 @@ def _present_at(plan: C.Plan, a: C.Artifact, timeout_s: float = 20.0) -> list[st
 
     from . import storage
 
-    if not storage.reachable(storage.absolute(plan.root)):
+    root = storage.absolute(plan.root)
+    if not storage.reachable(root):
         return None
     pool = ThreadPoolExecutor(max_workers=1)
     try:
-        return pool.submit(storage.where, plan, a).result(timeout=timeout_s)
+        found = pool.submit(storage.where, plan, a).result(timeout=timeout_s)
+        return None if storage.refused(root) else found
     except FutureTimeout:
         return None
     finally:
@@ -236,6 +238,8 @@ def cmd_plan(args) -> int:
     if args.json:
         print(json.dumps(out, indent=2))
         return 0
+    from . import storage
+
     for t in out:
         stale = f", {t['done']} is of an earlier config (hash {t['done_hash']})" if t["done_hash"] and not t["done_exists"] else ""
         print(f"{t['target']}:  {t['done']}  [{'done' if t['done_exists'] else 'not done' + stale}]")
@@ -246,7 +250,8 @@ def cmd_plan(args) -> int:
         for a in t["artifacts"]:
             state = "exists" if a["exists"] else ("on request" if a.get("on_request") else "missing")
             if a["present_at"] is None:
-                where = "" if args.offline else f"; {plan.root} did not answer"
+                why = storage.refused(storage.absolute(plan.root))
+                where = "" if args.offline else f"; {plan.root} " + (f"refused: {why}" if why else "did not answer")
             else:
                 where = "; payload at " + ", ".join(a["present_at"]) if a["present_at"] else "; no payload"
             print(f"  {a['kind']:<11} {a['location']:<60} [{state}{where}]")
@@ -421,8 +426,11 @@ def main(argv: list[str] | None = None) -> int:
 
         if not isinstance(e, cluster_jobs.RayJobsError):
             raise
-        address = ((getattr(args, "_cfg", None) or {}).get("ray") or {}).get("address", "the cluster")
-        hint = {"ClusterUnreachable": f"is the Ray cluster up? check with: trajsft clusters {args.profile or ''}".rstrip(),
+        from .cluster.submit import tunnel_hint
+
+        ray = (getattr(args, "_cfg", None) or {}).get("ray") or {}
+        address = ray.get("address", "the cluster")
+        hint = {"ClusterUnreachable": tunnel_hint(ray) if ray.get("address") else "is the Ray cluster up?",
                 "ClusterUnauthorized": "export RAY_AUTH_TOKEN (or RAY_AUTH_TOKEN_PATH) for this cluster"}
         print(f"trajsft {args.cmd}: cannot use Ray at {address}: {' '.join(str(e).split())[:300]}"
               f"{'; ' + hint[type(e).__name__] if type(e).__name__ in hint else ''}", file=sys.stderr)

@@ -210,6 +210,19 @@ def reachable(root: str) -> bool:
     return _REACHABLE[root]
 
 
+_REFUSED: dict[str, str] = {}  # root -> why it refused a read (401/403...): asked once per process
+
+
+def refused(root: str) -> str | None:
+    """Why ``root`` refused a read in this process (its bucket answered, but not to us), or None."""
+    return _REFUSED.get(root)
+
+
+def _refuse(root: str, e: Exception) -> None:
+    _REFUSED[root] = " ".join(str(e).split())[:200] or type(e).__name__
+    _REACHABLE[root] = False  # never asked again in this process: one refusal, not one per artifact
+
+
 def where(plan, art) -> list[str]:
     """The reachable roots holding a finished payload of ``art`` (sealed: the seal is read, the objects
     are not verified)."""
@@ -218,10 +231,15 @@ def where(plan, art) -> list[str]:
         if not reachable(root):
             continue
         loc = io.join(root, art.kind, art.name)
-        if art.kind in FINISHED:
-            if any(io.exists(io.join(loc, f)) for f in FINISHED[art.kind]):
-                out.append(root)
-        elif read_seal(loc) is not None:
+        try:
+            if art.kind in FINISHED:
+                found = any(io.exists(io.join(loc, f)) for f in FINISHED[art.kind])
+            else:
+                found = read_seal(loc) is not None
+        except Exception as e:  # noqa: BLE001 - a bucket that refuses us (401/403): said, not raised
+            _refuse(root, e)
+            continue
+        if found:
             out.append(root)
     return out
 
