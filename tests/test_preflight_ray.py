@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parents[1]
 class StandInHead:
     """Answers ``GET /api/version`` with ``ray_version``; 404 for anything else; records every path asked."""
 
-    def __init__(self, ray_version: str | None):
+    def __init__(self, ray_version: str | None, hostnames: list[str] | None = None):
         self.asked: list[str] = []
         outer = self
 
@@ -32,6 +32,11 @@ class StandInHead:
                 if self.path == "/api/version":
                     body = json.dumps({"version": "4", "session_name": "s", **(
                         {"ray_version": ray_version} if ray_version else {})}).encode()
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/json")
+                elif self.path == "/nodes?view=hostNameList" and hostnames is not None:  # as Ray's dashboard
+                    body = json.dumps({"result": True, "msg": "Node hostname list fetched.",
+                                       "data": {"hostNameList": hostnames}}).encode()
                     self.send_response(200)
                     self.send_header("Content-Type", "application/json")
                 else:
@@ -124,3 +129,29 @@ def test_a_dead_address_gets_the_command_that_opens_the_tunnel(tmp_path):
     for name in ("tpu-east5", "tpu-central1"):
         ray = yaml.safe_load((REPO / f"profiles/{name}/cluster.yaml").read_text())["ray"]
         assert ray["cluster_config"].startswith("infra/marin-us-"), name
+
+
+def test_a_local_head_is_one_whose_nodes_say_they_are_here():
+    """A tunnel to a remote head is 127.0.0.1 too: the cluster's own node hostnames decide."""
+    import socket
+
+    here = socket.gethostname()
+    remote = StandInHead("2.60.0", hostnames=["t1v-n-4a2b-w-0", "t1v-n-4a2b-w-1"])
+    local = StandInHead("2.60.0", hostnames=[here])
+    mixed = StandInHead("2.60.0", hostnames=[here, "t1v-n-4a2b-w-0"])
+    try:
+        assert P.nodes_on_this_machine(remote.address) is False
+        assert P.nodes_on_this_machine(local.address) is True
+        assert P.nodes_on_this_machine(mixed.address) is False
+        assert submit.on_this_machine(remote.address) is False and submit.on_this_machine(local.address) is True
+        # a job is never handed a local path the remote nodes cannot read, whatever the address looks like
+        with pytest.raises(Exception, match="is a local path the hosts of .* cannot read"):
+            submit.refuse_foreign_paths({"storage_root": "results", "ray": {"address": remote.address,
+                                                                             "tpu_type": "v5p-8"}},
+                                        {"run_dir": str(Path("results/checkpoints/demo-1").resolve())})
+    finally:
+        for h in (remote, local, mixed):
+            h.stop()
+    # a head that does not answer: judged by its address (its being down is preflight's own line)
+    assert P.nodes_on_this_machine("http://127.0.0.1:9") is None
+    assert submit.on_this_machine("http://127.0.0.1:9") is True

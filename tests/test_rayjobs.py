@@ -367,6 +367,8 @@ def test_preflight_against_cluster(ray_head, tmp_path, monkeypatch):  # noqa: F8
     res = {"TPU-v5p-32-head": 1, "TPU": 4}
     assert cluster_preflight.preflight(addr, ["TRAJSFT_TEST_PRESENT"], res, store, auth_token=tok) == []
     assert not list((tmp_path / "store").iterdir())  # probe object removed
+    # the real head says where its nodes run (this machine), as trajsft asks before refusing local paths
+    assert cluster_preflight.nodes_on_this_machine(addr, auth_token=tok) is True
 
     probs = cluster_preflight.preflight(addr, ["TRAJSFT_TEST_PRESENT", "TRAJSFT_TEST_MISSING"], res, store, auth_token=tok)
     assert len(probs) == 1 and "TRAJSFT_TEST_MISSING" in probs[0] and "export TRAJSFT_TEST_MISSING=" in probs[0]

@@ -92,6 +92,22 @@ def cluster_summary(address: str, *, auth_token: str | None = None, timeout_s: f
     return out
 
 
+def nodes_on_this_machine(address: str, auth_token: str | None = None, timeout_s: float = 3.0) -> bool | None:
+    """Whether every alive node of the cluster runs on this machine (its hostname is this machine's: the
+    nodes share this disk), asked of the head (``/nodes?view=hostNameList``); None when it does not answer."""
+    import socket
+
+    try:
+        data = _Conn(address, auth_token, timeout=timeout_s).get("/nodes?view=hostNameList", timeout=timeout_s)
+    except (RayJobsError, ValueError, OSError):
+        return None
+    payload = data.get("data") or {} if isinstance(data, dict) else {}
+    names = payload.get("hostNameList", payload.get("host_name_list"))
+    if not isinstance(names, list) or not names:
+        return None
+    return set(names) == {socket.gethostname()}
+
+
 _STORAGE_HOSTS = {"gs": "storage.googleapis.com", "gcs": "storage.googleapis.com", "s3": "s3.amazonaws.com"}
 _FSSPEC_PROTOCOL = {"gs": "gcs", "gcs": "gcs", "s3": "s3"}
 

@@ -115,12 +115,23 @@ def tunnel_hint(ray: dict) -> str:
             "(set ray.cluster_config in the profile to have the exact command here)")
 
 
-def on_this_machine(address: str) -> bool:
-    """A Ray head on a loopback address: its nodes share this machine's disk (tpu-local, the tests)."""
-    from urllib.parse import urlsplit
+_LOCAL: dict[str, bool] = {}  # address -> its nodes share this machine's disk (asked once per process)
 
-    host = urlsplit(address if "://" in address else f"http://{address}").hostname or ""
-    return host == "localhost" or host == "::1" or host.startswith("127.")
+
+def on_this_machine(address: str) -> bool:
+    """The cluster's nodes share this machine's disk (tpu-local, the tests), as the cluster says: every alive
+    node's hostname is this machine's. The address alone cannot tell: the real profiles reach remote heads
+    through a tunnel on 127.0.0.1. A head that does not answer is judged by its address (a loopback
+    address: this machine); its being down is preflight's own line."""
+    if address not in _LOCAL:
+        local = cluster_preflight.nodes_on_this_machine(address)
+        if local is None:
+            from urllib.parse import urlsplit
+
+            host = urlsplit(address if "://" in address else f"http://{address}").hostname or ""
+            return host == "localhost" or host == "::1" or host.startswith("127.")
+        _LOCAL[address] = local
+    return _LOCAL[address]
 
 
 def job_paths(run_dir: str, lev: dict) -> dict[str, str]:
