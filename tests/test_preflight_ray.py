@@ -155,3 +155,66 @@ def test_a_local_head_is_one_whose_nodes_say_they_are_here():
     # a head that does not answer: judged by its address (its being down is preflight's own line)
     assert P.nodes_on_this_machine("http://127.0.0.1:9") is None
     assert submit.on_this_machine("http://127.0.0.1:9") is True
+
+
+class StandInJobsHead:
+    """Ray 2.60's /api/version and the Jobs API of a head whose image runs ``python``: a submitted job SUCCEEDS at
+    once and its log is what the probe's entrypoint prints there."""
+
+    def __init__(self, python: str):
+        self.posted: list[dict] = []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def _json(self, obj, code=200):
+                body = json.dumps(obj).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_GET(self):  # noqa: N802
+                if self.path == "/api/version":
+                    return self._json({"version": "4", "ray_version": "2.60.0", "session_name": "session_test_1"})
+                if self.path.startswith("/api/jobs/") and self.path.endswith("/logs"):
+                    return self._json({"logs": f"TRAJSFT_PYTHON {python}\n"})
+                if self.path.startswith("/api/jobs/"):
+                    return self._json({"status": "SUCCEEDED", "submission_id": self.path.rsplit("/", 1)[1]})
+                return self._json({}, 404)
+
+            def do_POST(self):  # noqa: N802
+                n = int(self.headers.get("Content-Length") or 0)
+                outer.posted.append(json.loads(self.rfile.read(n)))
+                return self._json({"submission_id": outer.posted[-1]["submission_id"], "job_id": None})
+
+            def log_message(self, *a):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.address = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+def test_the_images_python_must_be_the_locks_minor(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    assert P.our_python() == "3.11"
+    assert P.python_problem("3.11.9", "http://h") is None
+    head = StandInJobsHead("3.10.12")
+    try:
+        store = str(tmp_path / "store")
+        probs = P.preflight(head.address, [], {}, store, timeout_s=3, probe_python=True)
+        assert probs == [f"Python 3.10.12 on the cluster at {head.address} (its image, as the driver and the hosts "
+                         f"run it), but this project's lock is for Python 3.11: use an image with Python 3.11, "
+                         f"nothing was submitted"]
+        [job] = head.posted  # one probe, tagged so that status, clusters and the tests tell it from training
+        assert job["metadata"] == {"trajsft_probe": "python"} and job["submission_id"].startswith("trajsft-probe-")
+        assert "env_vars" not in job and "runtime_env" not in job  # the image's own Python, and no secret
+        # once per head session: the next preflight asks nobody
+        assert P.preflight(head.address, [], {}, store, timeout_s=3, probe_python=True) == probs
+        assert len(head.posted) == 1
+        # without the probe (the generic preflight), nothing is submitted
+        assert P.preflight(head.address, [], {}, store, timeout_s=3) == [] and len(head.posted) == 1
+    finally:
+        head.server.shutdown()
+        head.server.server_close()

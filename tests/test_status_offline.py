@@ -130,3 +130,21 @@ def test_preflight_says_the_bucket_refused_and_the_head_is_down_in_two_lines(ref
     assert lines[0].startswith("trajsft preflight: unreachable: Ray dashboard http://127.0.0.1:8265 unreachable")
     assert lines[1].startswith("trajsft preflight: storage root gs://marin-us-east5/trajsft is not writable: ")
     assert "Forbidden" in lines[1] and refusing.requests == 1
+
+
+def test_a_head_that_refuses_the_token_is_said_per_row(refusing, tmp_path):
+    """The head answers, but 403 to everything (a wrong RAY_AUTH_TOKEN): the table, the cause, no traceback."""
+    import yaml
+
+    over = tmp_path / "head.yaml"
+    over.write_text(yaml.safe_dump({"ray": {"address": refusing.endpoint}}))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STORAGE_EMULATOR")}
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        env["STORAGE_EMULATOR_HOST"] = f"http://127.0.0.1:{s.getsockname()[1]}"
+    p = subprocess.run([sys.executable, "-m", "trajsft.cli", "status", "--profile", "tpu-east5", "--configfile",
+                        str(over)], env=env, capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert p.returncode == 0 and "Traceback" not in p.stderr + p.stdout, p.stderr[-2000:]
+    causes = [ln for ln in p.stdout.splitlines() if ": cause: " in ln]
+    assert len(causes) == TARGETS and all("cluster not reachable" in c and "403" in c for c in causes), causes
+    assert refusing.requests <= TARGETS  # asked once per row, never retried

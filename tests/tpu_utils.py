@@ -60,9 +60,10 @@ def snakemake(wd, profile, head, *args, check=True, timeout=900, **env):
 
 
 def jobs(head, run_hash: str | None = None) -> list[dict]:
+    """The cluster's jobs (of one run), without preflight's Python probes (tagged in their metadata)."""
     r = requests.get(f"{head.address}/api/jobs/", headers=head.headers(), timeout=10)
     r.raise_for_status()
-    out = r.json()
+    out = [j for j in r.json() if not (j.get("metadata") or {}).get("trajsft_probe")]
     if run_hash:
         out = [j for j in out if (j.get("submission_id") or "").startswith(f"trajsft-{run_hash}-")]
     return out

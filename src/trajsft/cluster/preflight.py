@@ -76,7 +76,7 @@ def cluster_summary(address: str, *, auth_token: str | None = None, timeout_s: f
             if st in ACTIVE_STATUSES:
                 k = st.lower()
                 out["jobs"][k].append(j.submission_id)
-                if j.submission_id.startswith(SUBMISSION_PREFIX):
+                if j.submission_id.startswith(SUBMISSION_PREFIX) and not (j.metadata or {}).get("trajsft_probe"):
                     out["jobs"]["ours_" + k].append(j.submission_id)
         total, avail = _cluster_resources(conn)
         out["resources"] = {"total": total, "available": avail}
@@ -235,8 +235,74 @@ def ray_version_problem(theirs: str | None, address: str, ours: str | None = Non
     return None
 
 
+PROBE_METADATA = {"trajsft_probe": "python"}  # tags the probe job: status, clusters and tests tell it from training
+_PYTHON_MARK = "TRAJSFT_PYTHON"
+
+
+def our_python() -> str:
+    """The Python minor version the lock is for (pyproject's ``requires-python``, e.g. ``==3.11.*``)."""
+    import re
+    import tomllib
+
+    spec = tomllib.loads((Path(__file__).resolve().parents[3] / "pyproject.toml").read_text())["project"]["requires-python"]
+    m = re.search(r"(\d+)\.(\d+)", spec)
+    return f"{m.group(1)}.{m.group(2)}" if m else spec
+
+
+def _probe_cache() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "trajsft" / "cluster-python.json"
+
+
+def cluster_python(conn: _Conn, session: str, timeout_s: float = 30.0) -> str | None:
+    """The Python version of the cluster image (what the driver and the hosts run), read by a probe job of a
+    few seconds (tagged with :data:`PROBE_METADATA`) once per head session (cached here); None if it told nothing."""
+    import json
+    import time
+
+    key = f"{conn.address}|{session}"
+    cache = _probe_cache()
+    with contextlib.suppress(OSError, ValueError):
+        known = json.loads(cache.read_text())
+        if key in known:
+            return known[key]
+    sid = f"{SUBMISSION_PREFIX}probe-python-{uuid.uuid4().hex[:10]}"
+    body = {"entrypoint": f"python -c \"import sys; print('{_PYTHON_MARK}', sys.version.split()[0])\"",
+            "submission_id": sid, "metadata": dict(PROBE_METADATA)}
+    from .jobs import _http, TERMINAL_STATUSES
+
+    r = _http(conn.address, "POST", "/api/jobs/", conn.headers, timeout=min(timeout_s, 15.0), json=body)
+    if r.status_code != 200:
+        raise RayJobsError(f"the Python probe job was refused: HTTP {r.status_code}: {r.text[:200]}")
+    deadline = time.monotonic() + timeout_s
+    while conn.status(sid) not in TERMINAL_STATUSES:
+        if time.monotonic() > deadline:
+            with contextlib.suppress(RayJobsError):
+                conn.stop_job(sid)
+            return None
+        time.sleep(0.5)
+    found = [ln.split()[1] for ln in conn.job_logs(sid).splitlines() if ln.startswith(_PYTHON_MARK) and len(ln.split()) > 1]
+    if not found:
+        return None
+    with contextlib.suppress(OSError, ValueError):
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        known = json.loads(cache.read_text()) if cache.exists() else {}
+        known[key] = found[-1]
+        tmp = cache.with_name(f".{cache.name}.{os.getpid()}")
+        tmp.write_text(json.dumps(known, indent=1))
+        os.replace(tmp, cache)
+    return found[-1]
+
+
+def python_problem(theirs: str | None, address: str, ours: str | None = None) -> str | None:
+    ours = ours or our_python()
+    if theirs and ".".join(theirs.split(".")[:2]) != ours:
+        return (f"Python {theirs} on the cluster at {address} (its image, as the driver and the hosts run it), but "
+                f"this project's lock is for Python {ours}: use an image with Python {ours}, nothing was submitted")
+    return None
+
+
 def _check_cluster(address: str, auth_token: str | None, timeout_s: float, wait_for: Mapping[str, float],
-                   notes: list[str], tunnel_hint: str | None = None) -> list[str]:
+                   notes: list[str], tunnel_hint: str | None = None, probe_python: bool = False) -> list[str]:
     problems: list[str] = []
     try:
         conn = _Conn(address, auth_token, timeout=timeout_s)
@@ -250,6 +316,13 @@ def _check_cluster(address: str, auth_token: str | None, timeout_s: float, wait_
     wrong = ray_version_problem(version.get("ray_version") if isinstance(version, dict) else None, conn.address)
     if wrong:
         return [wrong]
+    if probe_python:
+        try:
+            wrong = python_problem(cluster_python(conn, str(version.get("session_name") or "")), conn.address)
+        except RayJobsError as e:
+            notes.append(_one_line(f"the cluster's Python was not checked: {e}"))
+        if wrong:
+            return [wrong]
     if not wait_for:
         return problems
     try:
@@ -278,6 +351,7 @@ def preflight(
     storage_timeout_s: float = 20.0,
     notes: list[str] | None = None,
     tunnel_hint: str | None = None,
+    probe_python: bool = False,
 ) -> list[str]:
     """Check everything a training submission needs; one line per problem.
 
@@ -285,6 +359,8 @@ def preflight(
     with a short timeout. ``resources`` are waited for, not required: missing ones become lines in
     ``notes`` ("waiting for a slice"). The cluster's Ray version is its first question (a head on another
     Ray is refused in one line); ``tunnel_hint`` ends the line of an unreachable head (how to open the tunnel).
+    ``probe_python``: then the image's Python (:func:`cluster_python`, a probe job once per head session) must be
+    the lock's minor version.
     """
     from concurrent.futures import ThreadPoolExecutor
 
@@ -295,7 +371,8 @@ def preflight(
     notes = notes if notes is not None else []
     pool = ThreadPoolExecutor(max_workers=2)
     try:
-        cluster = pool.submit(_check_cluster, address, auth_token, timeout_s, resources, notes, tunnel_hint)
+        cluster = pool.submit(_check_cluster, address, auth_token, timeout_s, resources, notes, tunnel_hint,
+                              probe_python)
         store = pool.submit(_check_storage, storage_root, storage_timeout_s)
         problems.extend(cluster.result())
         err = store.result()
