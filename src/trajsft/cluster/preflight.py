@@ -244,7 +244,9 @@ def our_python() -> str:
     import re
     import tomllib
 
-    spec = tomllib.loads((Path(__file__).resolve().parents[3] / "pyproject.toml").read_text())["project"]["requires-python"]
+    from ..plan.config import REPO_DIR
+
+    spec = tomllib.loads((REPO_DIR / "pyproject.toml").read_text())["project"]["requires-python"]
     m = re.search(r"(\d+)\.(\d+)", spec)
     return f"{m.group(1)}.{m.group(2)}" if m else spec
 

@@ -25,7 +25,8 @@ from collections import deque
 from pathlib import Path
 from typing import Iterable
 
-REPO_DIR = Path(__file__).resolve().parents[3]
+from ..plan.config import REPO_DIR
+
 GROUP = "hosts"
 CLUSTER_OWN = ("ray",)  # what the cluster image provides; with every package only it pulls in
 OUT = "envs/tpu-requirements.txt"

@@ -123,13 +123,13 @@ def on_this_machine(address: str) -> bool:
     node's hostname is this machine's. The address alone cannot tell: the real profiles reach remote heads
     through a tunnel on 127.0.0.1. A head that does not answer is judged by its address (a loopback
     address: this machine); its being down is preflight's own line."""
-    if address not in _LOCAL:
+    if address not in _LOCAL:  # asked once: refuse_foreign_paths asks for every path of a job
         local = cluster_preflight.nodes_on_this_machine(address)
         if local is None:
             from urllib.parse import urlsplit
 
             host = urlsplit(address if "://" in address else f"http://{address}").hostname or ""
-            return host == "localhost" or host == "::1" or host.startswith("127.")
+            local = host == "localhost" or host == "::1" or host.startswith("127.")
         _LOCAL[address] = local
     return _LOCAL[address]
 
