@@ -253,6 +253,35 @@ def test_stale_cache_builds_of_dead_or_zombie_builders_are_removed_live_ones_kep
         zombie.wait()
 
 
+def test_an_interrupted_build_leaves_no_build_dir_while_its_writes_are_still_in_flight(tmp_path):
+    """An interrupt can land while tensorstore still writes the last batch on its own threads (CI saw
+    a `.cache.building-*` dir outlive a tokenize job killed with its Snakemake): the failed build's
+    dir is removed until it stays gone, even when a late write recreates files in it."""
+    import threading
+
+    from trajsft.data import cache
+
+    final = tmp_path / "cache"
+    late = threading.Event()
+
+    def late_writer(build_dir: str) -> None:  # what an in-flight tensorstore write does
+        late.wait(10)
+        for k in range(5):
+            time.sleep(0.05)
+            os.makedirs(os.path.join(build_dir, "train", "input_ids"), exist_ok=True)
+            Path(build_dir, "train", "input_ids", f"chunk-{k}").write_bytes(b"x")
+
+    with pytest.raises(KeyboardInterrupt):
+        with cache._building(str(final)) as build_dir:
+            (Path(build_dir) / "train").mkdir()
+            writer = threading.Thread(target=late_writer, args=(build_dir,))
+            writer.start()
+            late.set()
+            raise KeyboardInterrupt
+    writer.join()
+    assert not list(tmp_path.iterdir()), list(tmp_path.iterdir())
+
+
 # ---- config errors --------------------------------------------------------------------------
 def write(path: Path, obj) -> str:
     path.write_text(yaml.safe_dump(obj) if not isinstance(obj, str) else obj)

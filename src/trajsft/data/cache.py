@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import time
 import uuid
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
@@ -296,8 +297,24 @@ def _building(final_dir: str):
             shutil.rmtree(final_dir)  # an unfinished / foreign leftover
         os.rename(build_dir, final_dir)
     except BaseException:
-        shutil.rmtree(build_dir, ignore_errors=True)
+        _discard(build_dir)
         raise
+
+
+def _discard(path: str, settle_s: float = 0.5, limit_s: float = 20.0) -> None:
+    """Remove the build dir ``path`` of a failed or interrupted build, and keep removing it until it
+    stays gone for ``settle_s``: an interrupt (SIGINT, a SnakemakeGone) can land while tensorstore
+    still has writes of the last batch in flight on its own threads, and those recreate files under
+    ``path`` while (or after) it is removed. Gives up after ``limit_s``; the next build's
+    :func:`_cleanup_stale_builds` removes what is left then."""
+    deadline = time.monotonic() + limit_s
+    while True:
+        shutil.rmtree(path, ignore_errors=True)
+        gone_since = time.monotonic()
+        while not os.path.lexists(path) and time.monotonic() - gone_since < settle_s:
+            time.sleep(0.05)
+        if not os.path.lexists(path) or time.monotonic() > deadline:
+            return
 
 
 def reorder_chat_cache(src_cache_dir: str, cache_dir: str, orders: Mapping[str, Sequence[int]],
