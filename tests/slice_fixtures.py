@@ -2,10 +2,12 @@
 exactly as TPU VM hosts.
 
 A CPU head (``num_cpus=0``, like marin's head: the training driver runs there) plus one
-``ray start --block`` per emulated host, each with ``TPU_NAME``, ``TPU_WORKER_ID``,
-``TPU_ACCELERATOR_TYPE``, ``TPU_TOPOLOGY``, ``TPU_WORKER_HOSTNAMES`` in its environment and
-``--resources '{"TPU": 4}'``. Ray's TPU accelerator manager then adds the slice-name resource,
-``TPU-<type>-head`` on worker 0 and the TPU labels itself, as on a real slice. Training on these
+``ray start --block`` per emulated host with ``--resources '{"TPU": 4}'``. As on a TPU VM made by
+``gcloud compute tpus tpu-vm create``, a host has no ``TPU_*`` variable: each has its own GCE metadata
+server (``tests/gce_fixtures.py``: worker number, instance id, accelerator type, worker network endpoints,
+tpu-env, zone, preempted), reached as ``metadata.google.internal`` through ``http_proxy``. Ray's TPU
+accelerator manager reads it and adds the slice-name resource, ``TPU-<type>-head`` on worker 0 and the
+TPU labels itself, as on a real slice; trajsft's hosts read it too (``trajsft.gce``). Training on these
 hosts runs multi-process JAX on CPU (gloo), see ``trajsft.cluster.host``.
 
 Hosts are started one at a time (on 2 cores, raylets started together miss Ray's 30 s
@@ -35,6 +37,7 @@ import psutil
 import pytest
 import requests
 
+from gce_fixtures import MetadataServer, tpu_attributes
 from gcs_fixtures import GcsEmulator, start_gcs
 from ray_fixtures import MARKER_ENV, TEST_HEAD_ENV, RayHead, _free_port_range, _free_ports, start_ray_head
 
@@ -48,6 +51,7 @@ class Host:
     worker: int
     proc: subprocess.Popen
     log_path: Path
+    metadata: MetadataServer  # this VM's GCE metadata server
     node_id: str | None = None  # Ray's id of the node, once it registered
 
     @property
@@ -63,6 +67,8 @@ class EmulatedCluster:
     killed_node_ids: set[str] = field(default_factory=set)  # nodes SIGKILLed here, until Ray lists them dead
     node_env: dict[str, str] = field(default_factory=dict)  # given to every host when it starts (e.g. GCS endpoint)
     slice_types: dict[str, str] = field(default_factory=dict)  # slice name -> tpu type, of every slice started
+    zone: str = "us-east5-a"  # every VM's zone (its metadata server says so)
+    metadata_servers: list[MetadataServer] = field(default_factory=list)  # of every host started
 
     @property
     def address(self) -> str:
@@ -83,13 +89,17 @@ class EmulatedCluster:
         python = Path(python or sys.executable)
         ports = _free_ports(6)
         wmin = _free_port_range(100)
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_AUTH", "TPU_"))}
+        # a TPU VM of `gcloud compute tpus tpu-vm create`: no TPU_* variable, a metadata server of its own
+        metadata = MetadataServer(tpu_attributes(slice_name, tpu_type, worker, ["127.0.0.1"] * n, f"2x2x{n}"),
+                                  zone=self.zone)
+        self.metadata_servers.append(metadata)
+        env = {k: v for k, v in os.environ.items()
+               if not k.startswith(("RAY_AUTH", "TPU_")) and k.lower() not in ("http_proxy", "no_proxy")}
         env.update(TEST_HEAD_ENV)
         env.update(self.head.client_env())
         env.update(self.node_env)
+        env.update(metadata.proxy_env())
         env.update({
-            "TPU_NAME": slice_name, "TPU_WORKER_ID": str(worker), "TPU_ACCELERATOR_TYPE": tpu_type,
-            "TPU_TOPOLOGY": f"2x2x{n}", "TPU_WORKER_HOSTNAMES": ",".join(["127.0.0.1"] * n),
             "RAY_USAGE_STATS_ENABLED": "0", MARKER_ENV: self.head.marker,
             "PYTHONUNBUFFERED": "1", "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0",
             "PATH": str(python.parent) + os.pathsep + env.get("PATH", ""),
@@ -116,7 +126,7 @@ class EmulatedCluster:
         with open(log_path, "wb") as logf:
             proc = subprocess.Popen(cmd, env=env, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     start_new_session=True, cwd=str(self.head.temp_dir))
-        return Host(slice_name, worker, proc, log_path)
+        return Host(slice_name, worker, proc, log_path, metadata)
 
     def add_host(self, slice_name: str, tpu_type: str, worker: int, timeout: float = 120.0,
                  python: Path | None = None) -> Host:
@@ -265,6 +275,8 @@ class EmulatedCluster:
         for key in list(self.hosts):
             _kill_group(self.hosts.pop(key).proc)
         self.head.stop(timeout=5.0)
+        while self.metadata_servers:
+            self.metadata_servers.pop().stop()
 
 
 def host_image_without(dest: Path, *dropped: str) -> Path:

@@ -61,19 +61,36 @@ def test_slice_summary_counts_every_slice_attempt():
     assert slice_summary([]) == {"preemptions": 0, "failures": 0, "slice_attempts": 0, "slice": None, "detail": None}
 
 
+def _no_metadata(path):
+    return None
+
+
 def test_single_process_on_a_multi_host_slice_is_refused():
     env = {"TPU_WORKER_HOSTNAMES": "10.0.0.1,10.0.0.2", "TPU_WORKER_ID": "0", "TPU_NAME": "s-a",
            "TPU_ACCELERATOR_TYPE": "v5p-16"}
     with pytest.raises(errors.SingleProcessOnPod, match="worker 0 of the 2-host TPU slice s-a .*run_on_pod"):
-        train_run.refuse_single_process_on_pod(env)
-    train_run.refuse_single_process_on_pod({"TPU_WORKER_HOSTNAMES": "10.0.0.1"})  # a single-host slice is fine
-    train_run.refuse_single_process_on_pod({})
+        train_run.refuse_single_process_on_pod(env, _no_metadata)
+    train_run.refuse_single_process_on_pod({"TPU_WORKER_HOSTNAMES": "10.0.0.1"}, _no_metadata)  # one host: fine
+    train_run.refuse_single_process_on_pod({}, _no_metadata)
+    # a TPU VM sets no TPU_* variables: the metadata server says it is worker 1 of 2
+    meta = {"instance/attributes/agent-worker-number": "1", "instance/attributes/instance-id": "s-b",
+            "instance/attributes/accelerator-type": "v5p-16",
+            "instance/attributes/worker-network-endpoints": "0:w0:10.0.0.1,1:w1:10.0.0.2"}
+    with pytest.raises(errors.SingleProcessOnPod, match="worker 1 of the 2-host TPU slice s-b "):
+        train_run.refuse_single_process_on_pod({}, meta.get)
+
+
+GCE = {"instance/attributes/agent-worker-number": "1", "instance/attributes/instance-id": "s-a",
+       "instance/attributes/accelerator-type": "v5p-16",
+       "instance/attributes/worker-network-endpoints": "0:s-a-w-0:h0,1:s-a-w-1:h1"}
 
 
 def test_host_info_and_distributed_args():
     env = {"TPU_NAME": "s-a", "TPU_WORKER_ID": "1", "TPU_WORKER_HOSTNAMES": "h0,h1", "TPU_ACCELERATOR_TYPE": "v5p-16"}
-    info = host.HostInfo.from_env(env)
+    info = host.HostInfo.detect(env, _no_metadata)
     assert (info.slice_name, info.worker_id, info.num_hosts, info.primary) == ("s-a", 1, 2, False)
+    # a TPU VM: no TPU_* variables, the same identity from its metadata server
+    assert host.HostInfo.detect({}, GCE.get) == info
     job = host.HostJob(levanter={"trainer": {"id": "abc"}}, run_dir="/r", attempt_tag="a1-s1", coordinator_port=4321,
                        channel=None)
     assert host.distributed_args(info, job, env) == []  # real TPU: JAX finds its peers
@@ -82,17 +99,39 @@ def test_host_info_and_distributed_args():
         "--trainer.distributed.coordinator_address=h0:4321", "--trainer.distributed.num_processes=2",
         "--trainer.distributed.process_id=1"]
     assert host.local_dir(job, info) == "/r/hosts/0-1"
-    assert host.local_dir(job, host.HostInfo.from_env({**env, "TPU_WORKER_ID": "0"})) == "/r"
+    assert host.local_dir(job, host.HostInfo.detect({**env, "TPU_WORKER_ID": "0"}, _no_metadata)) == "/r"
+
+
+def test_a_host_that_cannot_tell_who_it_is_is_a_configuration_error():
+    """Guessing 'worker 0 of 1' on every host of a v5p-16 would train one single-process run per host."""
+    with pytest.raises(errors.JobEnvironmentError, match="^TPU host s-a: no worker id .*agent-worker-number"):
+        host.HostInfo.detect({"TPU_NAME": "s-a"}, _no_metadata)
+    no_hosts = {k: v for k, v in GCE.items() if not k.endswith("worker-network-endpoints")}
+    with pytest.raises(errors.JobEnvironmentError,
+                       match="^TPU host s-a worker 1: 0 hosts known for a v5p-16 slice of 2 hosts"):
+        host.HostInfo.detect({}, no_hosts.get)
+    with pytest.raises(errors.JobEnvironmentError, match="1 hosts known for a v5p-32 slice of 4 hosts"):
+        host.HostInfo.detect({"TPU_WORKER_ID": "0", "TPU_ACCELERATOR_TYPE": "v5p-32"}, {
+            "instance/attributes/worker-network-endpoints": "0:w:h0"}.get)
+    with pytest.raises(errors.JobEnvironmentError, match="worker id 2 is not one of its 2 hosts"):
+        host.HostInfo.detect({"TPU_WORKER_ID": "2"}, GCE.get)
+    # a single-host slice needs no host list: it is its own coordinator
+    one = host.HostInfo.detect({}, {"instance/attributes/agent-worker-number": "0",
+                                    "instance/attributes/instance-id": "s-8",
+                                    "instance/attributes/accelerator-type": "v5p-8"}.get)
+    assert (one.slice_name, one.worker_id, one.hostnames, one.primary) == ("s-8", 0, ("127.0.0.1",), True)
 
 
 def test_gce_preemption_check_is_bounded_and_false_off_gce(monkeypatch):
     import levanter.infra.tpus as tpus
 
-    monkeypatch.setattr(hooks, "_state", {"off_gce": False})
-    monkeypatch.setattr(hooks, "PREEMPTED_URL", "http://127.0.0.1:9/computeMetadata/v1/instance/preempted")
+    from trajsft import gce
+
+    monkeypatch.setattr(gce, "_state", {"unreachable": False})
+    monkeypatch.setattr(gce, "METADATA_URL", "http://127.0.0.1:9/computeMetadata/v1/")
     t0 = time.monotonic()
     assert hooks.gce_preempted() is False and time.monotonic() - t0 < 5
-    assert hooks._state["off_gce"] is True
+    assert gce._state["unreachable"] is True
     original = tpus.get_current_tpu_is_preempted
     try:
         hooks.setup()

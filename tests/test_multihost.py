@@ -21,10 +21,12 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import subprocess
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 import tiny_hf_model
@@ -120,17 +122,31 @@ def test_trains_on_every_host_and_matches_a_single_process(data, cluster, tmp_pa
     assert done["steps"] == 6 and checkpoints.hf_export_complete(done["hf_export"])
     [job] = jobs(cluster.head, h)
     assert job["status"] == "SUCCEEDED" and job["entrypoint"].find("trajsft.cluster.entrypoint") >= 0
-    # one training process per host of the slice, all in one slice attempt
+    # one training process per host of the slice, all in one slice attempt; the hosts have no TPU_* variable:
+    # each knows its slice, worker id and the slice's hosts from its own GCE metadata server, as a TPU VM does
     [sa] = slice_attempts(run_dir)
-    assert sa["outcome"] == "succeeded" and sa["slices"] == cluster.complete_slices(TPU)  # the one v5p-16
-    assert sorted(hst["worker"] for hst in sa["hosts"]) == [0, 1]
+    [slice_name] = cluster.complete_slices(TPU)  # the one v5p-16
+    assert sa["outcome"] == "succeeded" and sa["slices"] == [slice_name]
+    assert sorted((hst["slice"], hst["worker"]) for hst in sa["hosts"]) == [(slice_name, 0), (slice_name, 1)]
+    assert not [k for hst in cluster.hosts.values() for k in psutil.Process(hst.pid).environ() if k.startswith("TPU_")]
     result = json.loads((run_dir / "training_result.json").read_text())
-    assert sorted(x["worker"] for x in result["hosts"]) == [0, 1]
-    host1_log = run_dir / "hosts" / "0-1" / "train-0-1.log"
-    assert "train_lm" in host1_log.read_text()  # host 1 ran its own process, logging locally
-    lev = (run_dir / "logs" / f"{h}.log.log").read_text()
-    assert "Process count: 2" in lev or "process_count" in lev or '"num_hosts": 2' in lev or "2 processes" in lev \
-        or metrics.read_metrics(str(run_dir / "logs" / f"{h}.log.log"))["steps"]
+    assert sorted((x["slice"], x["worker"]) for x in result["hosts"]) == [(slice_name, 0), (slice_name, 1)]
+    # one JAX process group of the slice's size: Levanter prefixes every line with jax.process_index(), so
+    # host 1 logs as process 1 of the group (two single-process trainings would both log as process 0)
+    host0_log, host1_log = run_dir / "train.log", run_dir / "hosts" / "0-1" / "train-0-1.log"
+    for log_file, index in ((host0_log, 0), (host1_log, 1)):
+        text = log_file.read_text()
+        assert f"on {slice_name} host {index} (a1-s1" in text
+        indices = set(re.findall(r"^\d{4}-\d\d-\d\dT[\d:]+ - (\d+) - levanter", text, re.M))
+        assert indices == {str(index)}, (log_file, indices)
+        assert '"num_processes": 2, "process_id": %d' % index in text
+    # the job log carries the slice's primary host alone, each of its lines once: exactly host 0's own log,
+    # from one host task (four worker-0 hosts would interleave four copies)
+    job_log = (wd / "logs/train/demo.log").read_text()
+    streamed = [m.groups() for m in re.finditer(r"^\(train_on_host pid=(\d+)[^)]*\) ?(.*)$", job_log, re.M)]
+    assert len({pid for pid, _ in streamed}) == 1
+    assert [line for _, line in streamed] == host0_log.read_text().splitlines()
+    assert job_log.count(f"on {slice_name} host 0 (a1-s1") == 1 and f"on {slice_name} host 1" not in job_log
     # secrets: nowhere in files, logs, job metadata
     for root in (wd, data[1]):
         for f in root.rglob("*"):

@@ -13,22 +13,13 @@ import logging
 
 log = logging.getLogger(__name__)
 
-PREEMPTED_URL = "http://metadata.google.internal/computeMetadata/v1/instance/preempted"
-_state = {"off_gce": False}
-
 
 def gce_preempted(timeout_s: float = 2.0) -> bool:
-    """True iff the GCE metadata server says this VM is being preempted."""
-    if _state["off_gce"]:
-        return False
-    import requests
+    """True iff the GCE metadata server says this VM is being preempted (no server here: False, and the
+    next calls do not ask again; :func:`trajsft.gce.metadata`)."""
+    from .. import gce
 
-    try:
-        r = requests.get(PREEMPTED_URL, headers={"Metadata-Flavor": "Google"}, timeout=timeout_s)
-    except requests.RequestException:
-        _state["off_gce"] = True  # no metadata server here: never preempted by GCE
-        return False
-    return r.status_code == 200 and r.text.strip() == "TRUE"
+    return gce.metadata("instance/preempted", timeout_s=timeout_s) == "TRUE"
 
 
 def setup() -> None:

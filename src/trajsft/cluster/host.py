@@ -6,11 +6,12 @@ process (it dies with the host task: PR_SET_PDEATHSIG) with the same config; pro
 launch log that the job log streams, every other host logs and keeps W&B offline files in its own
 local directory (Levanter makes processes > 0 use W&B offline).
 
-On a real TPU slice JAX finds its peers itself (GCE metadata). On an emulated slice (CPU nodes
-that present themselves as TPU hosts, ``TRAJSFT_ALLOW_CPU_TRAINING=1`` and ``JAX_PLATFORMS=cpu``
-on the node) the coordinator address, process count and id are passed to Levanter explicitly,
-from the same ``TPU_WORKER_ID`` / ``TPU_WORKER_HOSTNAMES`` variables JAX reads on GKE, and every
-host gets as many CPU devices as it has TPU chips.
+Each host knows who it is as a TPU VM does (:meth:`HostInfo.detect`): its worker id, slice and the
+slice's hosts from the GCE metadata server (``TPU_*`` variables, as GKE sets them, override it). On a
+real TPU slice JAX finds its peers itself from the same server. On an emulated slice (CPU nodes that
+present themselves as TPU hosts, ``TRAJSFT_ALLOW_CPU_TRAINING=1`` and ``JAX_PLATFORMS=cpu`` on the
+node) the coordinator address, process count and id are passed to Levanter explicitly from that
+identity, and every host gets as many CPU devices as it has TPU chips.
 
 Outcomes: a dict on success; :class:`JobEnvironmentError` when this host's Python is not the lock's or
 ``train_lm`` cannot import what it needs (a configuration error: never retried); :class:`HostLost` when this host's process was killed by a signal or
@@ -48,14 +49,38 @@ class HostInfo:
     slice_id: int = 0  # multislice: MEGASCALE_SLICE_ID, set by run_on_pod
 
     @classmethod
-    def from_env(cls, env=None) -> "HostInfo":
+    def detect(cls, env=None, get=None) -> "HostInfo":
+        """This host as its TPU VM knows itself (:func:`trajsft.gce.tpu_identity`: the GCE metadata server,
+        ``TPU_*`` variables override it). A host that cannot tell its worker id or its slice's hosts is a
+        :class:`JobEnvironmentError` (one line): guessing "worker 0 of 1" on every host would start one
+        single-process training per host, all writing the same run."""
+        from .. import gce
+        from ..fit import slices as tpu_slices
+
         env = os.environ if env is None else env
-        hosts = tuple(h.strip() for h in (env.get("TPU_WORKER_HOSTNAMES") or "").split(",") if h.strip())
+        ident = gce.tpu_identity(env, get or gce.metadata)
+        where = f"TPU host {ident.slice_name or '?'}"
+        if ident.worker_id is None:
+            raise JobEnvironmentError(f"{where}: no worker id (no TPU_WORKER_ID, and the GCE metadata server "
+                                      "gave no instance/attributes/agent-worker-number)")
+        try:
+            expected = tpu_slices.parse(ident.accelerator_type).hosts if ident.accelerator_type else None
+        except ValueError:
+            expected = None
+        hosts = ident.hostnames or (("127.0.0.1",) if expected == 1 else ())
+        if not hosts or (expected is not None and len(hosts) != expected):
+            raise JobEnvironmentError(
+                f"{where} worker {ident.worker_id}: {len(hosts)} hosts known for a "
+                f"{ident.accelerator_type or 'TPU'} slice{f' of {expected} hosts' if expected else ''} (no "
+                "TPU_WORKER_HOSTNAMES, and instance/attributes/worker-network-endpoints of the GCE metadata server "
+                "does not list them)")
+        if not 0 <= ident.worker_id < len(hosts):
+            raise JobEnvironmentError(f"{where}: worker id {ident.worker_id} is not one of its {len(hosts)} hosts")
         return cls(
-            slice_name=env.get("TPU_NAME", ""),
-            worker_id=int(env.get("TPU_WORKER_ID", "0") or 0),
-            hostnames=hosts or ("127.0.0.1",),
-            accelerator_type=env.get("TPU_ACCELERATOR_TYPE", ""),
+            slice_name=ident.slice_name,
+            worker_id=ident.worker_id,
+            hostnames=hosts,
+            accelerator_type=ident.accelerator_type,
             slice_id=int(env.get("MEGASCALE_SLICE_ID", "0") or 0),
         )
 
@@ -173,7 +198,7 @@ def run_host(job: HostJob) -> dict:
     """Run this host's train_lm process; see the module docstring for the outcomes."""
     import ray
 
-    host = HostInfo.from_env()
+    host = HostInfo.detect()
     started = time.time()
     # a host whose Python is not the lock's trains another program than the one `trajsft fit` compiled
     setup_failure.check_installed(str(host), requirements.REPO_DIR / requirements.OUT)

@@ -172,17 +172,20 @@ def collect_result(run: PreparedRun, log_path: str, ckpt: dict, *, launched: boo
 
 
 
-def refuse_single_process_on_pod(env: Optional[Mapping[str, str]] = None) -> None:
+def refuse_single_process_on_pod(env: Optional[Mapping[str, str]] = None, get=None) -> None:
     """Fail fast where a single train_lm would hang: on a host of a multi-host slice, jax.distributed
-    auto-detects every host of the slice and waits for processes nobody started."""
-    env = os.environ if env is None else env
-    hosts = [h for h in (env.get("TPU_WORKER_HOSTNAMES") or "").split(",") if h.strip()]
-    if len(hosts) > 1:
+    auto-detects every host of the slice and waits for processes nobody started. The host knows its
+    slice as a TPU VM does (:func:`trajsft.gce.tpu_identity`: the GCE metadata server, or ``TPU_*``)."""
+    from .. import gce
+
+    ident = gce.tpu_identity(env, get or gce.metadata)
+    if ident.num_hosts > 1:
         raise SingleProcessOnPod(
-            f"this is worker {env.get('TPU_WORKER_ID', '?')} of the {len(hosts)}-host TPU slice "
-            f"{env.get('TPU_NAME', '?')} ({env.get('TPU_ACCELERATOR_TYPE', '?')}): one training process alone would wait "
-            "for the other hosts and time out; training runs one process per host through the trajsft.cluster.entrypoint "
-            "driver (Levanter's run_on_pod), which must not be pinned to a TPU-<type>-head resource"
+            f"this is worker {'?' if ident.worker_id is None else ident.worker_id} of the {ident.num_hosts}-host "
+            f"TPU slice {ident.slice_name or '?'} ({ident.accelerator_type or '?'}): one training process alone "
+            "would wait for the other hosts and time out; training runs one process per host through the "
+            "trajsft.cluster.entrypoint driver (Levanter's run_on_pod), which must not be pinned to a "
+            "TPU-<type>-head resource"
         )
 
 

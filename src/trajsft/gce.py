@@ -1,0 +1,110 @@
+"""What a GCE VM (a Cloud TPU host) learns about itself from the GCE metadata server.
+
+A TPU VM made by ``gcloud compute tpus tpu-vm create`` (marin's clusters) sets no ``TPU_*`` variables:
+Ray's ``TPUAcceleratorManager``, JAX's ``cloud_tpu_cluster`` and Levanter ask the metadata server
+(``http://metadata.google.internal/computeMetadata/v1/``, header ``Metadata-Flavor: Google``). GKE
+sets the variables instead, and they come first, as in Ray. :func:`tpu_identity` reads a host's slice,
+worker id, hosts and accelerator type that way; :func:`zone` and :func:`project` say where a VM runs.
+
+Requests go through ``requests`` (so an ``http_proxy`` reaches a stand-in server, as the tests do),
+bounded by a short timeout; a machine with no metadata server answers ``None`` at once after the
+first failed request (remembered per process).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Callable, Mapping, Optional
+
+METADATA_URL = "http://metadata.google.internal/computeMetadata/v1/"
+HEADERS = {"Metadata-Flavor": "Google"}
+_state = {"unreachable": False}
+
+
+def metadata(path: str, timeout_s: float = 2.0) -> Optional[str]:
+    """The metadata server's answer for ``path`` (e.g. ``instance/zone``), or None: unknown key (404),
+    empty, or no metadata server here."""
+    if _state["unreachable"]:
+        return None
+    import requests
+
+    try:
+        r = requests.get(METADATA_URL + path, headers=HEADERS, timeout=timeout_s)
+    except requests.RequestException:
+        _state["unreachable"] = True
+        return None
+    text = r.text.strip()
+    return text if r.status_code == 200 and text else None
+
+
+def zone(get: Callable[[str], Optional[str]] = metadata) -> Optional[str]:
+    """This VM's zone (``us-east5-a``), from ``projects/<n>/zones/<zone>``."""
+    z = get("instance/zone")
+    return z.rsplit("/", 1)[-1] if z else None
+
+
+def project(get: Callable[[str], Optional[str]] = metadata) -> Optional[str]:
+    return get("project/project-id")
+
+
+def region_of(zone_or_region: str) -> str:
+    """``us-east5-a`` -> ``us-east5``; a region stays as it is."""
+    parts = zone_or_region.strip().lower().split("-")
+    return "-".join(parts[:2]) if len(parts) >= 3 else "-".join(parts)
+
+
+@dataclasses.dataclass(frozen=True)
+class TpuIdentity:
+    """Who this host is in its TPU slice. Empty / None where it is not a TPU host."""
+
+    slice_name: str = ""
+    worker_id: Optional[int] = None
+    hostnames: tuple[str, ...] = ()
+    accelerator_type: str = ""
+    source: str = ""  # "env", "metadata" or "" (not a TPU host): where the worker id came from
+
+    @property
+    def num_hosts(self) -> int:
+        return len(self.hostnames)
+
+
+def _hosts_of_endpoints(endpoints: str) -> tuple[str, ...]:
+    """``worker-network-endpoints`` (``<id>:<uid>:<ip>,...``, one per host in worker order) -> the IPs,
+    as JAX's ``cloud_tpu_cluster`` reads them."""
+    out = []
+    for ep in endpoints.split(","):
+        parts = ep.strip().split(":")
+        if parts and parts[-1]:
+            out.append(parts[2] if len(parts) >= 3 else parts[-1])
+    return tuple(out)
+
+
+def tpu_identity(env: Optional[Mapping[str, str]] = None,
+                 get: Callable[[str], Optional[str]] = metadata) -> TpuIdentity:
+    """This host's identity in its slice: each ``TPU_*`` variable overrides what the metadata server says
+    (Ray's order). The metadata server is only asked for what the variables leave out."""
+    env = os.environ if env is None else env
+
+    def pick(var: str, key: str) -> tuple[str, str]:
+        v = (env.get(var) or "").strip()
+        if v:
+            return v, "env"
+        m = get(f"instance/attributes/{key}") or ""
+        return m.strip(), ("metadata" if m.strip() else "")
+
+    worker, source = pick("TPU_WORKER_ID", "agent-worker-number")
+    name, _ = pick("TPU_NAME", "instance-id")
+    accel, _ = pick("TPU_ACCELERATOR_TYPE", "accelerator-type")
+    hosts_env = tuple(h.strip() for h in (env.get("TPU_WORKER_HOSTNAMES") or "").split(",") if h.strip())
+    if hosts_env:
+        hosts = hosts_env
+    elif worker or name or accel:  # a TPU host: its slice's hosts, as JAX finds them
+        hosts = _hosts_of_endpoints(get("instance/attributes/worker-network-endpoints") or "")
+    else:
+        hosts = ()
+    try:
+        worker_id = int(worker) if worker else None
+    except ValueError:
+        raise ValueError(f"TPU worker id {worker!r} (from {source}) is not a number") from None
+    return TpuIdentity(slice_name=name, worker_id=worker_id, hostnames=hosts, accelerator_type=accel, source=source)

@@ -1,0 +1,55 @@
+"""Unit tests of trajsft.gce against the stand-in metadata server (a real HTTP server on loopback, reached
+as metadata.google.internal through http_proxy, as every emulated TPU VM reaches its own)."""
+
+from __future__ import annotations
+
+import pytest
+
+from gce_fixtures import MetadataServer, tpu_attributes
+from trajsft import gce
+
+
+@pytest.fixture
+def vm(monkeypatch):
+    server = MetadataServer(tpu_attributes("s-a", "v5p-16", 1, ["10.0.0.1", "10.0.0.2"], "2x2x2"), zone="us-east5-a")
+    for k, v in server.proxy_env().items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setattr(gce, "_state", {"unreachable": False})
+    yield server
+    server.stop()
+
+
+def test_a_tpu_vm_knows_its_slice_worker_hosts_and_zone_from_the_metadata_server(vm):
+    ident = gce.tpu_identity({})
+    assert ident == gce.TpuIdentity(slice_name="s-a", worker_id=1, hostnames=("10.0.0.1", "10.0.0.2"),
+                                    accelerator_type="v5p-16", source="metadata")
+    assert (gce.zone(), gce.project(), gce.region_of(gce.zone())) == ("us-east5-a", "trajsft-test", "us-east5")
+    assert gce.metadata("instance/preempted") == "FALSE"
+    vm.preempted = True
+    assert gce.metadata("instance/preempted") == "TRUE"
+    assert gce.metadata("instance/attributes/no-such-key") is None  # 404
+    assert all(p.startswith("/computeMetadata/v1/") for p in vm.requests)
+
+
+def test_tpu_variables_override_the_metadata_server_and_it_is_asked_only_for_the_rest(vm):
+    ident = gce.tpu_identity({"TPU_WORKER_ID": "0", "TPU_WORKER_HOSTNAMES": "h0,h1"})
+    assert (ident.worker_id, ident.hostnames, ident.slice_name, ident.source) == (0, ("h0", "h1"), "s-a", "env")
+    assert not any(p.endswith(("agent-worker-number", "worker-network-endpoints")) for p in vm.requests)
+
+
+def test_a_request_without_the_flavor_header_is_refused_as_gce_does(vm):
+    import requests
+
+    r = requests.get(gce.METADATA_URL + "instance/zone", timeout=5)
+    assert r.status_code == 403 and r.headers["Metadata-Flavor"] == "Google"
+
+
+def test_no_metadata_server_is_asked_once_and_answers_none(monkeypatch):
+    monkeypatch.setattr(gce, "_state", {"unreachable": False})
+    monkeypatch.setattr(gce, "METADATA_URL", "http://127.0.0.1:9/computeMetadata/v1/")
+    assert gce.tpu_identity({}) == gce.TpuIdentity()
+    assert gce._state["unreachable"] and gce.zone() is None
+
+
+def test_region_of_a_zone_or_a_region():
+    assert gce.region_of("us-east5-a") == "us-east5" and gce.region_of("us-central1") == "us-central1"
