@@ -75,7 +75,8 @@ class GcsEmulator:
             self.proc.wait(10)
 
 
-def start_gcs(root: Path, timeout: float = 30.0) -> GcsEmulator:
+def start_gcs(root: Path, timeout: float = 30.0, location: str = "US-CENTRAL1") -> GcsEmulator:
+    """``location``: what every bucket says it is in (a one-region location, as ``gs://marin-us-east5`` is)."""
     root.mkdir(parents=True, exist_ok=True)
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -83,7 +84,7 @@ def start_gcs(root: Path, timeout: float = 30.0) -> GcsEmulator:
     proc = subprocess.Popen(
         [str(binary()), "-scheme", "http", "-host", "127.0.0.1", "-port", str(port), "-backend", "filesystem",
          "-filesystem-root", str(root), "-public-host", f"127.0.0.1:{port}", "-external-url", url,
-         "-log-level", "warn"],
+         "-log-level", "warn", "-location", location],
         stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
     emu = GcsEmulator(url, root, proc)
     atexit.register(emu.stop)

@@ -67,7 +67,7 @@ class EmulatedCluster:
     killed_node_ids: set[str] = field(default_factory=set)  # nodes SIGKILLed here, until Ray lists them dead
     node_env: dict[str, str] = field(default_factory=dict)  # given to every host when it starts (e.g. GCS endpoint)
     slice_types: dict[str, str] = field(default_factory=dict)  # slice name -> tpu type, of every slice started
-    zone: str = "us-east5-a"  # every VM's zone (its metadata server says so)
+    zone: str = "us-east5-a"  # every VM's zone (its metadata server says so): profiles/tpu-east5's ray.zone
     metadata_servers: list[MetadataServer] = field(default_factory=list)  # of every host started
 
     @property
@@ -308,8 +308,11 @@ def start_emulated_cluster(slices: dict[str, str] | None = None,
                            node_env: dict[str, str] | None = None) -> EmulatedCluster:
     """A CPU head plus the given slices ({name: tpu_type}), hosts started one by one; ``node_env`` is given to
     every node (the head and each host, also hosts added later) when it starts."""
-    head = start_ray_head(resources={}, num_cpus=0, extra_env={**TEST_HEAD_ENV, **(node_env or {})})
-    cluster = EmulatedCluster(head, node_env=dict(node_env or {}))
+    # the head is a GCE VM too (a CPU one): its metadata server says its zone and project, not a TPU
+    head_metadata = MetadataServer(zone=EmulatedCluster.zone)
+    head = start_ray_head(resources={}, num_cpus=0,
+                          extra_env={**TEST_HEAD_ENV, **(node_env or {}), **head_metadata.proxy_env()})
+    cluster = EmulatedCluster(head, node_env=dict(node_env or {}), metadata_servers=[head_metadata])
     atexit.register(cluster.stop)  # also when pytest itself is interrupted
     try:
         for name, tpu_type in (slices or {}).items():
@@ -344,7 +347,8 @@ def shared_cluster(tmp_path_factory):
     (not at the session's end: its five Ray nodes would idle under every later module). Every node gets the
     fake-gcs-server's endpoint when it starts (a TPU VM reaches GCS without being told); this process does
     not: a module that uses the bucket sets the variables for its own tests (tests/test_multihost.py)."""
-    emu = start_gcs(tmp_path_factory.mktemp("fake-gcs-slices") / "data")
+    # its buckets are in the cluster's region, as gs://marin-us-east5 is in us-east5 (preflight checks it)
+    emu = start_gcs(tmp_path_factory.mktemp("fake-gcs-slices") / "data", location="US-EAST5")
     try:
         c = start_emulated_cluster(_FIRST_SLICES, node_env=emu.env())
         shared = SharedCluster(c, emu)

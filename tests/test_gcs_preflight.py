@@ -50,3 +50,15 @@ def test_unreachable_endpoint_is_one_line_in_seconds(monkeypatch, no_dns):
     assert time.monotonic() - t0 < 5
     assert err.startswith(f"storage root gs://b/trajsft unreachable: cannot connect to {url} (set by "
                           "STORAGE_EMULATOR_HOST): ") and "\n" not in err, err
+
+
+def test_a_bucket_in_another_region_than_the_profiles_zone_is_one_line(gcs, no_dns):
+    """The emulator's buckets are in US-CENTRAL1 (as the GCS JSON API says of a one-region bucket)."""
+    root = f"{gcs.url}/trajsft"
+    assert P._check_storage(root, 20, zone="us-central1-a") is None
+    assert P._check_storage(root, 20, zone="us-central1") is None  # a region names every zone of it
+    assert P._check_storage(root, 20, zone="us-east5-a") == (
+        f"storage root {root} is in US-CENTRAL1 (its bucket's location), but this profile's cluster is in us-east5-a "
+        "(ray.zone): every read and checkpoint would cross regions; use a bucket in us-east5, nothing was submitted")
+    assert P.bucket_problem(root, "us-east5-a", "US", "multi-region") is None  # no one region's
+    assert gcs.objects() == {}

@@ -4,6 +4,7 @@ The stand-in head is a real HTTP server on loopback that answers only /api/versi
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -158,10 +159,10 @@ def test_a_local_head_is_one_whose_nodes_say_they_are_here():
 
 
 class StandInJobsHead:
-    """Ray 2.60's /api/version and the Jobs API of a head whose image runs ``python``: a submitted job SUCCEEDS at
-    once and its log is what the probe's entrypoint prints there."""
+    """Ray 2.60's /api/version and the Jobs API of a head whose image runs ``python`` on a VM in ``zone``: a submitted
+    job SUCCEEDS at once and its log is what the probe's entrypoint prints there."""
 
-    def __init__(self, python: str):
+    def __init__(self, python: str, zone: str | None = None):
         self.posted: list[dict] = []
         outer = self
 
@@ -178,7 +179,9 @@ class StandInJobsHead:
                 if self.path == "/api/version":
                     return self._json({"version": "4", "ray_version": "2.60.0", "session_name": "session_test_1"})
                 if self.path.startswith("/api/jobs/") and self.path.endswith("/logs"):
-                    return self._json({"logs": f"TRAJSFT_PYTHON {python}\n"})
+                    said = {"python": python, "project": "p" if zone else None,
+                            "zone": f"projects/1/zones/{zone}" if zone else None}
+                    return self._json({"logs": f"some line\nTRAJSFT_PROBE {json.dumps(said)}\n"})
                 if self.path.startswith("/api/jobs/"):
                     return self._json({"status": "SUCCEEDED", "submission_id": self.path.rsplit("/", 1)[1]})
                 return self._json({}, 404)
@@ -203,7 +206,7 @@ def test_the_images_python_must_be_the_locks_minor(tmp_path, monkeypatch):
     head = StandInJobsHead("3.10.12")
     try:
         store = str(tmp_path / "store")
-        probs = P.preflight(head.address, [], {}, store, timeout_s=3, probe_python=True)
+        probs = P.preflight(head.address, [], {}, store, timeout_s=3, probe=True)
         assert probs == [f"Python 3.10.12 on the cluster at {head.address} (its image, as the driver and the hosts "
                          f"run it), but this project's lock is for Python 3.11: use an image with Python 3.11, "
                          f"nothing was submitted"]
@@ -211,10 +214,64 @@ def test_the_images_python_must_be_the_locks_minor(tmp_path, monkeypatch):
         assert job["metadata"] == {"trajsft_probe": "python"} and job["submission_id"].startswith("trajsft-probe-")
         assert "env_vars" not in job and "runtime_env" not in job  # the image's own Python, and no secret
         # once per head session: the next preflight asks nobody
-        assert P.preflight(head.address, [], {}, store, timeout_s=3, probe_python=True) == probs
+        assert P.preflight(head.address, [], {}, store, timeout_s=3, probe=True) == probs
         assert len(head.posted) == 1
         # without the probe (the generic preflight), nothing is submitted
         assert P.preflight(head.address, [], {}, store, timeout_s=3) == [] and len(head.posted) == 1
     finally:
+        head.server.shutdown()
+        head.server.server_close()
+
+
+def test_a_head_in_another_zone_is_refused_in_one_line_naming_both(tmp_path, monkeypatch):
+    """Through a tunnel, 127.0.0.1:8265 may be another region's cluster: the probe asked the head's metadata server."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    central, unknown = StandInJobsHead("3.11.7", zone="us-central1-a"), StandInJobsHead("3.11.7")
+    try:
+        store = str(tmp_path / "store")
+        assert P.preflight(central.address, [], {}, store, timeout_s=3, probe=True, zone="us-east5-a") == [
+            f"the Ray head at {central.address} is in us-central1-a (its GCE metadata server), but this profile's "
+            "cluster is in us-east5-a (ray.zone): is the tunnel open to another region's cluster? nothing was submitted"]
+        # the same head for a profile of its zone, or of its region: nothing to say (the probe is not run again)
+        assert P.preflight(central.address, [], {}, store, timeout_s=3, probe=True, zone="us-central1-a") == []
+        assert P.preflight(central.address, [], {}, store, timeout_s=3, probe=True, zone="us-central1") == []
+        assert len(central.posted) == 1
+        # a head that says no zone (no metadata server): a note, not a refusal
+        notes: list[str] = []
+        assert P.preflight(unknown.address, [], {}, store, timeout_s=3, probe=True, zone="us-east5-a",
+                           notes=notes) == []
+        assert notes == [f"the Ray head at {unknown.address} did not say its zone (no GCE metadata server): "
+                         "ray.zone us-east5-a was not checked"]
+    finally:
+        for h in (central, unknown):
+            h.server.shutdown()
+            h.server.server_close()
+
+
+def test_the_probe_reads_the_zone_from_the_heads_metadata_server(tmp_path, monkeypatch):
+    """The probe's own code, run by a Python whose http_proxy leads to a stand-in metadata server (as the head's
+    job driver reaches its VM's)."""
+    import base64
+    import re
+    import subprocess
+    import sys
+
+    from gce_fixtures import MetadataServer
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    head = StandInJobsHead("3.11.7")
+    vm = MetadataServer(zone="us-east5-a", project="marin-x")
+    try:
+        conn = P._Conn(head.address, None)
+        P.cluster_probe(conn, "s")  # what it submits
+        code = re.search(r'b64decode\("([^"]+)"\)', head.posted[0]["entrypoint"]).group(1)
+        out = subprocess.run([sys.executable, "-c", base64.b64decode(code).decode()], capture_output=True, text=True,
+                             timeout=60, env={"PATH": os.environ.get("PATH", ""), **vm.proxy_env()})
+        [line] = [ln for ln in out.stdout.splitlines() if ln.startswith("TRAJSFT_PROBE ")]
+        said = json.loads(line.split(" ", 1)[1])
+        assert said == {"python": sys.version.split()[0], "zone": "projects/123456789/zones/us-east5-a",
+                        "project": "marin-x"}
+    finally:
+        vm.stop()
         head.server.shutdown()
         head.server.server_close()

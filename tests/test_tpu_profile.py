@@ -85,6 +85,16 @@ def test_preflight_refuses_and_submits_nothing(data, ray_head):
     bad = profile(wd.parent / "bad-profile", "http://127.0.0.1:9", data[1])
     p = snakemake(wd, bad, ray_head, check=False)
     assert p.returncode != 0 and "trajsft preflight: unreachable" in p.stderr
+    # the head is a VM in us-east5-a (its GCE metadata server says so, read by the probe job on the head): a
+    # profile for us-central1-a reached it through the same address, as a tunnel to the wrong cluster would
+    elsewhere = profile(wd.parent / "central1-profile", ray_head.address, data[1],
+                        {"ray": {**SLICE["ray"], "zone": "us-central1-a"}})
+    p = snakemake(wd, elsewhere, ray_head, check=False)
+    lines = [ln for ln in p.stderr.splitlines() if ln.startswith("trajsft preflight:")]
+    assert p.returncode != 0 and lines == [
+        f"trajsft preflight: the Ray head at {ray_head.address} is in us-east5-a (its GCE metadata server), but this "
+        "profile's cluster is in us-central1-a (ray.zone): is the tunnel open to another region's cluster? nothing "
+        "was submitted"], p.stderr[-2000:]
     assert len(jobs(ray_head)) == before
     assert not (wd / "checkpoints/demo/done").exists()
 

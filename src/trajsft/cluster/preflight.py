@@ -11,6 +11,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from .. import gce
 from .jobs import (
     ACTIVE_STATUSES, SUBMISSION_PREFIX, _Conn, _one_line, ClusterUnauthorized, ClusterUnreachable,
     RayJobsError,
@@ -165,7 +166,19 @@ def _connects(url: str, timeout_s: float) -> str | None:
         return getattr(e, "strerror", None) or str(e) or type(e).__name__
 
 
-def _check_storage(storage_root: str, timeout_s: float) -> str | None:
+def bucket_problem(storage_root: str, zone: str | None, location: str | None, location_type: str | None) -> str | None:
+    """One line when a one-region bucket is not in the region of the profile's ``ray.zone`` (multi- and dual-region
+    buckets pass: they are no one region's)."""
+    if not zone or not location or (location_type or "").lower() != "region":
+        return None
+    if location.lower() == gce.region_of(zone):
+        return None
+    return (f"storage root {storage_root} is in {location} (its bucket's location), but this profile's cluster is in "
+            f"{zone} (ray.zone): every read and checkpoint would cross regions; use a bucket in "
+            f"{gce.region_of(zone)}, nothing was submitted")
+
+
+def _check_storage(storage_root: str, timeout_s: float, zone: str | None = None) -> str | None:
     probe_name = f".trajsft-preflight-{uuid.uuid4().hex}"
     if "://" not in storage_root or storage_root.startswith("file://"):
         root = Path(storage_root.removeprefix("file://")).expanduser()
@@ -197,6 +210,11 @@ def _check_storage(storage_root: str, timeout_s: float) -> str | None:
             target = path.rstrip("/") + "/" + probe_name
             fs.pipe_file(target, b"ok")
             fs.rm_file(target)
+            if zone and storage_root.startswith("gs://"):
+                bucket = storage_root.split("://", 1)[1].split("/", 1)[0]
+                meta = fs.call("GET", "b/{}", bucket, json_out=True)
+                result.append(bucket_problem(storage_root, zone, meta.get("location"), meta.get("locationType")))
+                return
             result.append(None)
         except FileNotFoundError:  # gcsfs: the upload URL answered 404
             bucket = storage_root.split("://", 1)[1].split("/", 1)[0]
@@ -236,7 +254,20 @@ def ray_version_problem(theirs: str | None, address: str, ours: str | None = Non
 
 
 PROBE_METADATA = {"trajsft_probe": "python"}  # tags the probe job: status, clusters and tests tell it from training
-_PYTHON_MARK = "TRAJSFT_PYTHON"
+_PROBE_MARK = "TRAJSFT_PROBE"
+# what the probe job runs on the head with the image's Python: its version, and the head VM's zone and project from
+# its GCE metadata server (urllib: no package needed; honours http_proxy / no_proxy as requests does)
+_PROBE_CODE = f"""import json, sys, urllib.request
+def md(path):
+    try:
+        req = urllib.request.Request("{gce.METADATA_URL}" + path, headers={{"Metadata-Flavor": "Google"}})
+        with urllib.request.urlopen(req, timeout=2) as r:
+            return r.read().decode().strip() or None
+    except Exception:
+        return None
+print("{_PROBE_MARK}", json.dumps({{"python": sys.version.split()[0], "zone": md("instance/zone"),
+                                   "project": md("project/project-id")}}))
+"""
 
 
 def our_python() -> str:
@@ -252,12 +283,14 @@ def our_python() -> str:
 
 
 def _probe_cache() -> Path:
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "trajsft" / "cluster-python.json"
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "trajsft" / "cluster-probe.json"
 
 
-def cluster_python(conn: _Conn, session: str, timeout_s: float = 30.0) -> str | None:
-    """The Python version of the cluster image (what the driver and the hosts run), read by a probe job of a
-    few seconds (tagged with :data:`PROBE_METADATA`) once per head session (cached here); None if it told nothing."""
+def cluster_probe(conn: _Conn, session: str, timeout_s: float = 30.0) -> dict | None:
+    """What the head says of itself, read by a probe job of a few seconds (tagged with :data:`PROBE_METADATA`) once
+    per head session (cached here): ``python`` (the image's Python: what the driver and the hosts run), ``zone``
+    and ``project`` (the head VM's, from its GCE metadata server; None off GCE). None if it told nothing."""
+    import base64
     import json
     import time
 
@@ -265,16 +298,17 @@ def cluster_python(conn: _Conn, session: str, timeout_s: float = 30.0) -> str | 
     cache = _probe_cache()
     with contextlib.suppress(OSError, ValueError):
         known = json.loads(cache.read_text())
-        if key in known:
+        if isinstance(known.get(key), dict):
             return known[key]
-    sid = f"{SUBMISSION_PREFIX}probe-python-{uuid.uuid4().hex[:10]}"
-    body = {"entrypoint": f"python -c \"import sys; print('{_PYTHON_MARK}', sys.version.split()[0])\"",
+    sid = f"{SUBMISSION_PREFIX}probe-{uuid.uuid4().hex[:10]}"
+    code = base64.b64encode(_PROBE_CODE.encode()).decode()
+    body = {"entrypoint": f"python -c 'exec(__import__(\"base64\").b64decode(\"{code}\"))'",
             "submission_id": sid, "metadata": dict(PROBE_METADATA)}
     from .jobs import _http, TERMINAL_STATUSES
 
     r = _http(conn.address, "POST", "/api/jobs/", conn.headers, timeout=min(timeout_s, 15.0), json=body)
     if r.status_code != 200:
-        raise RayJobsError(f"the Python probe job was refused: HTTP {r.status_code}: {r.text[:200]}")
+        raise RayJobsError(f"the probe job was refused: HTTP {r.status_code}: {r.text[:200]}")
     deadline = time.monotonic() + timeout_s
     while conn.status(sid) not in TERMINAL_STATUSES:
         if time.monotonic() > deadline:
@@ -282,17 +316,21 @@ def cluster_python(conn: _Conn, session: str, timeout_s: float = 30.0) -> str | 
                 conn.stop_job(sid)
             return None
         time.sleep(0.5)
-    found = [ln.split()[1] for ln in conn.job_logs(sid).splitlines() if ln.startswith(_PYTHON_MARK) and len(ln.split()) > 1]
-    if not found:
+    found = None
+    for ln in conn.job_logs(sid).splitlines():
+        if ln.startswith(_PROBE_MARK + " "):
+            with contextlib.suppress(ValueError):
+                found = json.loads(ln[len(_PROBE_MARK) + 1:])
+    if not isinstance(found, dict):
         return None
     with contextlib.suppress(OSError, ValueError):
         cache.parent.mkdir(parents=True, exist_ok=True)
         known = json.loads(cache.read_text()) if cache.exists() else {}
-        known[key] = found[-1]
+        known[key] = found
         tmp = cache.with_name(f".{cache.name}.{os.getpid()}")
         tmp.write_text(json.dumps(known, indent=1))
         os.replace(tmp, cache)
-    return found[-1]
+    return found
 
 
 def python_problem(theirs: str | None, address: str, ours: str | None = None) -> str | None:
@@ -303,8 +341,21 @@ def python_problem(theirs: str | None, address: str, ours: str | None = None) ->
     return None
 
 
+def zone_problem(want: str | None, head_zone: str | None, address: str) -> str | None:
+    """One line when the head's zone (its GCE metadata server) is not the profile's ``ray.zone``: a zone must be
+    the same zone, a region (``us-central1``) takes any zone of it. None when either is unknown."""
+    if not want or not head_zone:
+        return None
+    same = head_zone == want if len(want.split("-")) >= 3 else gce.region_of(head_zone) == gce.region_of(want)
+    if same:
+        return None
+    return (f"the Ray head at {address} is in {head_zone} (its GCE metadata server), but this profile's cluster is in "
+            f"{want} (ray.zone): is the tunnel open to another region's cluster? nothing was submitted")
+
+
 def _check_cluster(address: str, auth_token: str | None, timeout_s: float, wait_for: Mapping[str, float],
-                   notes: list[str], tunnel_hint: str | None = None, probe_python: bool = False) -> list[str]:
+                   notes: list[str], tunnel_hint: str | None = None, probe: bool = False,
+                   zone: str | None = None) -> list[str]:
     problems: list[str] = []
     try:
         conn = _Conn(address, auth_token, timeout=timeout_s)
@@ -318,13 +369,19 @@ def _check_cluster(address: str, auth_token: str | None, timeout_s: float, wait_
     wrong = ray_version_problem(version.get("ray_version") if isinstance(version, dict) else None, conn.address)
     if wrong:
         return [wrong]
-    if probe_python:
+    if probe:
+        found: dict = {}
         try:
-            wrong = python_problem(cluster_python(conn, str(version.get("session_name") or "")), conn.address)
+            found = cluster_probe(conn, str(version.get("session_name") or "")) or {}
         except RayJobsError as e:
-            notes.append(_one_line(f"the cluster's Python was not checked: {e}"))
+            notes.append(_one_line(f"the cluster's Python and zone were not checked: {e}"))
+        head_zone = gce.zone(lambda _: found.get("zone"))
+        wrong = python_problem(found.get("python"), conn.address) or zone_problem(zone, head_zone, conn.address)
         if wrong:
             return [wrong]
+        if zone and found and not head_zone:
+            notes.append(f"the Ray head at {conn.address} did not say its zone (no GCE metadata server): "
+                         f"ray.zone {zone} was not checked")
     if not wait_for:
         return problems
     try:
@@ -353,7 +410,8 @@ def preflight(
     storage_timeout_s: float = 20.0,
     notes: list[str] | None = None,
     tunnel_hint: str | None = None,
-    probe_python: bool = False,
+    probe: bool = False,
+    zone: str | None = None,
 ) -> list[str]:
     """Check everything a training submission needs; one line per problem.
 
@@ -361,8 +419,9 @@ def preflight(
     with a short timeout. ``resources`` are waited for, not required: missing ones become lines in
     ``notes`` ("waiting for a slice"). The cluster's Ray version is its first question (a head on another
     Ray is refused in one line); ``tunnel_hint`` ends the line of an unreachable head (how to open the tunnel).
-    ``probe_python``: then the image's Python (:func:`cluster_python`, a probe job once per head session) must be
-    the lock's minor version.
+    ``probe``: then the image's Python (:func:`cluster_probe`, a probe job once per head session) must be
+    the lock's minor version, and the head must be in ``zone`` (a zone, or a region) when its metadata server
+    says where it is; a ``gs://`` storage root in one region must be in the zone's region (:func:`bucket_problem`).
     """
     from concurrent.futures import ThreadPoolExecutor
 
@@ -374,8 +433,8 @@ def preflight(
     pool = ThreadPoolExecutor(max_workers=2)
     try:
         cluster = pool.submit(_check_cluster, address, auth_token, timeout_s, resources, notes, tunnel_hint,
-                              probe_python)
-        store = pool.submit(_check_storage, storage_root, storage_timeout_s)
+                              probe, zone)
+        store = pool.submit(_check_storage, storage_root, storage_timeout_s, zone if probe else None)
         problems.extend(cluster.result())
         err = store.result()
     finally:

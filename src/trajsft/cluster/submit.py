@@ -93,7 +93,8 @@ def preflight(cfg: dict, notes: list[str] | None = None) -> list[str]:
         return [str(e)]
     problems = cluster_preflight.preflight(ray["address"], required_env(cfg),
                                            {slice_head_resource(ray): ray["num_slices"]}, cfg["storage_root"],
-                                           notes=notes, tunnel_hint=tunnel_hint(ray), probe_python=True)
+                                           notes=notes, tunnel_hint=tunnel_hint(ray), probe=True,
+                                           zone=ray.get("zone"))
     if not is_remote(cfg["storage_root"]) and not on_this_machine(ray["address"]):
         problems.append(f"storage_root {cfg['storage_root']} is a local dir: the hosts of {ray['address']} cannot "
                         "read it (use a bucket, e.g. storage_root: gs://<bucket>/trajsft)")
