@@ -212,3 +212,34 @@ def test_host_tee_streams_only_what_this_launch_appends(tmp_path):
     stop.set()
     t.join(timeout=10)
     assert out.getvalue() == b"attempt 2 line\n"
+
+
+def _ray_node(node_id, memory_gib, cpus=10, head=False, alive=True):
+    res = {"memory": memory_gib * 2**30, "CPU": cpus, **({"node:__internal_head__": 1.0} if head else {})}
+    return {"NodeID": node_id, "Alive": alive, "NodeManagerHostname": f"h-{node_id}", "Resources": res}
+
+
+def test_the_fallback_export_never_runs_on_the_head():
+    from trajsft.cluster import export_node as X
+
+    nodes = X.nodes_of([_ray_node("head", 256, head=True), _ray_node("w0", 400), _ray_node("w1", 448),
+                        _ray_node("dead", 900, alive=False), _ray_node("busy", 500, cpus=0)])
+    assert X.choose(nodes, 50 * 2**30).node_id == "w1"  # the largest that fits, not the head's 256 GiB
+    assert X.choose(nodes, 50 * 2**30, driver_node="w1").node_id == "w0"
+    with pytest.raises(errors.JobEnvironmentError, match=(
+            r"^the final HF export needs about 450.0 GiB of memory and no node of the cluster but the head has that "
+            r"much \(the largest other node declares 448.0 GiB \(h-w1\)\); it never runs on the head: .*nothing was loaded")):
+        X.choose(nodes, 450 * 2**30)
+    with pytest.raises(errors.JobEnvironmentError, match=r"\(no node with a CPU but the head is up\)"):
+        X.choose(X.nodes_of([_ray_node("head", 1000, head=True)]), 2**30)
+
+
+def test_the_fallback_exports_memory_comes_from_the_checkpoints_weights(tmp_path):
+    from trajsft.cluster import export_node as X
+
+    model = tmp_path / "step-9" / "model" / "transformer"
+    model.mkdir(parents=True)
+    (model / "c0").write_bytes(b"\0" * 3_000_000)
+    (tmp_path / "step-9" / "opt_state").mkdir()
+    (tmp_path / "step-9" / "opt_state" / "c0").write_bytes(b"\0" * 6_000_000)  # not loaded by the export
+    assert X.memory_needed(str(tmp_path / "step-9")) == 4_500_000 + X.PROCESS_BYTES

@@ -502,6 +502,17 @@ def test_reattach_warns_only_when_the_job_differs(ray_head, tmp_path, caplog):  
     assert (other.job_id, other.attached) == (first.job_id, True)
     assert f"attached job {first.job_id} was submitted with a different entrypoint" in caplog.text
 
+    # what the SUCCEEDED job made is gone since (its final export deleted): that attempt is not attached to again,
+    # the next attempt id is submitted and runs
+    made = tmp_path / "made"
+    again = run_job.run_job(ray_head.address, same, h, tmp_path / "b.log", identity=same,
+                            success_still_holds=made.exists, **kw)
+    assert (again.job_id, again.attached, again.attempt) == (f"trajsft-{h}-a1", False, 1)
+    made.touch()
+    kept = run_job.run_job(ray_head.address, same, h, tmp_path / "b.log", identity=same,
+                           success_still_holds=made.exists, **kw)
+    assert (kept.job_id, kept.attached) == (f"trajsft-{h}-a0", True)
+
 
 FOREIGN_LOG_DRIVER = r"""
 import json, sys, time

@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import signal
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
+import requests
 import yaml
 
 from fit_fixtures import ALIGNED, OVERSIZED
@@ -186,6 +189,37 @@ def test_end_to_end_two_targets_at_once_and_no_secret_leaks(data, ray_head):
     listing = json.dumps(jobs(ray_head))
     assert HF not in listing and WK not in listing and ray_head.token not in listing
     assert set(job["metadata"]["trajsft_forwarded_env"].split(",")) >= {"HF_TOKEN", "WANDB_API_KEY"}
+
+    # the final HF export lost (as a kill mid-export leaves it): the next job finds the run complete and exports
+    # on a node whose declared memory fits it, never on the head (the driver's node)
+    shutil.rmtree(done["hf_export"])
+    (wd / "checkpoints/demo/done").unlink()
+    snakemake(wd, prof, ray_head, timeout=600)
+    assert checkpoints.hf_export_complete(done["hf_export"])
+    log = (wd / "logs/train/demo.log").read_text()
+    [line] = [ln for ln in log.splitlines() if "exporting on" in ln]
+    node = re.search(r"\(node ([0-9a-f]+)", line).group(1)
+    head_node = next(n["node_id"] for n in ray_head_nodes(ray_head) if n.get("is_head_node"))
+    assert node != head_node[:len(node)] and "never on the head" in line and "not relaunched" in log, line
+    # a cluster with no node but the head that fits the export: refused in one line, nothing loaded anywhere
+    shutil.rmtree(done["hf_export"])
+    (wd / "checkpoints/demo/done").unlink()
+    exports = sorted(data[1].rglob("export_hf.log"))
+    before = {f: f.read_text().count("export ") for f in exports}
+    big = profile(wd.parent / "big-export-profile", ray_head.address, data[1], {
+        "teachers": {"demo": {"training": {"max_steps": 4}}}, "ray": {**SLICE["ray"], "export_memory_gib": 1000}})
+    p = snakemake(wd, big, ray_head, check=False, timeout=600)
+    out = p.stdout + p.stderr
+    assert p.returncode != 0 and "the final HF export needs about 1000.0 GiB of memory and no node of the cluster " \
+        "but the head has that much (the largest other node declares 19.6 GiB" in out, out[-3000:]
+    assert {f: f.read_text().count("export ") for f in sorted(data[1].rglob("export_hf.log"))} == before
+    assert not checkpoints.hf_export_complete(done["hf_export"])
+
+
+def ray_head_nodes(head) -> list[dict]:
+    r = requests.get(f"{head.address}/api/v0/nodes?detail=true&limit=1000", headers=head.headers(), timeout=10)
+    r.raise_for_status()
+    return r.json()["data"]["result"]["result"]
 
 
 def _start(wd, prof, head, log: Path) -> subprocess.Popen:

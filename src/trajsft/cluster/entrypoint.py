@@ -8,8 +8,9 @@ The driver holds no TPU. It gets a slice through Levanter's ``run_on_pod`` and r
 starts a new attempt on the next slice, resuming from the latest checkpoint of the same run
 (:mod:`trajsft.cluster.slices`). Every slice attempt goes into ``attempts.json`` under the
 Snakemake attempt that submitted this job. When the run is complete the driver checks the final HF
-export (written on the slice by Levanter's own hook) and, if a kill interrupted it, rewrites it
-here as a single-process CPU step. The driver alone writes ``<run_dir>/training_result.json``.
+export (written on the slice by Levanter's own hook) and, if a kill interrupted it, rewrites it as a
+single-process CPU step on a node whose declared memory fits it, never on the head
+(:mod:`trajsft.cluster.export_node`). The driver alone writes ``<run_dir>/training_result.json``.
 Its output is the job log: the primary host's ``train_lm`` log (each line once, see ``host._tee``)
 and this driver's lines, never files other programs leave in /tmp/tpu_logs
 (:func:`only_our_workers_in_the_job_log`).
@@ -127,6 +128,8 @@ def _main(argv: list[str] | None = None) -> int:
     ap.add_argument("--num-slices", type=int, default=1)
     ap.add_argument("--max-preemptions", type=int, default=100)
     ap.add_argument("--max-failures", type=int, default=2)
+    ap.add_argument("--export-memory-gib", type=float, default=None,
+                    help="memory the fallback HF export asks for (default: estimated from the checkpoint)")
     ap.add_argument("--failure-grace", type=float, default=90.0,
                     help="seconds a host whose trainer failed waits for news of a lost peer before calling it a failure")
     args = ap.parse_args(argv)
@@ -140,7 +143,7 @@ def _main(argv: list[str] | None = None) -> int:
     try:
         from .. import io
         from ..train import checkpoints, hf_export, run as train_run
-        from . import hooks, requirements, setup_failure, slices
+        from . import export_node, hooks, requirements, setup_failure, slices
         from .host import HostJob
     except ImportError as e:  # the job's environment lacks a package: a configuration error, in one line
         raise JobEnvironmentError(f"{here}: {type(e).__name__}: {e}") from None
@@ -179,11 +182,12 @@ def _main(argv: list[str] | None = None) -> int:
         print(f"[trajsft.remote_train] run already complete at step {ckpt['completed_steps']}: not relaunched",
               flush=True)
     if not checkpoints.hf_export_complete(run.final_hf):
-        # the slice's own export was interrupted: a single-process CPU step here, never one host of a pod
-        print(f"[trajsft.remote_train] final HF export {run.final_hf} incomplete: exporting on the driver's CPU",
-              flush=True)
-        hf_export.export_hf(run.cfg, ckpt["path"], run.final_hf, env={"JAX_PLATFORMS": "cpu"},
-                     log_path=os.path.join(work, "export_hf.log"), cwd=work)
+        # the slice's own export was interrupted: a single-process CPU step on a node whose memory fits it, never
+        # on the head (this driver's node) and never as one host of a pod
+        need = int(args.export_memory_gib * 2**30) if args.export_memory_gib else \
+            export_node.memory_needed(ckpt["path"])
+        export_node.export_on_a_node(run.cfg, ckpt["path"], run.final_hf, need=need,
+                                     work_dir=None if is_remote(args.run_dir) else work)
     tmpl = hf_export._chat_template_of(run.cfg)
     if tmpl and not is_remote(run.final_hf):
         hf_export._write_chat_template(run.final_hf, tmpl)

@@ -9,7 +9,7 @@ import os
 import signal
 import threading
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, Callable
 
 from .follow import _LogWriter, follow
 from .jobs import (
@@ -64,6 +64,7 @@ def run_job(
     handle_signals: bool = True,
     auth_token: str | None = None,
     identity: str | None = None,
+    success_still_holds: Callable[[], bool] | None = None,
 ) -> JobResult:
     """Run (or re-attach to) the job for ``content_hash``; succeed iff SUCCEEDED.
 
@@ -73,7 +74,8 @@ def run_job(
 
     Attempt ids ``trajsft-<hash>-a<n>`` are scanned from a0 (at most ``MAX_ATTEMPTS``):
     FAILED/STOPPED attempts are skipped, a PENDING/RUNNING/SUCCEEDED one is
-    attached to, the first unused id is submitted.  If the job then fails,
+    attached to, the first unused id is submitted. A SUCCEEDED one is skipped too when
+    ``success_still_holds()`` says what it made is gone (e.g. its final export was deleted since).  If the job then fails,
     up to ``retries`` further attempts are submitted (e.g. after preemption).
 
     On SIGINT/SIGTERM (main thread only, ``handle_signals``) the Ray job is
@@ -121,6 +123,11 @@ def run_job(
                     continue
                 if attached:
                     info = conn.job_info(job_id)
+                    if (info and info.status == "SUCCEEDED" and success_still_holds is not None
+                            and not success_still_holds()):
+                        log.info("attempt %s SUCCEEDED, but what it made is gone; trying the next attempt id", current)
+                        attempt += 1
+                        continue
                     sha = (info.metadata or {}).get("trajsft_entrypoint_sha256") if info else None
                     if sha and sha != want_sha:
                         log.warning("attached job %s was submitted with a different entrypoint (another "

@@ -13,6 +13,7 @@ fails the rule and Snakemake's `retries` resubmit it, which resumes the same run
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -254,6 +255,8 @@ def driver_command(cfg_url: str, run_dir: str, ray: dict, attempt: int) -> tuple
         f"--attempt {int(attempt)}", f"--tpu-type {shlex.quote(str(ray['tpu_type']))}",
         f"--num-slices {int(ray['num_slices'])}", f"--max-preemptions {int(ray['max_preemptions'])}",
         f"--max-failures {int(ray['max_failures'])}", f"--failure-grace {float(ray['failure_grace_seconds']):g}"]
+    if ray.get("export_memory_gib"):
+        parts.append(f"--export-memory-gib {float(ray['export_memory_gib']):g}")
     return " ".join(parts), " ".join(p for p in parts if not p.startswith("--attempt "))
 
 
@@ -276,6 +279,13 @@ def train_on_ray(plan: Plan, target: str, lev: dict, paths: dict, attempt: int) 
     metadata = {"trajsft_target": target, "trajsft_run": run.name, "trajsft_cluster": str(ray.get("cluster", "")),
                 "trajsft_run_dir": run_dir}
     log.info("submitting %s to Ray cluster %s (%s)", run.name, ray.get("cluster", ""), ray["address"])
+
+    def success_still_holds() -> bool:  # a job that SUCCEEDED before left a result and a complete final export
+        with contextlib.suppress(FileNotFoundError, ValueError):
+            done = json.loads(io.read_bytes(join(run_dir, "training_result.json")))
+            return checkpoints.hf_export_complete(done.get("hf_export") or "")
+        return False
+
     try:
         res = run_job.run_job(
             ray["address"], entrypoint, run.hash, paths["log"], identity=identity,
@@ -284,6 +294,7 @@ def train_on_ray(plan: Plan, target: str, lev: dict, paths: dict, attempt: int) 
             metadata=metadata,
             env_vars=forwarded_env(cfg),
             poll_s=float(ray.get("poll_seconds", 5)),
+            success_still_holds=success_still_holds,
         )
     except cluster_jobs.JobFailed as e:
         cause = _configuration_error(ray["address"], e.job_id)
