@@ -3,9 +3,9 @@
     uv run python scripts/emulated_v5p32.py [--steps 8] [--keep]
 
 Starts a CPU Ray head plus 4 Ray nodes that present themselves as the hosts of a v5p-32 slice
-(tests/slice_fixtures.py), builds the demo's data with the tpu-east5 profile (only the Ray address
+(tests/slice_fixtures.py: no TPU_* variable, a GCE metadata server per host, as on a TPU VM), builds the demo's data with the tpu-east5 profile (only the Ray address
 and the storage root changed), trains `checkpoints/demo/done` with one JAX process per host (4 x 4
-CPU devices, data-parallel) and prints wall times and the slice attempts. Everything it starts is
+CPU devices, data-parallel) and prints wall times, the slice attempts and each host's JAX process index. Everything it starts is
 stopped at the end, by pid.
 """
 
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import tempfile
 import time
@@ -49,7 +50,14 @@ def main() -> int:
         att = json.loads((Path(done["checkpoint_dir"]) / "attempts.json").read_text())
         for sa in att[-1].get("slice_attempts", []):
             print(f"slice attempt {sa['slice_attempt']}: {sa['outcome']} on {sa['slices']} "
-                  f"hosts {[h['worker'] for h in sa['hosts']]}")
+                  f"hosts {sorted((h['slice'], h['worker']) for h in sa['hosts'])}")
+        # the hosts have no TPU_* variable: each knew its worker id from its metadata server; Levanter prefixes each
+        # line with jax.process_index(), so one process group of 4 shows as processes 0..3, one per host log
+        run_dir = Path(done["checkpoint_dir"])
+        logs = [run_dir / "train.log", *sorted(run_dir.glob("hosts/*/train-*.log"))]
+        for log in logs:
+            idx = sorted(set(re.findall(r"^\d{4}-\d\d-\d\dT[\d:]+ - (\d+) - levanter", log.read_text(), re.M)))
+            print(f"{log.relative_to(run_dir)}: JAX process {', '.join(idx) or '?'}")
         print(f"cluster up (head + 4 hosts, one at a time): {t_cluster:.0f}s")
         print(f"data rules: {t_data:.0f}s")
         print(f"train {a.steps} steps on 4 hosts x 4 devices to done: {t_train:.0f}s; "

@@ -22,20 +22,26 @@ HEADERS = {"Metadata-Flavor": "Google"}
 _state = {"unreachable": False}
 
 
-def metadata(path: str, timeout_s: float = 2.0) -> Optional[str]:
+def metadata(path: str, timeout_s: float = 2.0, tries: int = 3) -> Optional[str]:
     """The metadata server's answer for ``path`` (e.g. ``instance/zone``), or None: unknown key (404),
-    empty, or no metadata server here."""
+    empty, or no metadata server here (its name does not resolve or nothing listens: remembered). A server
+    that is slow to answer (a loaded VM) is asked again, ``tries`` times in all, with a longer timeout each
+    time: a host must not take itself for "not a TPU VM" because one answer came late."""
     if _state["unreachable"]:
         return None
     import requests
 
-    try:
-        r = requests.get(METADATA_URL + path, headers=HEADERS, timeout=timeout_s)
-    except requests.RequestException:
-        _state["unreachable"] = True
-        return None
-    text = r.text.strip()
-    return text if r.status_code == 200 and text else None
+    for k in range(tries):
+        try:
+            r = requests.get(METADATA_URL + path, headers=HEADERS, timeout=timeout_s * (2 ** k))
+        except requests.Timeout:
+            continue
+        except requests.RequestException:
+            _state["unreachable"] = True
+            return None
+        text = r.text.strip()
+        return text if r.status_code == 200 and text else None
+    return None
 
 
 def zone(get: Callable[[str], Optional[str]] = metadata) -> Optional[str]:
