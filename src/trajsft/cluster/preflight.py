@@ -201,6 +201,7 @@ def _check_storage(storage_root: str, timeout_s: float, zone: str | None = None)
         return f"storage root {storage_root} unreachable: cannot resolve {host} (no network, or DNS down)"
 
     result: list[str | None] = []
+    bucket = storage_root.split("://", 1)[1].split("/", 1)[0]
 
     def work() -> None:
         try:
@@ -211,13 +212,11 @@ def _check_storage(storage_root: str, timeout_s: float, zone: str | None = None)
             fs.pipe_file(target, b"ok")
             fs.rm_file(target)
             if zone and storage_root.startswith("gs://"):
-                bucket = storage_root.split("://", 1)[1].split("/", 1)[0]
                 meta = fs.call("GET", "b/{}", bucket, json_out=True)
                 result.append(bucket_problem(storage_root, zone, meta.get("location"), meta.get("locationType")))
                 return
             result.append(None)
         except FileNotFoundError:  # gcsfs: the upload URL answered 404
-            bucket = storage_root.split("://", 1)[1].split("/", 1)[0]
             where = endpoint[0] if endpoint else "the default endpoint"
             result.append(f"storage root {storage_root} is not writable: no bucket {bucket} at {where}")
         except Exception as e:  # noqa: BLE001 - report anything as a problem line
