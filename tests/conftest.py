@@ -1,5 +1,8 @@
 import os
 import sys
+import warnings
+
+import pytest
 from pathlib import Path
 
 # tests run under `uv run pytest`: Ray must not re-launch its workers with `uv run`
@@ -9,6 +12,10 @@ os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
 # environment whatever the order: the tests that talk to tests/fake_hub.py unset both for their own calls.
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
+# JAX in this process (and its children) uses the CPU, as on the machine the suite runs on: with no platform set,
+# the first jax.devices() loads libtpu (installed for `trajsft fit`), which finds no TPU and writes its warning
+# into os.environ["TPU_WORKER_ID"], inherited by every training a later test starts
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # in-process Ray (Levanter's cache builder) starts without token auth unless a test points it at a test head
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
@@ -25,3 +32,43 @@ if "TRAJSFT_FIT_CACHE" not in os.environ:
     atexit.register(shutil.rmtree, os.environ["TRAJSFT_FIT_CACHE"], True)
 
 pytest_plugins = ["ray_fixtures", "gcs_fixtures", "fit_fixtures", "slice_fixtures"]
+
+# what a TPU VM's variables say is decided by each test for its own children, never left behind: a test that leaves
+# a TPU_* variable in os.environ (libtpu writes TPU_WORKER_ID where it finds no TPU) is named, and the variable goes
+_TPU_ENV = {k: v for k, v in os.environ.items() if k.startswith("TPU_")}
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    try:
+        return (yield)
+    finally:
+        now = {k: v for k, v in os.environ.items() if k.startswith("TPU_")}
+        if now != _TPU_ENV:
+            for k in now.keys() - _TPU_ENV.keys():
+                del os.environ[k]
+            os.environ.update(_TPU_ENV)
+            changed = {k: now.get(k) for k in now.keys() | _TPU_ENV.keys() if now.get(k) != _TPU_ENV.get(k)}
+            warnings.warn(f"{item.nodeid} left {changed} in os.environ (put back as the session began)")
+
+
+# `pytest -n 2` (the README's command): the two emulated-slice modules share one Ray cluster
+# (tests/slice_fixtures.py), so they run on one worker, sent first as they take the longest; every other
+# module goes whole (its module fixtures built once) to whichever worker is free
+SLICE_MODULES = ("tests/test_multihost.py", "tests/test_tpu_profile.py")
+
+
+def pytest_xdist_make_scheduler(config, log):
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SlicesFirst(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return "slices" if module in SLICE_MODULES else module
+
+        def _assign_work_unit(self, node) -> None:
+            if "slices" in self.workqueue:
+                self.workqueue.move_to_end("slices", last=False)
+            super()._assign_work_unit(node)
+
+    return SlicesFirst(config, log)

@@ -21,7 +21,7 @@ VENV_BIN = str(REPO / ".venv" / "bin")
 # on neither this list nor run by the test fails it, so a new page's commands get classified.
 NOT_RUN = {
     "python3 -m pip install -q uv==0.13.8 && python3 -m uv run --locked snakemake --cores 2": "the demo: 1 min (tests/test_pipeline.py runs it)",
-    "python3 -m pip install -q uv==0.13.8 && python3 -m uv run --locked pytest -p randomly --randomly-seed=4242": "the whole test suite (.ci/run)",
+    "python3 -m pip install -q uv==0.13.8 && python3 -m uv run --locked pytest -p randomly --randomly-seed=4242 -n 2": "the whole test suite (.ci/run)",
     'python3 -m pip install -q uv==0.13.8 && python3 -m uv run --locked pytest -m "not integration"': "the unit suite: 1.5 min",
     "uv run snakemake --profile tpu-east5 checkpoints/minimax-m2.5/done": "a TPU cluster (tests/test_tpu_profile.py emulates one)",
     "uv run snakemake --cores 2 checkpoints/demo/done": "the demo: 1 min",
@@ -81,7 +81,7 @@ def test_ci_reads_the_readme_test_command():
     out = subprocess.run(["sed", "-n", r"s/^    \(.*uv run .*pytest.*\)$/\1/p", "README.md"],
                          cwd=REPO, capture_output=True, text=True, check=True).stdout.splitlines()
     # the order is random (pytest-randomly) with one pinned seed: a later change is never turned red by a new order
-    assert out[0] == "python3 -m pip install -q uv==0.13.8 && python3 -m uv run --locked pytest -p randomly --randomly-seed=4242"
+    assert out[0] == "python3 -m pip install -q uv==0.13.8 && python3 -m uv run --locked pytest -p randomly --randomly-seed=4242 -n 2"
 
 
 TOPIC_PAGES = ("data-and-validation", "training-and-content-addressing", "tpu-clusters", "storage", "observing-runs",

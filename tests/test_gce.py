@@ -37,6 +37,21 @@ def test_tpu_variables_override_the_metadata_server_and_it_is_asked_only_for_the
     assert not any(p.endswith(("agent-worker-number", "worker-network-endpoints")) for p in vm.requests)
 
 
+def test_a_worker_id_that_is_not_a_number_is_one_line():
+    """libtpu, loaded by a process with no TPU, writes its warning into TPU_WORKER_ID; the training launched
+    from it is refused in one line naming the variable, not with a ValueError traceback."""
+    from trajsft.errors import JobEnvironmentError
+    from trajsft.train import run as train_run
+
+    warning = ("WARNING: could not determine TPU worker number, please set env var `TPU_WORKER_ID` manually, "
+               "otherwise libtpu.so may not properly initialize.")
+    with pytest.raises(JobEnvironmentError) as e:
+        train_run.refuse_single_process_on_pod({"TPU_WORKER_ID": warning}, lambda path: None)
+    assert str(e.value).startswith("TPU_WORKER_ID is 'WARNING: could not determine") and "\n" not in str(e.value)
+    with pytest.raises(JobEnvironmentError, match="the metadata server's agent-worker-number is 'x0'"):
+        gce.tpu_identity({}, lambda path: "x0" if path.endswith("agent-worker-number") else None)
+
+
 def test_a_request_without_the_flavor_header_is_refused_as_gce_does(vm):
     import requests
 

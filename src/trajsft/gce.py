@@ -112,5 +112,9 @@ def tpu_identity(env: Optional[Mapping[str, str]] = None,
     try:
         worker_id = int(worker) if worker else None
     except ValueError:
-        raise ValueError(f"TPU worker id {worker!r} (from {source}) is not a number") from None
+        from .errors import JobEnvironmentError
+
+        # e.g. libtpu, loaded where it finds no TPU, writes its warning into TPU_WORKER_ID for every child
+        what = "TPU_WORKER_ID" if source == "env" else "the metadata server's agent-worker-number"
+        raise JobEnvironmentError(f"{what} is {worker[:120]!r}, not a worker number") from None
     return TpuIdentity(slice_name=name, worker_id=worker_id, hostnames=hosts, accelerator_type=accel, source=source)

