@@ -191,8 +191,10 @@ def start_ray_head(
     num_cpus: int = 2,
     timeout: float = 120.0,
     extra_env: dict | None = None,
+    python: Path | None = None,
 ) -> RayHead:
-    """Start ``ray start --head --block`` on 127.0.0.1 and wait until jobs can run."""
+    """Start ``ray start --head --block`` on 127.0.0.1 and wait until jobs can run; ``python``: the interpreter
+    of the head's image (its ``ray`` script beside it; default: this venv's)."""
     auth = auth or os.environ.get("TRAJSFT_TEST_RAY_AUTH", "token")
     if auth not in ("token", "disabled"):
         raise ValueError(auth)
@@ -204,7 +206,7 @@ def start_ray_head(
     marker = uuid.uuid4().hex
 
     env = {k: v for k, v in os.environ.items() if k not in _SCRUB_ENV}
-    bindir = str(Path(sys.executable).parent)
+    bindir = str(Path(python or sys.executable).parent)
     env.update(
         {
             "RAY_TMPDIR": str(temp_dir),

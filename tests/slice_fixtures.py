@@ -305,18 +305,19 @@ def _kill_group(proc: subprocess.Popen) -> None:
 
 
 def start_emulated_cluster(slices: dict[str, str] | None = None,
-                           node_env: dict[str, str] | None = None) -> EmulatedCluster:
+                           node_env: dict[str, str] | None = None, python: Path | None = None) -> EmulatedCluster:
     """A CPU head plus the given slices ({name: tpu_type}), hosts started one by one; ``node_env`` is given to
-    every node (the head and each host, also hosts added later) when it starts."""
+    every node (the head and each host, also hosts added later) when it starts; ``python``: the cluster image's
+    interpreter for the head and these hosts (default: this venv's)."""
     # the head is a GCE VM too (a CPU one): its metadata server says its zone and project, not a TPU
     head_metadata = MetadataServer(zone=EmulatedCluster.zone)
-    head = start_ray_head(resources={}, num_cpus=0,
+    head = start_ray_head(resources={}, num_cpus=0, python=python,
                           extra_env={**TEST_HEAD_ENV, **(node_env or {}), **head_metadata.proxy_env()})
     cluster = EmulatedCluster(head, node_env=dict(node_env or {}), metadata_servers=[head_metadata])
     atexit.register(cluster.stop)  # also when pytest itself is interrupted
     try:
         for name, tpu_type in (slices or {}).items():
-            cluster.add_slice(name, tpu_type)
+            cluster.add_slice(name, tpu_type, python=python)
     except BaseException:
         cluster.stop()
         raise

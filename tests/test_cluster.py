@@ -163,6 +163,7 @@ def test_runtime_env_of_the_driver():
     assert "jax==0.7.2" in env["uv"]["packages"] and "libtpu==0.0.23" in env["uv"]["packages"]
     assert not any(p.startswith(("ray==", "ray[", "#")) for p in env["uv"]["packages"])
     assert env["uv"]["uv_check"] is False and "pip" not in env
+    assert env["uv"]["uv_pip_install_options"] == []  # not Ray's default `--no-cache`: the node's uv cache and UV_* settings count
     pip = submit.runtime_env(_cfg(pip_requirements="envs/tpu-requirements.txt", installer="pip"))
     assert pip["pip"]["packages"] == env["uv"]["packages"] and "uv" not in pip
     assert "uv" not in submit.runtime_env(_cfg(pip_requirements=None)) and "pip" not in submit.runtime_env(_cfg())

@@ -210,6 +210,7 @@ def run_host(job: HostJob) -> dict:
 
     work = local_dir(job, host)
     run = train_run.prepare_run(job.levanter, work, log_dir=os.path.join(work, "logs"))
+    io.write_bytes(os.path.join(work, setup_failure.ENV_RECORD), setup_failure.python_environment().encode())
     cfg = run.cfg
     if emulated():
         cfg["trainer"]["require_accelerator"] = False

@@ -58,6 +58,26 @@ def installed_mismatches(requirements: str, env: Optional[Mapping[str, str]] = N
     return out
 
 
+ENV_RECORD = "python-env.txt"  # a host's record of its Python (:func:`python_environment`), beside its train log
+
+
+def python_environment() -> str:
+    """This Python as a freeze: its version and executable, where ``trajsft`` was imported from (the job's
+    shipped code on a cluster, never an installed copy), then every installed distribution as
+    ``name==version``, sorted. A host writes it before ``train_lm`` starts."""
+    import importlib.metadata as md
+    import os
+    import platform
+    import sys
+
+    import trajsft
+
+    dists = {f"{d.metadata['Name']}=={d.version}" for d in md.distributions() if d.metadata["Name"]}
+    return (f"# python {platform.python_version()} {sys.executable}\n"
+            f"# trajsft imported from {os.path.dirname(os.path.abspath(trajsft.__file__))}\n"
+            + "".join(f"{d}\n" for d in sorted(dists, key=str.lower)))
+
+
 def check_installed(where: str, requirements_path: str | Path) -> None:
     """Raise :class:`JobEnvironmentError` naming ``where`` when this Python is not the lock's."""
     from ..errors import JobEnvironmentError

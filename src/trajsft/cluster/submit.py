@@ -221,7 +221,9 @@ def runtime_env(cfg: dict) -> dict:
         path = REPO_DIR / req
         pkgs = [ln.strip() for ln in path.read_text().splitlines() if ln.strip() and not ln.startswith("#")]
         if {**RAY_DEFAULTS, **ray}["installer"] == "uv":  # the lock's closure in seconds, where pip takes minutes
-            env["uv"] = {"packages": pkgs, "uv_check": False}
+            # no `--no-cache` (Ray's default option): a node installs from its uv cache when it holds the wheels
+            # (a job after a failure, a new requirement), and honours the image's UV_* settings (index, find-links)
+            env["uv"] = {"packages": pkgs, "uv_check": False, "uv_pip_install_options": []}
         else:
             env["pip"] = {"packages": pkgs, "pip_check": False}
     return env
