@@ -148,3 +148,46 @@ def test_a_head_that_refuses_the_token_is_said_per_row(refusing, tmp_path):
     causes = [ln for ln in p.stdout.splitlines() if ": cause: " in ln]
     assert len(causes) == TARGETS and all("cluster not reachable" in c and "403" in c for c in causes), causes
     assert refusing.requests <= TARGETS  # asked once per row, never retried
+
+
+def _dead_endpoint() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{s.getsockname()[1]}"
+
+
+def test_eval_says_a_dead_or_refusing_bucket_in_one_line(refusing):
+    """The matrix reads the targets' checkpoints in the bucket: it is asked once, and said in one line."""
+    for endpoint, said in ((_dead_endpoint(), "did not answer (no network"), (refusing.endpoint, "refused: Forbidden")):
+        env = {k: v for k, v in os.environ.items() if not k.startswith("STORAGE_EMULATOR")}
+        env["STORAGE_EMULATOR_HOST"] = endpoint
+        t0 = time.monotonic()
+        p = subprocess.run([sys.executable, "-m", "trajsft.cli", "eval", "demo", "--profile", "tpu-east5"], env=env,
+                           capture_output=True, text=True, cwd=REPO, timeout=300)
+        [line] = p.stderr.strip().splitlines()
+        assert p.returncode == 2 and line.startswith(f"trajsft: storage root gs://marin-us-east5/trajsft {said}"), p.stderr
+        assert time.monotonic() - t0 < 60
+    assert refusing.requests <= 2  # one look (gcsfs asks for the object, then for its listing): nothing retried
+
+
+def test_fit_says_the_snapshot_bucket_refused_in_its_facts_line(refusing, monkeypatch):
+    """`trajsft fit` compiles without the bucket; the student's snapshot there (its config.json) is read for the
+    architecture check: a refusal is said in that line, not raised as gcsfs' traceback."""
+    from gcs_fixtures import clear_fsspec_cache
+    from trajsft import storage
+    from trajsft.fit import facts
+    from trajsft.plan import config as C
+
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", refusing.endpoint)
+    monkeypatch.setattr(storage, "_REACHABLE", {})
+    monkeypatch.setattr(storage, "_REFUSED", {})
+    clear_fsspec_cache()
+    try:
+        plan = C.Plan(C.load([C.DEFAULT_CONFIG, str(REPO / "profiles/tpu-east5/cluster.yaml")]), base_dir=C.REPO_DIR)
+        snapshot = plan.model("minimax-m2.5").location
+        assert snapshot.startswith("gs://marin-us-east5/trajsft/models/")
+        line = facts.check(plan.specs.targets["minimax-m2.5"].student, fetch=lambda ref, rev: None, snapshot=snapshot)
+    finally:
+        clear_fsspec_cache()
+    assert line.startswith("not checked: ") and "its snapshot's bucket refused: Forbidden" in line, line
+    assert refusing.requests <= 2

@@ -288,6 +288,11 @@ def cmd_eval(args) -> int:
     if overrides or plan.cfg.get("eval") is None:
         cfg = C.validate(C.deep_merge(plan.cfg, {"eval": {**(plan.cfg.get("eval") or {}), **overrides}}))
         plan = C.Plan(cfg, base_dir=C.REPO_DIR)
+    from . import storage
+
+    why = storage.unusable(plan.root)  # the matrix reads checkpoints and caches there: one line, not a retry storm
+    if why:
+        raise C.ConfigError(f"storage root {plan.root} {why}: the matrix reads the targets' checkpoints there")
     for (row, col), art in plan.eval_cells.items():
         if not os.path.exists(art.manifest):
             raise C.ConfigError(f"{row} on {col}: {art.manifest} is missing: build it first "

@@ -223,6 +223,29 @@ def _refuse(root: str, e: Exception) -> None:
     _REACHABLE[root] = False  # never asked again in this process: one refusal, not one per artifact
 
 
+def note_refusal(root: str, e: Exception) -> None:
+    """A read of ``root`` failed with ``e``: remembered as its refusal when it is one (not a missing object)."""
+    if not isinstance(e, (FileNotFoundError, ValueError)):
+        _refuse(root, e)
+
+
+def unusable(root: str) -> str | None:
+    """Why ``root`` cannot be read now, as the end of one line (None: it can, or it is local): its endpoint
+    does not answer, or it refuses us. One look, never retried."""
+    root = absolute(root)
+    if not io.is_remote(root):
+        return None
+    if not reachable(root) and refused(root) is None:
+        return "did not answer (no network, DNS or the endpoint down)"
+    if refused(root) is None:
+        try:
+            io.exists(io.join(root, SEAL))
+        except Exception as e:  # noqa: BLE001 - a bucket that refuses us (401/403): said, not raised
+            _refuse(root, e)
+    why = refused(root)
+    return f"refused: {why}" if why else None
+
+
 def where(plan, art) -> list[str]:
     """The reachable roots holding a finished payload of ``art`` (sealed: the seal is read, the objects
     are not verified)."""

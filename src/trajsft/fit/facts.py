@@ -45,11 +45,15 @@ def snapshot_config(location: Optional[str]) -> Optional[dict]:
     """``config.json`` of the student's sealed ``models/`` snapshot at ``location`` (None: not made yet)."""
     from .. import io, storage
 
-    if not location or not storage.reachable(storage.absolute(location)) or storage.read_seal(location) is None:
+    if not location or not storage.reachable(root := storage.absolute(location)):
         return None
     try:
+        if storage.read_seal(location) is None:
+            return None
         return io.read_json(io.join(location, "config.json"))
-    except (OSError, ValueError):
+    except (OSError, ValueError) as e:  # a bucket that refuses us (401/403) included: said by check(), not raised
+        if io.is_remote(root):
+            storage.note_refusal(root, e)
         return None
 
 
@@ -74,7 +78,11 @@ def check(student: StudentSpec, fetch: Callable[[str, Optional[str]], Optional[d
     else:
         hf = fetch(ref.ref, ref.revision)
         if hf is None:
-            return f"not checked: {where} config.json not reachable (offline?); using the config's facts"
+            from .. import storage
+
+            why = snapshot and storage.refused(storage.absolute(snapshot))
+            said = f"; its snapshot's bucket refused: {why}" if why else ""
+            return f"not checked: {where} config.json not reachable (offline?){said}; using the config's facts"
     dims = student.model.dims()
     wrong = [f"students.{student.name}.model.{k} {dims[k]} but config.json {hf_key} {hf.get(hf_key)}"
              for k, hf_key in HF_KEYS.items() if k in dims and hf_key in hf and int(hf[hf_key]) != int(dims[k])]
