@@ -22,6 +22,20 @@ def test_write_read_json_bytes_and_exists(gcs):
     assert io.read_bytes(p) == b"\x00\x01"
 
 
+def test_a_json_object_rewritten_longer_is_read_whole(gcs):
+    """status reads attempts.json while the driver rewrites it: a read never mixes an old size with new bytes
+    (gcsfs' open() takes the size it listed before, then reads that many bytes of whatever is there now)."""
+    import gcsfs
+
+    p = io.join(gcs.url, "run", "attempts.json")
+    io.write_json(p, [{"attempt": 1}])
+    io.filesystem(p).ls(f"{gcs.name}/run", detail=True)  # the listing (with the old size) is cached
+    other = gcsfs.GCSFileSystem(skip_instance_cache=True)  # the driver, another process
+    with other.open(f"{gcs.name}/run/attempts.json", "w") as f:
+        f.write(json.dumps([{"attempt": 1, "slice_attempts": [{"slice_attempt": n} for n in range(5)]}]))
+    assert len(io.read_json(p)[0]["slice_attempts"]) == 5
+
+
 def test_failed_write_leaves_no_object(gcs):
     p = f"{gcs.url}/x/manifest.json"
     with pytest.raises(TypeError):

@@ -95,8 +95,9 @@ def read_bytes(path: str) -> bytes:
 
 def read_json(path: str | os.PathLike):
     if is_remote(path):
-        with filesystem(path).open(str(path), "r") as f:
-            return json.load(f)
+        # one GET of the whole object: gcsfs' open() reads as many bytes as a listing it cached said, so an
+        # object rewritten longer meanwhile (attempts.json while the driver updates it) came back cut short
+        return json.loads(read_bytes(str(path)))
     with open(path) as f:
         return json.load(f)
 
