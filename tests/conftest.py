@@ -1,9 +1,9 @@
 import os
 import sys
 import warnings
+from pathlib import Path
 
 import pytest
-from pathlib import Path
 
 # tests run under `uv run pytest`: Ray must not re-launch its workers with `uv run`
 os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
@@ -12,9 +12,9 @@ os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
 # environment whatever the order: the tests that talk to tests/fake_hub.py unset both for their own calls.
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
-# JAX in this process (and its children) uses the CPU, as on the machine the suite runs on: with no platform set,
-# the first jax.devices() loads libtpu (installed for `trajsft fit`), which finds no TPU and writes its warning
-# into os.environ["TPU_WORKER_ID"], inherited by every training a later test starts
+# JAX in this process (and its children) uses the CPU, as on the machine the suite runs on: libtpu (installed for
+# `trajsft fit`) has no TPU to find here; where it is loaded in-process it writes TPU_* variables into os.environ,
+# inherited by every training a later test starts (the guard below puts them back and names the test)
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # in-process Ray (Levanter's cache builder) starts without token auth unless a test points it at a test head
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")

@@ -20,7 +20,6 @@ import os
 import re
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
@@ -28,7 +27,7 @@ import pytest
 from pipeline_utils import REPO
 from slice_fixtures import start_emulated_cluster
 from tpu_utils import data_rules, jobs, make_profile, run_hash, snakemake, workdir
-from trajsft.cluster import setup_failure
+from trajsft.cluster import requirements, setup_failure
 
 pytestmark = pytest.mark.integration
 
@@ -37,10 +36,6 @@ OVERRIDES = {"ray": {"tpu_type": TPU, "fit_check": False, "failure_grace_seconds
              # a run of its own: the data are the session's (tests/tpu_utils.py), and another test trains demo for 2
              # steps of 8 on the shared cluster, whose finished run this job would find and not relaunch
              "teachers": {"demo": {"training": {"batch_size": 8, "max_steps": 3}}}}
-
-
-def _norm(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 @pytest.fixture(scope="module")
@@ -87,17 +82,15 @@ def test_the_demo_trains_on_hosts_whose_python_is_the_lock(cluster, tmp_path_fac
     result = json.loads((Path(done["checkpoint_dir"]) / "training_result.json").read_text())
     assert sorted((x["slice"], x["worker"]) for x in result["hosts"]) == [("foreign-a", 0), ("foreign-a", 1)]
 
-    lock = {_norm(p["name"]): p["version"] for p in tomllib.loads((REPO / "uv.lock").read_text())["package"]
-            if "version" in p}
-    pins = {_norm(ln.split("==")[0].split("[")[0]) for ln in (REPO / "envs/tpu-requirements.txt").read_text().splitlines()
-            if "==" in ln and not ln.startswith("#")
-            and (";" not in ln or _marker_holds(ln.split(";", 1)[1]))}
+    lock = {requirements.norm(p["name"]): p["version"] for p in requirements.load_lock()["package"] if "version" in p}
+    # the pins whose markers hold on this platform (the hosts' here)
+    pins = {name for ln in (REPO / requirements.OUT).read_text().splitlines() for name in requirements.pins(ln)
+            if ";" not in ln or _marker_holds(ln.split(";", 1)[1])}
     run_dir = Path(done["checkpoint_dir"])
     records = [run_dir / setup_failure.ENV_RECORD, run_dir / "hosts" / "0-1" / setup_failure.ENV_RECORD]
     for rec in records:
         text = rec.read_text()
-        freeze = dict(ln.split("==", 1) for ln in text.splitlines() if ln and not ln.startswith("#"))
-        freeze = {_norm(k): v for k, v in freeze.items()}
+        freeze = requirements.pins(text)
         # every distribution the host's Python holds is the lock's, at the lock's version
         assert {k: v for k, v in freeze.items() if lock.get(k) != v} == {}, rec
         assert pins <= set(freeze), (rec, sorted(pins - set(freeze)))
