@@ -50,10 +50,11 @@ def run(workdir: Path, *args: str, config: dict | None = None, check=True, timeo
     return p
 
 
-def start(workdir: Path, *args: str, config: dict | None = None, log: Path) -> subprocess.Popen:
+def start(workdir: Path, *args: str, config: dict | None = None, log: Path,
+          extra_env: dict | None = None) -> subprocess.Popen:
     fh = open(log, "w")
     return subprocess.Popen(snakemake_cmd(workdir, *args, config=config), stdout=fh, stderr=subprocess.STDOUT,
-                            env=env(), start_new_session=True)
+                            env=env(**(extra_env or {})), start_new_session=True)
 
 
 def kill_group(p: subprocess.Popen, sig=signal.SIGKILL) -> None:

@@ -155,7 +155,8 @@ def test_the_target_name_is_the_wandb_tag_and_the_run_id_the_hash(monkeypatch):
     cfg = plan_config({}, "demo", monkeypatch)
     p = C.Plan(C.load(), base_dir=C.REPO_DIR)
     run = p.target("demo")["run"]
-    assert cfg["trainer"]["tracker"][0]["tags"] == ["demo"]
+    [tok] = run.deps  # the target, then its content-addressed inputs (kind:name) as W&B tags
+    assert cfg["trainer"]["tracker"][0]["tags"] == ["demo", f"tokenized:{tok[1]}"] and tok[0] == "tokenized"
     assert cfg["trainer"]["id"] == cfg["trainer"]["tracker"][0]["id"] == run.hash
     assert cfg["hf_save_path"] == os.path.join(os.path.abspath(run.location), "hf")
 

@@ -13,8 +13,8 @@ present themselves as TPU hosts, ``TRAJSFT_ALLOW_CPU_TRAINING=1`` and ``JAX_PLAT
 node) the coordinator address, process count and id are passed to Levanter explicitly from that
 identity, and every host gets as many CPU devices as it has TPU chips.
 
-Outcomes: a dict on success; :class:`JobEnvironmentError` when this host's Python is not the lock's or
-``train_lm`` cannot import what it needs (a configuration error: never retried); :class:`HostLost` when this host's process was killed by a signal or
+Outcomes: a dict on success; :class:`JobEnvironmentError` when this host's Python is not the lock's,
+``train_lm`` cannot import what it needs or W&B refused process 0's run (a configuration error: never retried); :class:`HostLost` when this host's process was killed by a signal or
 a peer host of the slice went away (a preemption: the driver gets a new slice and resumes);
 :class:`TrainingFailed` when ``train_lm`` exited with an error on a slice whose hosts are all alive.
 """
@@ -33,7 +33,7 @@ from typing import Any, Optional
 from .. import io
 from ..errors import HostLost, JobEnvironmentError, TrainingFailed
 from ..observe.status import tail
-from ..train import checkpoints, launch, levanter_config, metrics, run as train_run
+from ..train import checkpoints, launch, levanter_config, metrics, run as train_run, tracking
 from . import requirements, setup_failure
 
 ALLOW_CPU_ENV = "TRAJSFT_ALLOW_CPU_TRAINING"  # set on emulated/test Ray nodes only, never by a profile
@@ -214,15 +214,18 @@ def run_host(job: HostJob) -> dict:
     cfg = run.cfg
     if emulated():
         cfg["trainer"]["require_accelerator"] = False
-    node_wandb_mode = os.environ.get("WANDB_MODE")
-    if node_wandb_mode in ("offline", "disabled"):  # a node without internet access can force it
+    # a node without internet access can force W&B offline; a WANDB_MODE the job forwards wins over the node's
+    node_wandb_mode = secrets.get("WANDB_MODE") or os.environ.get("WANDB_MODE")
+    if node_wandb_mode in ("offline", "disabled"):
         for t in cfg["trainer"].get("tracker") or []:
             if t.get("type") == "wandb":
                 t["mode"] = node_wandb_mode
     config_path = levanter_config.write_config(levanter_config.resolve_hub_refs(cfg),
                                                os.path.join(work, f"levanter_config.{job.attempt_tag}.yaml"))
     train_run._ensure_reference_checkpoint(cfg)
-    env = dict(secrets)
+    env = {**tracking.child_env(cfg), **secrets}
+    if host.primary:  # process 0 names the W&B run in the run dir (on the bucket), where status reads it
+        env[tracking.RECORD_ENV] = io.join(job.run_dir, tracking.RECORD)
     if emulated():
         chips = len(ray.get_runtime_context().get_accelerator_ids().get("TPU") or [])
         env.update({"JAX_NUM_CPU_DEVICES": str(max(1, chips)), "JAX_CPU_COLLECTIVES_IMPLEMENTATION": "gloo"})
@@ -248,6 +251,9 @@ def run_host(job: HostJob) -> dict:
     if rc < 0:
         name = signal.Signals(-rc).name if -rc in signal.Signals._value2member_map_ else str(-rc)
         raise HostLost(f"train_lm on {host} was killed by {name} (preempted, or out of memory?)")
+    if rc == tracking.EXIT_CODE:  # W&B refused the run (process 0): every slice would meet the same refusal
+        raise JobEnvironmentError(f"train_lm on {host}: " + (
+            train_run.launch_cause(log_path) or "W&B refused the run (see its log)"))
     if rc > 0:
         with open(log_path, "rb") as f:
             f.seek(start)

@@ -137,7 +137,7 @@ def gather(plan: C.Plan, target: str, query_ray: bool = True) -> Facts:
     """Everything status needs to know about ``target``, reading only what its state needs: nothing
     about training for a finished run, the resume checkpoint only for a resumable state."""
     from .. import storage
-    from ..train.step import run_paths, wandb_url
+    from ..train.step import run_paths, run_wandb_url, wandb_url
 
     p = run_paths(plan, target)
     run, run_dir = p["run"], p["run_dir"]
@@ -164,6 +164,8 @@ def gather(plan: C.Plan, target: str, query_ray: bool = True) -> Facts:
                                                  f"{' '.join(str(e).split())[:200]}")
     if finish_record(facts) is not None:
         return facts
+    if readable and plan.cfg["wandb"]["mode"] == "online":  # the run's page as W&B named it, once it started
+        facts = replace(facts, wandb_url=run_wandb_url(plan.cfg, run.hash, run_dir))
     facts = replace(facts, **_training_facts(plan, target, p, query_ray, facts.attempts, readable))
     if readable and needs_resume_point(facts):
         ck = resume_checkpoint(io.join(run_dir, "checkpoints"))

@@ -57,7 +57,7 @@ class Facts:
     cluster: str  # "local", or the configured Ray cluster's name
     checkpoint_dir: str  # the run directory (local or bucket)
     log: str  # the durable training log
-    wandb_url: str | None = None  # from the config (online runs with an entity)
+    wandb_url: str | None = None  # as W&B named the run once it started (train.tracking), else from the config
     done: dict | None = None  # checkpoints/<target>/done, of whatever hash
     kept: dict | None = None  # results/checkpoints/<run>/manifest.json (survives Snakemake deleting done)
     manifests: tuple = ()  # every results/checkpoints/<target>-*/manifest.json, parsed (any JSON)

@@ -36,7 +36,8 @@ def levanter_env(run_dir: Optional[str] = None, env: Optional[Mapping[str, str]]
 
     Defaults (only if not already set): ``RAY_AUTH_MODE=disabled`` (Ray 2.60 otherwise enables token
     auth for a fresh local cluster and writes ``~/.ray/auth_token``), ``RAY_TMPDIR`` (short path),
-    ``TOKENIZERS_PARALLELISM=false``, ``WANDB_SILENT=true``; ``PYTHONPATH`` imports this process's
+    ``TOKENIZERS_PARALLELISM=false``, ``WANDB_SILENT=true`` and W&B's bounded waits
+    (:data:`trajsft.train.tracking.ENV_DEFAULTS`); ``PYTHONPATH`` imports this process's
     ``trajsft`` (:func:`child_pythonpath`). ``WANDB_DIR`` is forced to ``run_dir``
     (Levanter's WandbConfig has no ``dir`` field; W&B reads this env var) unless ``env`` sets it.
     """
@@ -50,6 +51,9 @@ def levanter_env(run_dir: Optional[str] = None, env: Optional[Mapping[str, str]]
         out["WANDB_DIR"] = os.path.abspath(run_dir)
     if env:
         out.update({k: str(v) for k, v in env.items()})
+    from .tracking import env_defaults
+
+    out.update(env_defaults(out))
     return out
 
 

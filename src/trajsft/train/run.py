@@ -23,13 +23,14 @@ import os
 from typing import Mapping, Optional
 
 from ..data.cache import _split_finished
-from ..errors import SingleProcessOnPod, TrainingFailed
+from ..errors import JobEnvironmentError, SingleProcessOnPod, TrainingFailed
 from ..io import is_remote, write_json
 from .checkpoints import hf_export_complete, latest_checkpoint
 from .hf_export import _chat_template_of, _write_chat_template, export_hf
 from .launch import TRAIN_CHILD, _exit_reason, _run_subprocess, levanter_env
 from .levanter_config import _plain, resolve_hub_refs, write_config
 from .metrics import _eval_losses, _LAUNCH_MARK, _loss_history, read_metrics
+from . import tracking
 
 
 _RESULT_FILE = "training_result.json"
@@ -172,6 +173,17 @@ def collect_result(run: PreparedRun, log_path: str, ckpt: dict, *, launched: boo
 
 
 
+def launch_cause(log_path: str) -> Optional[str]:
+    """The W&B line (:mod:`trajsft.train.tracking`) the last launch in ``log_path`` ended with, if any."""
+    try:
+        with open(log_path, errors="replace") as f:
+            text = f.read()
+    except OSError:
+        return None
+    line = tracking.line_of(text.rsplit(_LAUNCH_MARK, 1)[-1])
+    return f"W&B: {line}" if line else None
+
+
 def refuse_single_process_on_pod(env: Optional[Mapping[str, str]] = None, get=None) -> None:
     """Fail fast where a single train_lm would hang: on a host of a multi-host slice, jax.distributed
     auto-detects every host of the slice and waits for processes nobody started. The host knows its
@@ -247,11 +259,13 @@ def run_training(
             rc = _run_subprocess(
                 [*TRAIN_CHILD, "--config_path", config_path],
                 log_path,
-                levanter_env(run_dir, env),
+                levanter_env(run_dir, {**tracking.child_env(cfg), **(env or {})}),
                 run_dir,
                 header,
                 timeout=timeout,
             )
+            if rc == tracking.EXIT_CODE:  # W&B refused the run: every relaunch would be refused the same way
+                raise JobEnvironmentError(launch_cause(log_path) or "train_lm could not start its W&B run")
             ckpt = latest_checkpoint(ckpt_dir)
             if ckpt is None or ckpt["completed_steps"] < N:
                 got = ckpt["completed_steps"] if ckpt else 0

@@ -11,7 +11,7 @@ from pathlib import Path
 from .. import io, storage
 from ..data import template
 from ..data.tokenize import _read_manifest, cache_dir
-from ..errors import DataError, TrainingFailed
+from ..errors import DataError, JobEnvironmentError, TrainingFailed
 from ..io import is_remote, join, write_json
 from ..observe import provenance
 from ..plan import schedule
@@ -105,7 +105,9 @@ def levanter_config(plan: Plan, target: str, *, accelerator: str | None = None,
         hf_save_dtype=ck["hf_save_dtype"],
         watch_interval=int(cfg["wandb"]["watch_interval"]),
         jax_compilation_cache_dir=compilation_cache_dir(cfg),
-        wandb=WandbSettings(mode=cfg["wandb"]["mode"], project=wandb_project, entity=wandb_entity, tags=(target,)),
+        # tags: the target, then every content-addressed input as kind:name (W&B filters on them)
+        wandb=WandbSettings(mode=cfg["wandb"]["mode"], project=wandb_project, entity=wandb_entity,
+                            tags=(target, *(f"{kind}:{name}" for kind, name in run.deps))),
     )
     return train_lm_config(target_spec, inputs)
 
@@ -136,6 +138,15 @@ def wandb_url(cfg: dict, run_id: str) -> str | None:
     if cfg["wandb"]["mode"] != "online" or not entity:
         return None
     return f"https://wandb.ai/{entity}/{project}/runs/{run_id}"
+
+
+def run_wandb_url(cfg: dict, run_id: str, run_dir: str) -> str | None:
+    """The run's W&B page as the server gave it once the run started (:func:`tracking.read_record`), else
+    the page the config names (:func:`wandb_url`)."""
+    from .tracking import read_record
+
+    rec = read_record(run_dir) if cfg["wandb"]["mode"] == "online" else None
+    return rec["url"] if rec else wandb_url(cfg, run_id)
 
 
 def link_rule_log(plan: Plan, target: str, rule_log: str) -> str:
@@ -185,6 +196,9 @@ def train(plan: Plan, target: str, done_path: str | None = None) -> dict:
     except KeyboardInterrupt as e:  # SIGINT / SIGTERM / our Snakemake died: the trainer was stopped
         provenance.finish_attempt(p["run_dir"], attempt["attempt"], "interrupted", error=str(e or "SIGINT")[:500])
         raise
+    except JobEnvironmentError as e:  # a configuration error (e.g. W&B refused the key): one line, not retried
+        provenance.finish_attempt(p["run_dir"], attempt["attempt"], "failed", error=str(e)[:500])
+        raise
     except TrainingFailed as e:  # one line (killed by a signal, exit code, lock held)
         provenance.finish_attempt(p["run_dir"], attempt["attempt"], "failed", error=str(e)[:500])
         raise DataError(str(e)) from None
@@ -207,7 +221,8 @@ def train(plan: Plan, target: str, done_path: str | None = None) -> dict:
         "final_loss": result.get("final_loss"),
         "eval_loss": result.get("eval_loss"),
         "wandb_run_id": run.hash,
-        "wandb_url": wandb_url(plan.cfg, run.hash) if result.get("wandb_mode", "online") == "online" else None,
+        "wandb_url": run_wandb_url(plan.cfg, run.hash, p["run_dir"]) if result.get("wandb_mode", "online") == "online"
+        else None,
         "wandb_mode": result.get("wandb_mode") or plan.cfg["wandb"]["mode"],
         "attempts": attempt["attempt"],
         "executor": executor,

@@ -57,6 +57,9 @@ def main() -> None:
     import levanter
     import levanter.main.train_lm as train_lm
 
+    from . import tracking
+
+    tracking.guard_init()  # a refused W&B key: one line and exit tracking.EXIT_CODE, not a traceback
     train_lm.Trainer = final_hooks_once(train_lm.Trainer)
     levanter.config.main(train_lm.main)()
 
