@@ -252,3 +252,32 @@ def test_an_outage_at_start_is_one_line_in_seconds_and_after_start_never_stops_t
     assert p.returncode == 0 and p.stdout.split() == ["started", "logged", "finished"], (p.stdout, p.stderr[-2000:])
     assert took < 60, took
     assert "outage-after" in server.state["runs"]
+
+
+def test_preflight_asks_wandb_once_and_a_refused_key_is_one_line(server, tmp_path):
+    url = f"http://127.0.0.1:{server.server_port}"
+    (tmp_path / "test-overrides.yaml").write_text(json.dumps({"wandb": {"mode": "online"}}))
+    n0 = len(server.state["requests"])
+    p = cli(tmp_path, wandb_env(server, tmp_path, BAD), "preflight")
+    assert p.returncode == 1 and p.stderr.splitlines() == [
+        f"trajsft preflight: W&B at {url} refused WANDB_API_KEY (HTTP 401): fix the key, or set wandb.mode: offline"]
+    p = cli(tmp_path, wandb_env(server, tmp_path, GOOD), "preflight")
+    assert p.returncode == 0 and p.stdout.strip() == "local executor: nothing to check but W&B (online)", p.stderr
+    assert [r[2:] for r in requests_of(server, n0)] == [["/graphql", "Viewer", 401], ["/graphql", "Viewer", 200]]
+
+
+def test_a_cluster_submission_is_refused_before_anything_when_wandb_refuses_the_key(server, tmp_path, monkeypatch):
+    from trajsft.cluster import submit
+    from trajsft.plan import config as C
+
+    for k, v in wandb_env(server, tmp_path, BAD).items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv("HF_TOKEN", "x")
+    with socket_closed() as dead:
+        cfg = C.load(overrides={"executor": "ray", "wandb": {"mode": "online"}, "storage_root": str(tmp_path / "r"),
+                                "ray": {"address": dead, "tpu_type": "v5p-8"}})
+        problems = submit.preflight(cfg, [])
+    assert f"W&B at http://127.0.0.1:{server.server_port} refused WANDB_API_KEY (HTTP 401): fix the key, or set " \
+           "wandb.mode: offline" in problems, problems
+    monkeypatch.setenv("WANDB_API_KEY", GOOD)
+    assert not [p for p in submit.preflight(cfg, []) if "W&B" in p]

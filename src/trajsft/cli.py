@@ -135,19 +135,22 @@ def cmd_retry(args) -> int:
 
 
 def cmd_preflight(args) -> int:
-    from .cluster.submit import preflight
+    from .cluster.submit import preflight, wandb_preflight
 
     plan = _load(args)
-    if plan.cfg["executor"] != "ray":
-        print("local executor: nothing to check")
-        return 0
     notes: list[str] = []
-    problems = preflight(plan.cfg, notes)
+    if plan.cfg["executor"] != "ray":  # the local executor needs only W&B, when online
+        problem, note = wandb_preflight(plan.cfg)
+        problems, notes = [problem] if problem else [], [note] if note else []
+    else:
+        problems = preflight(plan.cfg, notes)
     for n in notes:
         print(f"trajsft preflight: note: {n}", file=sys.stderr)
     for p in problems:
         print(f"trajsft preflight: {p}", file=sys.stderr)
-    if not problems:
+    if not problems and plan.cfg["executor"] != "ray":
+        print(f"local executor: nothing to check but W&B ({plan.cfg['wandb']['mode']})")
+    elif not problems:
         print(f"preflight OK for {plan.cfg['ray'].get('cluster')} ({plan.cfg['ray']['address']})")
     return 1 if problems else 0
 

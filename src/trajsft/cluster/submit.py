@@ -92,14 +92,34 @@ def preflight(cfg: dict, notes: list[str] | None = None) -> list[str]:
         ray = ray_settings(cfg)
     except ConfigError as e:
         return [str(e)]
-    problems = cluster_preflight.preflight(ray["address"], required_env(cfg),
-                                           {slice_head_resource(ray): ray["num_slices"]}, cfg["storage_root"],
-                                           notes=notes, tunnel_hint=tunnel_hint(ray), probe=True,
-                                           zone=ray.get("zone"))
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=1) as pool:  # W&B's one request, while the cluster is asked
+        wandb = pool.submit(wandb_preflight, cfg)
+        problems = cluster_preflight.preflight(ray["address"], required_env(cfg),
+                                               {slice_head_resource(ray): ray["num_slices"]}, cfg["storage_root"],
+                                               notes=notes, tunnel_hint=tunnel_hint(ray), probe=True,
+                                               zone=ray.get("zone"))
+        wandb_problem, wandb_note = wandb.result()
+    if wandb_problem:
+        problems.append(wandb_problem)
+    if wandb_note and notes is not None and not problems:  # W&B silent from here: a note when all else is fine
+        notes.append(wandb_note)
     if not is_remote(cfg["storage_root"]) and not on_this_machine(ray["address"]):
         problems.append(f"storage_root {cfg['storage_root']} is a local dir: the hosts of {ray['address']} cannot "
                         "read it (use a bucket, e.g. storage_root: gs://<bucket>/trajsft)")
     return problems
+
+
+def wandb_preflight(cfg: dict, timeout_s: float = 5.0) -> tuple[str | None, str | None]:
+    """``(problem, note)`` of W&B for an online run: the key asked once (:func:`trajsft.train.tracking.check_key`)
+    at ``WANDB_BASE_URL`` (default W&B's); nothing to say when offline or without a key (the env check says that)."""
+    key = os.environ.get("WANDB_API_KEY")
+    if cfg["wandb"]["mode"] != "online" or not key:
+        return None, None
+    from ..train import tracking
+
+    return tracking.check_key(key, timeout_s=timeout_s)
 
 
 def tunnel_hint(ray: dict) -> str:
