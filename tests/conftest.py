@@ -16,6 +16,9 @@ os.environ["TRANSFORMERS_OFFLINE"] = "1"
 # `trajsft fit`) has no TPU to find here; where it is loaded in-process it writes TPU_* variables into os.environ,
 # inherited by every training a later test starts (the guard below puts them back and names the test)
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# No test reaches the real W&B either: preflight asks W&B for the key of an online profile, here at a loopback port
+# where nothing listens (refused at once); the W&B tests point WANDB_BASE_URL at tests/wandb_stub.py
+os.environ["WANDB_BASE_URL"] = "http://127.0.0.1:9"
 # in-process Ray (Levanter's cache builder) starts without token auth unless a test points it at a test head
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 

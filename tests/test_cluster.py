@@ -169,6 +169,14 @@ def test_runtime_env_of_the_driver():
     assert "uv" not in submit.runtime_env(_cfg(pip_requirements=None)) and "pip" not in submit.runtime_env(_cfg())
 
 
+def test_the_profiles_plain_env_reaches_every_process_and_a_secret_there_is_refused():
+    env = submit.runtime_env(_cfg(env={"WANDB_BASE_URL": "http://wandb.internal:8080", "WANDB_MODE": "online"}))
+    assert env["env_vars"] == {"PYTHONPATH": "src", "PYTHONUNBUFFERED": "1", "RAY_COLOR_PREFIX": "0",
+                               "WANDB_BASE_URL": "http://wandb.internal:8080", "WANDB_MODE": "online"}
+    with pytest.raises(ConfigError, match=r"ray.env sets HF_TOKEN, WANDB_API_KEY: .*ray.forward_env"):
+        submit.ray_settings(_cfg(env={"WANDB_API_KEY": "k", "HF_TOKEN": "t", "X": "1"}))
+
+
 def test_preflight_refuses_in_seconds_without_network(tmp_path, monkeypatch):
     monkeypatch.delenv("TRAJSFT_TEST_MISSING", raising=False)
     t0 = time.monotonic()

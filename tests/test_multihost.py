@@ -12,7 +12,9 @@ GCS); a scenario that kills hosts leaves the cluster back in its shape for the n
    trainer is killed before the first checkpoint (the next slice attempt initialises again, from the
    bucket), then a whole host, then the whole slice (a fresh slice appears later): each time the same
    Ray job resumes from the latest checkpoint in the bucket on a new slice attempt, no Snakemake retry
-   is used, and status (reading the bucket) shows the preemptions.
+   is used, and status (reading the bucket) shows the preemptions. W&B is online (a stand-in server on
+   loopback, tests/wandb_stub.py): only process 0 talks to it, and every slice attempt continues the same
+   W&B run, its steps never restarting or repeating.
 3. The old shape (one process pinned to the slice head) fails fast with a clear message.
 """
 
@@ -23,6 +25,7 @@ import math
 import os
 import re
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -33,11 +36,12 @@ import tiny_hf_model
 from fake_hub import FakeHub, Repo
 from gcs_fixtures import Bucket, clear_fsspec_cache
 from pipeline_utils import REPO, kill_group, wait_for
+from wandb_stub import make_server as wandb_server
 from tpu_utils import (HF, WK, data_rules, jobs, make_profile, plan_of, run_hash, sm_cmd, sm_env, snakemake, status,
                        workdir)
 from trajsft import io
 from trajsft.train import checkpoints
-from trajsft.train import metrics
+from trajsft.train import metrics, tracking
 from trajsft.train import run as train_run
 from trajsft.plan import config as C
 from trajsft.cluster import jobs as cluster_jobs
@@ -113,7 +117,7 @@ def test_trains_on_every_host_and_matches_a_single_process(data, cluster, tmp_pa
     h = run_hash(wd, prof)
     # this run's own secret values: the cluster is the session's, and a job another test stopped before its
     # driver ran keeps its bundle in the KV store until Ray collects it (minutes later)
-    hf, wk = f"{HF}-{os.urandom(4).hex()}", f"{WK}-{os.urandom(4).hex()}"
+    hf, wk = f"{HF}-{os.urandom(4).hex()}", f"{WK}_{os.urandom(4).hex()}"  # W&B's SDK reads after a dash as the key
     t0 = time.time()
     snakemake(wd, prof, cluster.head, timeout=1200, HF_TOKEN=hf, WANDB_API_KEY=wk)
     wall = time.time() - t0
@@ -207,6 +211,12 @@ def test_on_a_bucket_losses_resume_from_the_bucket_without_snakemake_retry(data,
     over = overrides(max_steps=24)
     over["ray"] = {**over["ray"], "pip_requirements": None}
     over = C.deep_merge(over, hub_student())
+    # W&B online, at a stand-in on loopback: the profile's ray.env wins over the nodes' WANDB_MODE=offline
+    wb = wandb_server(0)
+    threading.Thread(target=wb.serve_forever, daemon=True).start()
+    wb_url = f"http://127.0.0.1:{wb.server_port}"
+    over["ray"]["env"] = {"WANDB_MODE": "online", "WANDB_BASE_URL": wb_url, "WANDB_ERROR_REPORTING": "false",
+                          "WANDB__FILE_STREAM_TRANSMIT_INTERVAL": "1"}
     prof = make_profile(wd.parent / "preempt-profile", cluster.address, root, over)
     t = plan_of(wd, prof)
     h = run_hash(wd, prof)
@@ -279,6 +289,7 @@ def test_on_a_bucket_losses_resume_from_the_bucket_without_snakemake_retry(data,
     finally:
         if p.poll() is None:
             kill_group(p)
+        wb.shutdown()
     # one Ray job, one Snakemake attempt: every loss was ridden out inside the job
     assert [(j["submission_id"], j["status"]) for j in jobs(cluster.head, h)] == [(f"trajsft-{h}-a0", "SUCCEEDED")]
     att = attempts(run_dir)
@@ -314,8 +325,23 @@ def test_on_a_bucket_losses_resume_from_the_bucket_without_snakemake_retry(data,
     assert len(launches) >= 4 and len(set(launches)) == len(launches), launches
     assert text.count(init_line) == sum(1 for s in sas if s["resumed_from_step"] == 0) >= 2, shown
     assert "Starting from scratch" not in text
+    # W&B: one run, the run hash, asked for by process 0 of each launch only (a second process online would ask
+    # too, and write every step twice); each attempt continued it: steps in order, none twice, to the last
+    assert list(wb.state["runs"]) == [h]
+    wrun = wb.state["runs"][h]
+    steps = [r["_step"] for r in wrun["history"]]
+    assert steps == sorted(set(steps)) and steps[0] == 0 and steps[-1] == 23 and wrun["exitcode"] == 0, steps
+    asked = [r for r in wb.state["requests"] if r[3] == "RunResumeStatus"]
+    assert len(asked) == len(launches), (asked, launches)
+    rec = tracking.read_record(run_dir)  # written by the last attempt's process 0 into the bucket
+    assert rec["id"] == h and rec["resumed"] is True and rec["starting_step"] > 0
+    assert rec["url"] == f"{wb_url}/stub/{rec['project']}/runs/{h}" == done["wandb_url"]
+    ident = wrun["config"]["trajsft"]["value"]
+    assert (ident["target"], ident["run_hash"], ident["run"]) == ("demo", h, f"demo-{h}")
+    assert sorted(i.split(":")[0] for i in ident["inputs"]) == ["models", "tokenized"], ident
     row = status(wd, prof, cluster.head)
     n = len(sas) - 1
+    assert row["wandb_url"] == rec["url"], row
     assert row["state"] == "done" and row["preemptions"] == n
     assert f"preempted {n}x" in row["detail"] and second in row["detail"]
     report = [f"{kind}: killed at step {at}, resumed from {sas[n]['resumed_from_step']} "

@@ -94,7 +94,7 @@ def _profile(tmp_path: Path, address: str, **ray) -> Path:
 
 
 def _preflight_cli(prof: Path) -> subprocess.CompletedProcess:
-    env = {"PATH": "/usr/bin:/bin", "HOME": str(prof.parent), "HF_TOKEN": "x", "WANDB_API_KEY": "y",
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(prof.parent), "HF_TOKEN": "x", "WANDB_API_KEY": "y" * 40,
            "RAY_AUTH_MODE": "disabled"}
     return subprocess.run([sys.executable, "-m", "trajsft.cli", "preflight", "--profile", str(prof)],
                           capture_output=True, text=True, env=env, cwd=REPO, timeout=120)

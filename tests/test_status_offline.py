@@ -122,7 +122,7 @@ def test_plan_and_logs_say_which_in_one_go(refusing):
 
 def test_preflight_says_the_bucket_refused_and_the_head_is_down_in_two_lines(refusing):
     env = {k: v for k, v in os.environ.items() if not k.startswith("STORAGE_EMULATOR")}
-    env.update(STORAGE_EMULATOR_HOST=refusing.endpoint, HF_TOKEN="x", WANDB_API_KEY="y")
+    env.update(STORAGE_EMULATOR_HOST=refusing.endpoint, HF_TOKEN="x", WANDB_API_KEY="y" * 40)
     p = subprocess.run([sys.executable, "-m", "trajsft.cli", "preflight", "--profile", "tpu-east5"], env=env,
                        capture_output=True, text=True, cwd=REPO, timeout=300)
     lines = p.stderr.strip().splitlines()

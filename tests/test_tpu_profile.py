@@ -15,6 +15,7 @@ import re
 import shutil
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -25,6 +26,7 @@ import yaml
 from fit_fixtures import ALIGNED, OVERSIZED
 from pipeline_utils import REPO, SNAKEMAKE, alive, attempts, kill9_snakemake_only, kill_group, procs, wait_for
 from slice_fixtures import host_image_without
+from wandb_stub import make_server as wandb_server
 from tpu_utils import (HF, WK, data_rules, jobs, make_profile, plan_of, run_hash, sm_cmd, sm_env, snakemake, status,
                        trajsft, workdir)
 from trajsft.train import checkpoints
@@ -85,6 +87,20 @@ def test_preflight_refuses_and_submits_nothing(data, ray_head):
     assert lines == ["trajsft preflight: env var HF_TOKEN is not set (needed by the training job): export HF_TOKEN=..."]
     p = snakemake(wd, prof, ray_head, check=False, WANDB_API_KEY=None)
     assert p.returncode != 0 and "WANDB_API_KEY is not set" in p.stderr
+    # W&B (online in the profile, here a stand-in on loopback named by ray.env) refuses the key: one line
+    wb = wandb_server(0, refused={WK})
+    threading.Thread(target=wb.serve_forever, daemon=True).start()
+    wb_url = f"http://127.0.0.1:{wb.server_port}"
+    try:
+        refused = profile(wd.parent / "wandb-profile", ray_head.address, data[1],
+                          {"ray": {**SLICE["ray"], "env": {"WANDB_BASE_URL": wb_url}}})
+        p = snakemake(wd, refused, ray_head, check=False)
+    finally:
+        wb.shutdown()
+    lines = [ln for ln in p.stderr.splitlines() if ln.startswith("trajsft preflight:")]
+    assert p.returncode != 0 and lines == [f"trajsft preflight: W&B at {wb_url} refused WANDB_API_KEY (HTTP 401): "
+                                           "fix the key, or set wandb.mode: offline"], p.stderr[-2000:]
+    assert [r[2:] for r in wb.state["requests"]] == [["/graphql", "Viewer", 401]]
     bad = profile(wd.parent / "bad-profile", "http://127.0.0.1:9", data[1])
     p = snakemake(wd, bad, ray_head, check=False)
     assert p.returncode != 0 and "trajsft preflight: unreachable" in p.stderr

@@ -136,6 +136,11 @@ def test_check_key_is_one_request_refused_unknown_or_unanswered(server):
     with socket_closed() as dead:
         problem, note = tracking.check_key(GOOD, dead, timeout_s=2)
     assert problem is None and note.startswith(f"W&B at {dead} did not answer (ConnectionError)")
+    # a key the SDK itself refuses (a training host would stop on it) is refused without a request
+    n1 = len(server.state["requests"])
+    assert tracking.check_key("k" * 32, url) == (
+        f"WANDB_API_KEY: API key must have 40+ characters, has 32. (the W&B SDK refuses it before asking {url})", None)
+    assert len(server.state["requests"]) == n1
 
 
 class socket_closed:
@@ -162,6 +167,11 @@ def test_causes_are_one_line_and_name_the_server():
     assert refused.startswith("http://w:1 refused the API key (HTTP 401): check WANDB_API_KEY") and "\n" not in refused
     down = tracking.cause(CommError("Timed out while retrying: HTTP 503: unavailable"), env)
     assert down.startswith("http://w:1 did not answer wandb.init within WANDB_INIT_TIMEOUT=20s")
+    from wandb.errors import AuthenticationError
+
+    local = tracking.cause(AuthenticationError("WANDB_API_KEY invalid: API key must have 40+ characters, has 32."), env)
+    assert local == ("the W&B SDK refused WANDB_API_KEY before asking http://w:1: WANDB_API_KEY invalid: API key "
+                     "must have 40+ characters, has 32.")
     other = tracking.cause(ValueError("run id is in use\nby a deleted run"), env)
     assert other == "wandb.init failed at http://w:1: ValueError: run id is in use by a deleted run"
     log = "x\ntrajsft: W&B: first\nnoise\ntrajsft: W&B: second one\n"

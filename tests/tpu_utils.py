@@ -17,7 +17,7 @@ import yaml
 from pipeline_utils import REPO, SNAKEMAKE
 
 HF = "hf_test_" + secrets.token_hex(12)
-WK = "wk_test_" + secrets.token_hex(12)
+WK = "wk_test_" + secrets.token_hex(20)  # the W&B SDK's shape: 40+ characters
 
 
 def make_profile(dest: Path, address: str, storage_root: Path, overrides: dict | None = None) -> Path:

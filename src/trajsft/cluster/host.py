@@ -214,8 +214,8 @@ def run_host(job: HostJob) -> dict:
     cfg = run.cfg
     if emulated():
         cfg["trainer"]["require_accelerator"] = False
-    # a node without internet access can force W&B offline; a WANDB_MODE the job forwards wins over the node's
-    node_wandb_mode = secrets.get("WANDB_MODE") or os.environ.get("WANDB_MODE")
+    # a node without internet access can force W&B offline (the profile's ray.env wins over the node's env)
+    node_wandb_mode = os.environ.get("WANDB_MODE")
     if node_wandb_mode in ("offline", "disabled"):
         for t in cfg["trainer"].get("tracker") or []:
             if t.get("type") == "wandb":

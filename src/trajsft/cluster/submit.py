@@ -69,6 +69,7 @@ def ray_settings(cfg: dict) -> dict:
         get_tpu_config(ray["tpu_type"])
     except ValueError:
         raise ConfigError(f"ray.tpu_type: unknown TPU type {ray['tpu_type']!r} (e.g. v5p-8, v5p-16, v5p-32)") from None
+    job_env(ray)  # a secret in ray.env: refused before anything
     pinned = [r for r in (ray.get("entrypoint_resources") or {}) if r.startswith("TPU")]
     if pinned:
         raise ConfigError(
@@ -113,13 +114,15 @@ def preflight(cfg: dict, notes: list[str] | None = None) -> list[str]:
 
 def wandb_preflight(cfg: dict, timeout_s: float = 5.0) -> tuple[str | None, str | None]:
     """``(problem, note)`` of W&B for an online run: the key asked once (:func:`trajsft.train.tracking.check_key`)
-    at ``WANDB_BASE_URL`` (default W&B's); nothing to say when offline or without a key (the env check says that)."""
+    at the W&B the training talks to (``ray.env``'s ``WANDB_BASE_URL`` on a cluster, else ``$WANDB_BASE_URL``,
+    else W&B's own); nothing to say when offline or without a key (the env check says that)."""
     key = os.environ.get("WANDB_API_KEY")
     if cfg["wandb"]["mode"] != "online" or not key:
         return None, None
     from ..train import tracking
 
-    return tracking.check_key(key, timeout_s=timeout_s)
+    hosts_env = ((cfg.get("ray") or {}).get("env") or {}) if cfg.get("executor") == "ray" else {}
+    return tracking.check_key(key, hosts_env.get("WANDB_BASE_URL") or tracking.base_url(), timeout_s=timeout_s)
 
 
 def tunnel_hint(ray: dict) -> str:
@@ -236,6 +239,7 @@ def runtime_env(cfg: dict) -> dict:
                  "worker_process_setup_hook": "trajsft.cluster.hooks.setup",
                  # pip on a fresh TPU host takes minutes (marin uses the same 30 min)
                  "config": {"setup_timeout_seconds": int({**RAY_DEFAULTS, **ray}["runtime_env_setup_timeout_seconds"])}}
+    env["env_vars"].update(job_env(ray))
     req = ray.get("pip_requirements")
     if req:
         path = REPO_DIR / req
@@ -246,6 +250,19 @@ def runtime_env(cfg: dict) -> dict:
             env["uv"] = {"packages": pkgs, "uv_check": False, "uv_pip_install_options": []}
         else:
             env["pip"] = {"packages": pkgs, "pip_check": False}
+    return env
+
+
+def job_env(ray: dict) -> dict:
+    """``ray.env``: plain variables of every process of the job (they win over the nodes' own). A name that
+    looks like a secret is refused: its value would be shown by Ray's job listing (use ``forward_env``)."""
+    from .secrets import SECRET_NAME_RE
+
+    env = {str(k): str(v) for k, v in (ray.get("env") or {}).items()}
+    secret = sorted(k for k in env if SECRET_NAME_RE.search(k))
+    if secret:
+        raise ConfigError(f"ray.env sets {', '.join(secret)}: Ray shows these values in its job listing; "
+                          "put the name in ray.forward_env instead (delivered as a secret)")
     return env
 
 

@@ -48,10 +48,12 @@ def cause(exc: BaseException, env: Optional[Mapping[str, str]] = None) -> str:
     """One line for an exception out of ``wandb.init`` (no response body beyond its first line)."""
     msg = " ".join(str(exc).split())
     where = base_url(env)
-    if re.search(r"\b(401|403)\b", msg) or type(exc).__name__ == "AuthenticationError":
-        code = re.search(r"\b(401|403)\b", msg)
-        return (f"{where} refused the API key (HTTP {code.group(1) if code else 401}): check WANDB_API_KEY "
+    code = re.search(r"\b(401|403)\b", msg)
+    if code:
+        return (f"{where} refused the API key (HTTP {code.group(1)}): check WANDB_API_KEY "
                 f"(and WANDB_ENTITY / WANDB_PROJECT); {msg[:160]}")
+    if type(exc).__name__ == "AuthenticationError":  # the SDK's own check, before asking the server
+        return f"the W&B SDK refused WANDB_API_KEY before asking {where}: {msg[:200]}"
     if re.search(r"Timed out|timed out|giving up|Connection refused|ConnectionError|\b5\d\d\b", msg):
         limit = (env or os.environ).get("WANDB_INIT_TIMEOUT") or "?"
         return (f"{where} did not answer wandb.init within WANDB_INIT_TIMEOUT={limit}s (W&B down, or no route to "
@@ -134,12 +136,24 @@ def read_record(run_dir: str) -> Optional[dict]:
     return rec if isinstance(rec, dict) and rec.get("url") else None
 
 
+def key_shape_problem(key: str) -> Optional[str]:
+    """What the W&B SDK itself says of ``key`` before sending it (e.g. fewer than 40 characters), or None."""
+    try:
+        from wandb.sdk.lib.wbauth.validation import check_api_key
+    except ImportError:  # another SDK: the server's answer decides
+        return None
+    return check_api_key(key)
+
+
 def check_key(key: str, url: Optional[str] = None, timeout_s: float = 5.0) -> tuple[Optional[str], Optional[str]]:
     """Ask W&B once who ``key`` is (GraphQL ``Viewer``): ``(problem, note)``, a refusal as the problem, no
     answer as a note (process 0 asks again, bounded by WANDB_INIT_TIMEOUT)."""
     import requests
 
     url = (url or base_url()).rstrip("/")
+    shape = key_shape_problem(key)
+    if shape:
+        return f"WANDB_API_KEY: {shape} (the W&B SDK refuses it before asking {url})", None
     try:
         r = requests.post(f"{url}/graphql", auth=("api", key), timeout=timeout_s,
                           json={"query": "query Viewer { viewer { id entity username } }", "variables": {}})
