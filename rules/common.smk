@@ -64,12 +64,11 @@ def done_targets(targets):
     return [PLAN.done_path(PLAN.target(t)["name"]) for t in targets]
 
 
-def upstream_manifest(kind, upstream):
-    """Input function: the manifest of the artifact this `kind` artifact is built from."""
+def artifact_inputs(kind):
+    """Input function: the manifests of every artifact this `kind` artifact is built from (its deps)."""
 
     def inner(wildcards):
-        art = PLAN.get(kind, wildcards.name)
-        return PLAN.get(upstream, art.spec[upstream]).manifest
+        return [PLAN.get(*dep).manifest for dep in PLAN.get(kind, wildcards.name).deps]
 
     return inner
 

@@ -21,7 +21,7 @@ rule download:
 
 rule shard:
     input:
-        upstream_manifest("shards", "raw"),
+        artifact_inputs("shards"),
     output:
         f"{STATE_DIR}/shards/{{name}}/manifest.json",
     log:
@@ -45,7 +45,7 @@ rule shard:
 
 rule tokenize:
     input:
-        upstream_manifest("tokenized", "shards"),
+        artifact_inputs("tokenized"),  # the shards, and the student's models/ snapshot when it holds the tokenizer
     output:
         f"{STATE_DIR}/tokenized/{{name}}/manifest.json",
     log:

@@ -8,6 +8,7 @@ import pytest
 
 from trajsft import errors
 from trajsft.train import run as train_run
+from trajsft.plan import config as C
 from trajsft.cluster import preflight as cluster_preflight
 from trajsft.cluster import submit
 from trajsft.cluster import hooks, host, slices
@@ -175,6 +176,25 @@ def test_the_profiles_plain_env_reaches_every_process_and_a_secret_there_is_refu
                                "WANDB_BASE_URL": "http://wandb.internal:8080", "WANDB_MODE": "online"}
     with pytest.raises(ConfigError, match=r"ray.env sets HF_TOKEN, WANDB_API_KEY: .*ray.forward_env"):
         submit.ray_settings(_cfg(env={"WANDB_API_KEY": "k", "HF_TOKEN": "t", "X": "1"}))
+
+
+def test_a_hub_token_goes_only_to_a_job_that_reads_the_hub(monkeypatch):
+    for k in ("WANDB_API_KEY", "HF_TOKEN", "TPU_CI"):
+        monkeypatch.setenv(k, "x" * 40)
+    cfg = _cfg(forward_env=["WANDB_API_KEY", "HF_TOKEN", "TPU_CI"], required_env=[])
+    snap = {"data": {"tokenizer": "gs://b/trajsft/models/Qwen3-8B-b9c4233d78"},
+            "model": {"reference_checkpoint": "gs://b/trajsft/models/Qwen3-8B-b9c4233d78"},
+            "initialize_from_hf": "gs://b/trajsft/models/Qwen3-8B-b9c4233d78"}
+    local = {"data": {"tokenizer": "demo/tokenizer"}, "model": {"reference_checkpoint": "/runs/x/hf_reference"}}
+    hub = {"data": {"tokenizer": "Qwen/Qwen3-8B@b968826d9c46dd6066d109eabc6255188de91218"},
+           "model": {"reference_checkpoint": "gs://b/r/hf_reference"}}
+    assert submit.hub_refs(snap) == submit.hub_refs(local) == []
+    assert submit.hub_refs(hub) == ["Qwen/Qwen3-8B@b968826d9c46dd6066d109eabc6255188de91218"]
+    assert submit.forwarded_env(cfg, submit.hub_refs(snap)) == ["WANDB_API_KEY", "TPU_CI"]
+    assert submit.forwarded_env(cfg, submit.hub_refs(hub)) == ["WANDB_API_KEY", "HF_TOKEN", "TPU_CI"]
+    for name in ("tpu-east5", "tpu-central1", "tpu-local"):  # no profile requires HF_TOKEN
+        prof = C.load([C.DEFAULT_CONFIG, C.REPO_DIR / "profiles" / name / "cluster.yaml"])
+        assert "HF_TOKEN" not in submit.required_env(prof)
 
 
 def test_preflight_refuses_in_seconds_without_network(tmp_path, monkeypatch):

@@ -105,15 +105,19 @@ def test_a_corrupt_download_is_refused_in_one_line_and_never_sealed(hub, tmp_pat
 @pytest.mark.parametrize("case,expect", [
     ("revision", "Hugging Face Hub answered HTTP 404"),
     ("gated", "Hugging Face Hub answered HTTP 401 (set HF_TOKEN for gated/private repos)"),
+    ("wrong_token", "Hugging Face Hub answered HTTP 401 (HF_TOKEN was refused, or has no access to this repo)"),
     ("no_weights", "no safetensors weights"),
     ("offline", "download from the Hugging Face Hub failed"),
 ])
-def test_hub_problems_are_one_line(hub, tmp_path, case, expect):
+def test_hub_problems_are_one_line(hub, tmp_path, case, expect, monkeypatch):
     revision = SHA
     if case == "revision":
         revision = "f" * 40
     elif case == "gated":
         hub.token = "hf_needed"
+    elif case == "wrong_token":
+        hub.token = "hf_needed"
+        monkeypatch.setenv("HF_TOKEN", "hf_another")
     elif case == "no_weights":
         del hub.repos[REPO_ID].files["model.safetensors"]
     elif case == "offline":
@@ -123,6 +127,25 @@ def test_hub_problems_are_one_line(hub, tmp_path, case, expect):
     with pytest.raises(DataError) as e:
         model_snapshot.snapshot(p, art.name)
     assert expect in str(e.value) and "\n" not in str(e.value) and str(e.value).startswith(f"{REPO_ID}@{revision}")
+
+
+def test_a_disk_too_small_is_one_line_before_any_download(hub, tmp_path, monkeypatch):
+    import shutil
+    from collections import namedtuple
+
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(10 << 30, 9 << 30, 1 << 30))  # 1 GiB free
+    p = C.Plan(C.load(None, student_config(tmp_path / "root")), base_dir=C.REPO_DIR)
+    art = p.model("demo")
+    with pytest.raises(DataError) as e:
+        model_snapshot.snapshot(p, art.name)
+    msg = str(e.value)
+    size = sum(len(b) for rel, b in tiny_hf_model.files().items() if model_snapshot.wanted(rel))
+    # the cache and the local root share this disk here: both copies counted, the figures in the line
+    assert msg == (f"{REPO_ID}@{SHA}: needs {2 * size / 1e9:.1f} GB (+1 GB spare) on the disk of the Hugging Face "
+                   f"cache {tmp_path / 'hf-cache'} and the storage root {art.location}, which has 1.1 GB free: free "
+                   "space, or set HF_HOME to a bigger disk; nothing was downloaded"), msg
+    assert not [path for _, path in hub.requests if "/resolve/" in path]  # only the repo's metadata was asked
 
 
 def test_a_local_checkpoint_dir_is_snapshotted_by_content(tmp_path, monkeypatch):
@@ -142,12 +165,15 @@ def test_a_local_checkpoint_dir_is_snapshotted_by_content(tmp_path, monkeypatch)
 @pytest.mark.integration
 def test_the_rule_snapshots_once_and_training_starts_from_it(tmp_path):
     """Real Snakemake: rule download_model against the fake Hub (over HTTP, in the rule's own process), then
-    the demo trained from the snapshot, offline: the Levanter config reads the snapshot, never the Hub."""
-    h = FakeHub({REPO_ID: Repo(SHA, tiny_hf_model.files())}).start()
+    the demo tokenized and trained from the snapshot, offline: the checkpoint holds the student's tokenizer
+    (the demo's files), the tokenize rule and the Levanter config read it from the snapshot, never the Hub."""
+    tok_files = {f.name: f.read_bytes() for f in (C.REPO_DIR / "demo/tokenizer").iterdir()}
+    h = FakeHub({REPO_ID: Repo(SHA, {**tiny_hf_model.files(), **tok_files})}).start()
     try:
         wd = tmp_path / "wd"
         wd.mkdir()
         cfg = student_config("results")
+        cfg["students"]["tiny-hf"].update(tokenizer=REPO_ID, tokenizer_revision=SHA)  # the checkpoint's own
         cfg["teachers"]["demo"]["training"] = {"max_steps": 2}
         t = plan_cli(wd, "demo", cfg)
         model = next(a for a in t["artifacts"] if a["kind"] == "models")
@@ -160,13 +186,16 @@ def test_the_rule_snapshots_once_and_training_starts_from_it(tmp_path):
         assert asked >= 4
     finally:
         h.stop()
-    # the Hub is gone: training initialises from the snapshot (and the HF export's config comes from it)
+    # the Hub is gone: tokenize reads the tokenizer from the snapshot, training initialises from it (and the HF
+    # export's config comes from it)
     run(wd, "checkpoints/demo/done", config=cfg)
     done = json.loads((wd / "checkpoints/demo/done").read_text())
+    tok = next(a for a in t["artifacts"] if a["kind"] == "tokenized")
+    assert json.loads((wd / tok["manifest"]).read_text())["tokenizer"] == model["location"]
     run_dir = wd / done["checkpoint_dir"]
     lev = json.loads((run_dir / "provenance" / "config.json").read_text())["levanter"]
     snap = str(wd / model["location"])
-    assert lev["initialize_from_hf"] == lev["model"]["reference_checkpoint"] == snap
+    assert lev["initialize_from_hf"] == lev["model"]["reference_checkpoint"] == lev["data"]["tokenizer"] == snap
     levanter_log = (run_dir / "logs" / f"{done['hash']}.log.log").read_text()
     assert f"Initializing model from HF checkpoint '{snap}'" in levanter_log
     assert json.loads((wd / done["hf_export"] / "config.json").read_text())["architectures"] == ["Qwen3ForCausalLM"]

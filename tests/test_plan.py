@@ -117,9 +117,10 @@ def test_plan_cli_prints_locations_without_running(tmp_path):
     [t] = json.loads(out.stdout)
     assert t["checkpoint_dir"].startswith("gs://marin-us-east5/trajsft/checkpoints/minimax-m2.5-")
     assert t["checkpoint_dir"] == C.join("gs://marin-us-east5/trajsft", "checkpoints", names(plan(), "minimax-m2.5")["checkpoints"])
-    assert [a["kind"] for a in t["artifacts"]] == ["raw", "shards", "tokenized", "models", "checkpoints", "exports"]
+    # upstream first: the student's snapshot holds the tokenizer the tokenized data is made with
+    assert [a["kind"] for a in t["artifacts"]] == ["raw", "shards", "models", "tokenized", "checkpoints", "exports"]
     model = plan().model("minimax-m2.5")  # the initial weights: once, in the bucket
-    assert t["init_weights"] == t["artifacts"][3]["location"] == f"gs://marin-us-east5/trajsft/models/{model.name}"
+    assert t["init_weights"] == t["artifacts"][2]["location"] == f"gs://marin-us-east5/trajsft/models/{model.name}"
     assert model.name.startswith("Qwen3-8B-")
     export = t["artifacts"][-1]
     assert export["location"] == C.join("gs://marin-us-east5/trajsft", "exports", plan().target("minimax-m2.5")["export"].name)
@@ -148,7 +149,11 @@ def test_student_revision_is_pinned_hashed_and_passed_on():
     p = plan()
     assert p.cfg["students"]["qwen3-8b"]["hf_revision"] == QWEN3_8B_REV
     tok = next(a for a in p.chain("minimax-m2.5") if a.kind == "tokenized")
-    assert tok.spec["tokenizer"] == f"Qwen/Qwen3-8B@{QWEN3_8B_REV}"  # what the tokenize rule loads
+    # the tokenize rule loads the student's tokenizer from its checkpoint's models/ snapshot (the same repo and
+    # revision): one copy for tokenize and training, no Hub; the rule waits on download_model for it
+    model = p.model("minimax-m2.5")
+    assert tok.spec["tokenizer"] == model.location and (model.kind, model.name) in tok.deps
+    assert p.tokenizer_snapshot(p.specs.students["qwen3-8b"]) is model
     from trajsft.train.levanter_config import RunInputs, initialize_from_hf
 
     run = RunInputs(run_id="r", run_dir="d", tokenizer="t", chat_template="", sources={}, num_train_steps=2)
@@ -160,6 +165,21 @@ def test_student_revision_is_pinned_hashed_and_passed_on():
     a, b = names(p, "minimax-m2.5"), names(other, "minimax-m2.5")
     assert a["shards"] == b["shards"] and a["tokenized"] != b["tokenized"] and a["checkpoints"] != b["checkpoints"]
     assert a["models"] != b["models"]
+
+
+def test_the_tokenized_data_is_named_by_the_tokenizer_not_by_where_it_is_read():
+    # the same tokenizer (repo and revision) read from the Hub (a random-init student) or from the checkpoint's
+    # snapshot (init: hf): the same tokenized artifact, with the snapshot as an input only where it is read
+    p = plan()
+    hub = plan(students={"qwen3-8b": {"init": "random"}})
+    a, b = (next(x for x in q.chain("minimax-m2.5") if x.kind == "tokenized") for q in (p, hub))
+    assert a.name == b.name and a.inputs == b.inputs
+    assert [k for k, _ in a.deps] == ["shards", "models"] and [k for k, _ in b.deps] == ["shards"]
+    assert b.spec["tokenizer"] == f"Qwen/Qwen3-8B@{QWEN3_8B_REV}"
+    # another tokenizer than the checkpoint's own is not in the snapshot: read where it is
+    own = plan(students={"qwen3-8b": {"tokenizer": "demo/tokenizer", "tokenizer_revision": None}})
+    c = next(x for x in own.chain("minimax-m2.5") if x.kind == "tokenized")
+    assert [k for k, _ in c.deps] == ["shards"] and c.spec["tokenizer"].endswith("demo/tokenizer")
 
 
 def test_pinned_tokenizer_resolves_to_a_snapshot_of_that_revision(monkeypatch):

@@ -344,7 +344,9 @@ def test_revisions_and_dimensions_are_passed_on_to_levanter(monkeypatch):
     for k, v in QWEN3_8B_DIMS.items():
         assert lev["model"][k] == v
     tok = next(a for a in p.chain("gpt-5-mini") if a.kind == "tokenized")
-    assert tok.spec["tokenizer"] == f"Qwen/Qwen3-8B@{QWEN3_8B_REV}"  # what the tokenize rule loads
+    # what the tokenize rule loads: the same snapshot (the tokenized data is still named by repo and revision)
+    assert tok.spec["tokenizer"] == model.location and tok.inputs["tokenizer"] == {"hub": "Qwen/Qwen3-8B",
+                                                                                  "revision": QWEN3_8B_REV}
 
     demo = train_step.levanter_config(p, "demo")
     assert "initialize_from_hf" not in demo

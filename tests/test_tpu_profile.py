@@ -81,12 +81,11 @@ def test_preflight_refuses_and_submits_nothing(data, ray_head):
     prof = profile(wd.parent / "preflight-profile", ray_head.address, data[1])
     before = len(jobs(ray_head))
     t0 = time.time()
-    p = snakemake(wd, prof, ray_head, check=False, HF_TOKEN=None)
+    p = snakemake(wd, prof, ray_head, check=False, WANDB_API_KEY=None)  # HF_TOKEN is set, but required nowhere
     assert p.returncode != 0 and time.time() - t0 < 60
     lines = [ln for ln in p.stderr.splitlines() if ln.startswith("trajsft preflight:")]
-    assert lines == ["trajsft preflight: env var HF_TOKEN is not set (needed by the training job): export HF_TOKEN=..."]
-    p = snakemake(wd, prof, ray_head, check=False, WANDB_API_KEY=None)
-    assert p.returncode != 0 and "WANDB_API_KEY is not set" in p.stderr
+    assert lines == ["trajsft preflight: env var WANDB_API_KEY is not set (needed by the training job): "
+                     "export WANDB_API_KEY=..."], p.stderr[-2000:]
     # W&B (online in the profile, here a stand-in on loopback named by ray.env) refuses the key: one line
     wb = wandb_server(0, refused={WK})
     threading.Thread(target=wb.serve_forever, daemon=True).start()
@@ -204,7 +203,9 @@ def test_end_to_end_two_targets_at_once_and_no_secret_leaks(data, ray_head):
     assert c["reachable"] and c["tpu"]["TPU-v5p-8-head"] == {"total": 2.0, "free": 2.0}
     listing = json.dumps(jobs(ray_head))
     assert HF not in listing and WK not in listing and ray_head.token not in listing
-    assert set(job["metadata"]["trajsft_forwarded_env"].split(",")) >= {"HF_TOKEN", "WANDB_API_KEY"}
+    # the W&B key goes to the job; HF_TOKEN (set here) does not: the demo's training reads nothing from the Hub
+    forwarded = set(job["metadata"]["trajsft_forwarded_env"].split(","))
+    assert "WANDB_API_KEY" in forwarded and "HF_TOKEN" not in forwarded, forwarded
 
     # the final HF export lost (as a kill mid-export leaves it): the next job finds the run complete and exports
     # on a node whose declared memory fits it, never on the head (the driver's node)

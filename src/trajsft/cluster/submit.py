@@ -46,10 +46,27 @@ def required_env(cfg: dict) -> list[str]:
     return req
 
 
-def forwarded_env(cfg: dict) -> list[str]:
+HUB_TOKENS = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")  # only a process that reads the Hub needs one
+
+
+def forwarded_env(cfg: dict, hub_refs: list[str] | None = None) -> list[str]:
+    """The set variables of ``forward_env`` + ``required_env`` the job gets; a Hub token only when the job reads
+    the Hub (``hub_refs``: :func:`hub_refs` of its train_lm config; None: not known, forwarded)."""
     ray = cfg.get("ray") or {}
     names = list(dict.fromkeys(list(ray.get("forward_env") or []) + required_env(cfg)))
+    if hub_refs is not None and not hub_refs:
+        names = [n for n in names if n not in HUB_TOKENS]
     return [n for n in names if os.environ.get(n)]
+
+
+def hub_refs(lev: dict) -> list[str]:
+    """What a train_lm config would read from the Hugging Face Hub on the hosts: its tokenizer, initial weights
+    or reference config when they are neither in a bucket nor a local dir (the job's working dir holds the
+    repo's). An ``init: hf`` student reads its ``models/`` snapshot, and its own tokenizer from there."""
+    refs = [(lev.get("data") or {}).get("tokenizer"), (lev.get("model") or {}).get("tokenizer"),
+            lev.get("initialize_from_hf"), (lev.get("model") or {}).get("reference_checkpoint")]
+    return sorted({r for r in refs if isinstance(r, str) and r and not is_remote(r) and not os.path.isabs(r)
+                   and not (REPO_DIR / r).exists()})
 
 
 # defaults of the cluster settings a profile may leave out
@@ -331,7 +348,7 @@ def train_on_ray(plan: Plan, target: str, lev: dict, paths: dict, attempt: int) 
             runtime_env=renv,
             entrypoint_resources=None,  # the driver runs on a CPU node; it schedules the slice itself
             metadata=metadata,
-            env_vars=forwarded_env(cfg),
+            env_vars=forwarded_env(cfg, hub_refs(lev)),
             poll_s=float(ray.get("poll_seconds", 5)),
             success_still_holds=success_still_holds,
         )

@@ -64,7 +64,8 @@ def hub_errors(what: str):
         yield
     except HfHubHTTPError as e:
         status = getattr(e.response, "status_code", "?")
-        hint = " (set HF_TOKEN for gated/private repos)" if status in (401, 403) and not os.environ.get("HF_TOKEN") else ""
+        hint = ((" (HF_TOKEN was refused, or has no access to this repo)" if os.environ.get("HF_TOKEN")
+                 else " (set HF_TOKEN for gated/private repos)") if status in (401, 403) else "")
         raise DataError(f"{what}: Hugging Face Hub answered HTTP {status}{hint}") from None
     except OSError as e:  # offline, DNS, a download cut short (huggingface_hub's consistency check) ...
         raise DataError(f"{what}: download from the Hugging Face Hub failed ({type(e).__name__}: {_one_line(e)})") from None

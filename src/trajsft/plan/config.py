@@ -380,12 +380,24 @@ class Plan:
             **transform.identity("tokenized"),
         }
         h = hashing.short(inputs)
+        # the student's own checkpoint's tokenizer is read from its models/ snapshot (what training reads), not
+        # from the Hub: the same bytes (same repo and revision, so the same identity), one copy, no HF_TOKEN here
+        model = self.tokenizer_snapshot(student)
+        deps = [(shards.kind, shards.name)] + ([(model.kind, model.name)] if model else [])
         return self._add(
-            "tokenized", f"{teacher}-{h}", h, inputs, deps=[(shards.kind, shards.name)],
+            "tokenized", f"{teacher}-{h}", h, inputs, deps=deps,
             spec={"teacher": teacher, "shards": shards.name,
-                  "tokenizer": student.tokenizer.resolved(),
+                  "tokenizer": model.location if model else student.tokenizer.resolved(),
                   "seq_len": seq_len, "long_chats": long_chats},
         )
+
+    def tokenizer_snapshot(self, student: S.StudentSpec) -> Artifact | None:
+        """The ``models/`` snapshot that holds the student's tokenizer: its initial weights' (``init: hf``) when
+        the tokenizer is the checkpoint's own (same repo and revision); None otherwise."""
+        model = self._model(student)
+        same = (model is not None and student.hf_checkpoint is not None
+                and student.tokenizer.identity() == student.hf_checkpoint.identity())
+        return model if same else None
 
     def resolve_ref(self, ref: str, revision: str | None = None) -> str:
         """A local dir as its path; a Hub repo as ``repo@revision`` when pinned (Levanter's RepoRef)."""

@@ -10,7 +10,9 @@ Every file is verified before it is sealed: against the Hub's own metadata of th
 its LFS sha256 or git blob sha1) for a Hub repo, against the source's md5 for a local dir (a local model
 standing in for the Hub). The download goes through the Hugging Face cache (resumable, shared with other
 tools), then each file is streamed to the location with its md5 checked on the way
-(:func:`trajsft.storage.copy_object`); :func:`trajsft.storage.build` seals the payload last.
+(:func:`trajsft.storage.copy_object`); :func:`trajsft.storage.build` seals the payload last. Before anything
+is downloaded, the space it needs is checked (:func:`check_disk`: the files the cache lacks, and their copy
+under a local storage root): a disk too small is one line with the figures, not a full disk midway.
 """
 
 from __future__ import annotations
@@ -61,7 +63,8 @@ def _check_files(source: str, files: list[str], where: str) -> None:
         raise DataError(f"{source}: no safetensors weights (Levanter initialises from *.safetensors) ({where})")
 
 
-def _from_hub(repo: str, revision: str | None, where: str) -> tuple[Path, dict[str, dict], str]:
+def _from_hub(repo: str, revision: str | None, where: str,
+              local_root: str | None = None) -> tuple[Path, dict[str, dict], str]:
     """Download the wanted files of ``repo`` at ``revision`` into the HF cache and check each one against
     the Hub's metadata: (snapshot dir, {file: digests}, resolved commit)."""
     from huggingface_hub import HfApi, snapshot_download
@@ -74,6 +77,7 @@ def _from_hub(repo: str, revision: str | None, where: str) -> tuple[Path, dict[s
         _check_files(f"{repo}@{revision}", list(meta), where)
         log.info("downloading %d files of %s at %s (%.2f GB)", len(meta), repo, sha,
                  sum((s.size or 0) for s in meta.values()) / 1e9)
+        check_disk(f"{repo}@{sha}", _not_cached(repo, sha, meta), local_root)
         snap = Path(snapshot_download(repo_id=repo, revision=sha, token=token, allow_patterns=sorted(meta)))
     files = {}
     for rel, s in sorted(meta.items()):
@@ -86,6 +90,50 @@ def _from_hub(repo: str, revision: str | None, where: str) -> tuple[Path, dict[s
                             f"bytes {expect[1]} ({where}): delete it from the HF cache and rerun")
         files[rel] = d
     return snap, files, sha
+
+
+MARGIN = 1 << 30  # free space left after a download, for everything else on that disk
+
+
+def _not_cached(repo: str, sha: str, meta: dict) -> int:
+    """Bytes of ``meta``'s files the Hugging Face cache does not hold yet at ``sha`` (a rerun resumes)."""
+    from huggingface_hub import try_to_load_from_cache
+
+    return sum((s.size or 0) for rel, s in meta.items()
+               if not isinstance(try_to_load_from_cache(repo, rel, revision=sha), str))
+
+
+def _existing(path: str) -> str:
+    p = Path(path).absolute()
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    return str(p)
+
+
+def check_disk(what: str, download: int, local_root: str | None) -> None:
+    """Refuse in one line, before downloading, a snapshot this machine's disks cannot hold: ``download`` bytes
+    in the Hugging Face cache, plus (a local storage root) the snapshot's copy under the root, on whatever
+    disk each is."""
+    import shutil
+
+    from huggingface_hub import constants
+
+    places = [(constants.HF_HUB_CACHE, download, "the Hugging Face cache")]
+    if local_root:
+        places.append((local_root, download, "the storage root"))
+    need: dict[int, list] = {}
+    for path, size, name in places:
+        where = _existing(path)
+        dev = os.stat(where).st_dev
+        need.setdefault(dev, [where, 0, []])
+        need[dev][1] += size
+        need[dev][2].append(f"{name} {path}")
+    for where, size, names in need.values():
+        free = shutil.disk_usage(where).free
+        if size and size + MARGIN > free:
+            raise DataError(f"{what}: needs {size / 1e9:.1f} GB (+{MARGIN / 1e9:.0f} GB spare) on the disk of "
+                            f"{' and '.join(names)}, which has {free / 1e9:.1f} GB free: free space, or set HF_HOME "
+                            "to a bigger disk; nothing was downloaded")
 
 
 def _from_local(src: Path, where: str) -> tuple[Path, dict[str, dict]]:
@@ -107,7 +155,8 @@ def snapshot(plan: Plan, name: str) -> dict:
         src, files = _from_local(Path(spec["local"]), where)
         source, commit = spec["local"], "local"
     else:
-        src, files, commit = _from_hub(spec["ref"], spec["revision"], where)
+        local_root = None if io.is_remote(art.location) else art.location
+        src, files, commit = _from_hub(spec["ref"], spec["revision"], where, local_root)
         source = f"{spec['ref']}@{commit}"
     log.info("copying %d verified files (%.2f GB) to %s", len(files), sum(f["size"] for f in files.values()) / 1e9,
              art.location)
