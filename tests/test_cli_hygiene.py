@@ -114,17 +114,6 @@ def test_output_into_a_closed_pipe_exits_quietly(args):
     assert p.returncode == 0
 
 
-def test_cluster_cli_help_into_a_closed_pipe_exits_quietly():
-    r, w = os.pipe()
-    os.close(r)
-    try:
-        p = subprocess.run([sys.executable, "-m", "trajsft.cluster.cli", "--help"], stdout=w,
-                           stderr=subprocess.PIPE, text=True, timeout=60)
-    finally:
-        os.close(w)
-    assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr
-
-
 def import_graph() -> dict[str, set[str]]:
     """Module -> the trajsft modules it imports, at module level or inside a function (a lazy import
     hides a cycle, it does not remove it). ``from . import x`` counts x when x is a module."""

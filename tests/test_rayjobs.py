@@ -293,12 +293,25 @@ def test_failed_job_then_next_attempt(ray_head, tmp_path):  # noqa: F811
     assert "about-to-fail" in (tmp_path / "fail.log").read_text()
 
 
+# the train rule's process as far as the Ray job goes: run_job, and 128 + the signal when interrupted
+RUN_CHILD = """
+import logging, sys
+from trajsft.cluster.jobs import JobInterrupted
+from trajsft.cluster.run_job import run_job
+logging.basicConfig(level=logging.INFO)
+address, content_hash, log, entrypoint = sys.argv[1:5]
+try:
+    run_job(address, entrypoint, content_hash, log, entrypoint_resources={"TPU": 1.0}, poll_s=0.3)
+except JobInterrupted as e:
+    sys.exit(128 + e.signum)
+"""
+
+
 def _start_run_child(head, h, log):
     env = {**os.environ, **head.client_env()}
     code = "import time\nfor i in range(10000):\n    print('tick', i, flush=True)\n    time.sleep(0.3)"
     return subprocess.Popen(
-        [sys.executable, "-m", "trajsft.cluster.cli", "run", "--address", head.address, "--hash", h,
-         "--log", str(log), "--resource", "TPU=1", "--poll", "0.3", "--", _py(code)],
+        [sys.executable, "-c", RUN_CHILD, head.address, h, str(log), _py(code)],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
     )
 

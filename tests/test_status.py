@@ -398,7 +398,7 @@ def _layout(root, entries, fs=None):
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_resume_checkpoint_is_the_one_levanter_discovers(tmp_path, layout):
+def test_the_resume_checkpoint_status_shows_is_the_one_levanter_discovers(tmp_path, layout):
     from levanter.checkpoint import discover_latest_checkpoint
 
     from trajsft.train import checkpoints
@@ -407,25 +407,26 @@ def test_resume_checkpoint_is_the_one_levanter_discovers(tmp_path, layout):
     os.makedirs(root)
     _layout(root, LAYOUTS[layout])
     (tmp_path / "checkpoints" / "notes.txt").write_text("a file, not a checkpoint")
-    ours, theirs = status.resume_checkpoint(root), discover_latest_checkpoint(root)
+    ours, theirs = checkpoints.latest_checkpoint(root), discover_latest_checkpoint(root)
     assert (ours and os.path.realpath(ours["path"])) == (theirs and os.path.realpath(theirs))
-    assert ours == checkpoints.latest_checkpoint(root)
     if layout == "temporary newer than permanent":
         assert ours["completed_steps"] == 14 and ours["is_temporary"]
-    assert status.resume_checkpoint(str(tmp_path / "missing")) is None
+    assert checkpoints.latest_checkpoint(str(tmp_path / "missing")) is None
 
 
-def test_resume_checkpoint_in_a_bucket():
+def test_the_resume_checkpoint_in_a_bucket():
     from levanter.checkpoint import discover_latest_checkpoint
+
+    from trajsft.train import checkpoints
 
     fs = fsspec.filesystem("memory")
     root = "memory://trajsft-status-test/run/checkpoints"
     try:
         _layout(root, LAYOUTS["temporary newer than permanent"], fs=fs)
-        ours = status.resume_checkpoint(root)
+        ours = checkpoints.latest_checkpoint(root)
         assert ours["path"] == discover_latest_checkpoint(root)  # fsspec's memory fs roots its paths at "/"
         assert ours["path"].replace(":///", "://") == f"{root}/step-14"
         assert ours["completed_steps"] == 14
-        assert status.resume_checkpoint("memory://trajsft-status-test/none") is None
+        assert checkpoints.latest_checkpoint("memory://trajsft-status-test/none") is None
     finally:
         fs.rm("/trajsft-status-test", recursive=True)

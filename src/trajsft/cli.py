@@ -124,11 +124,11 @@ def cmd_stop(args) -> int:
 def cmd_retry(args) -> int:
     """Drop a target's configuration-error record, so the next ``snakemake`` submits its job again."""
     from .cluster import setup_failure
-    from .cluster.submit import _abs
+    from .storage import absolute
 
     plan = _load(args)
     for t in _targets(plan, args.targets):
-        rec = setup_failure.clear(_abs(plan.target(t)["run"].location))
+        rec = setup_failure.clear(absolute(plan.target(t)["run"].location))
         print(f"{t}: " + (f"cleared the configuration error of Ray job {rec['ray_job_id']} ({rec['cause']}); "
                           f"the next snakemake run submits it again" if rec else "no configuration error recorded"))
     return 0
@@ -153,13 +153,6 @@ def cmd_preflight(args) -> int:
     elif not problems:
         print(f"preflight OK for {plan.cfg['ray'].get('cluster')} ({plan.cfg['ray']['address']})")
     return 1 if problems else 0
-
-
-def _exists(path: str) -> bool:
-    try:
-        return io.exists(path)
-    except Exception:  # unreachable bucket: say so rather than guess
-        return False
 
 
 def _done_hash(path: str) -> str | None:

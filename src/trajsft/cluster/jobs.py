@@ -21,8 +21,8 @@ The errors (``RayJobsError`` and its subclasses) and ``JobResult``.
 
 Elsewhere: following a job's log into a file, :func:`trajsft.cluster.follow.follow`; running a job to
 the end (attempt ids, submit-or-attach, follow, stop on SIGINT/SIGTERM), :func:`trajsft.cluster.run_job.run_job`;
-preflight and the cluster summary, :mod:`trajsft.cluster.preflight`; the secrets, :mod:`trajsft.cluster.secrets`;
-the small CLI around them, ``python -m trajsft.cluster.cli run|stop|summary|preflight``.
+preflight and the cluster summary, :mod:`trajsft.cluster.preflight`; the secrets, :mod:`trajsft.cluster.secrets`.
+Users reach them through ``trajsft stop|clusters|preflight`` and the train rule.
 
 Every function takes an optional keyword ``auth_token``; see below.
 

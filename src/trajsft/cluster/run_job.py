@@ -166,7 +166,7 @@ def run_job(
             except RayJobsError as e:
                 log.error(
                     "could not stop Ray job %s (%s); it may still be running: "
-                    "python -m trajsft.cluster.cli stop --address %s %s", current, e, conn.address, current,
+                    "ray job stop --address %s %s", current, e, conn.address, current,
                 )
             else:
                 # Best effort: write the tail of the log (stop messages etc.).

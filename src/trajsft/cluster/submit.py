@@ -19,7 +19,7 @@ import logging
 import os
 import shlex
 
-from .. import io
+from .. import io, storage
 from ..errors import ConfigError, DataError, JobEnvironmentError, PreflightError
 from ..io import is_remote, join
 from ..plan.config import REPO_DIR, Plan
@@ -193,7 +193,7 @@ def job_paths(run_dir: str, lev: dict) -> dict[str, str]:
 def refuse_foreign_paths(cfg: dict, paths: dict[str, str]) -> None:
     """One line (DataError) if a path is not under the current storage root, or is local while the
     cluster is not on this machine: a job is never handed a path its hosts cannot read."""
-    root = _abs(cfg["storage_root"]).rstrip("/")
+    root = storage.absolute(cfg["storage_root"]).rstrip("/")
     address = ray_settings(cfg)["address"]
     for field, p in paths.items():
         if p != root and not p.startswith(root + "/"):
@@ -239,13 +239,9 @@ def fit_or_raise(plan: Plan, target: str, lev: dict) -> dict | None:
     summary = fit_check(plan, target, lev, int(lev["trainer"]["num_train_steps"]))
     if "skipped" in summary:
         return None
-    run_dir = _abs(plan.target(target)["run"].location)
+    run_dir = storage.absolute(plan.target(target)["run"].location)
     io.write_bytes(join(run_dir, "provenance", "fit.json"), json.dumps(summary, indent=2, sort_keys=True).encode())
     return summary
-
-
-def _abs(loc: str) -> str:
-    return loc if is_remote(loc) else os.path.abspath(loc)
 
 
 def runtime_env(cfg: dict) -> dict:
@@ -321,7 +317,7 @@ def train_on_ray(plan: Plan, target: str, lev: dict, paths: dict, attempt: int) 
     ray = ray_settings(cfg)
     check_or_raise(cfg)
     run = paths["run"]
-    run_dir = _abs(run.location)
+    run_dir = storage.absolute(run.location)
     refuse_foreign_paths(cfg, job_paths(run_dir, lev))  # instant: before the fit check's compile
     renv = runtime_env(cfg)
     prior = setup_failure.read(run_dir)

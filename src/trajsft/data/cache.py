@@ -6,8 +6,6 @@
     ``train_lm`` later loads the identical cache. Returns token statistics read back from the cache.
 ``chat_cache_stats(cache_dir, seq_len=None) -> dict``
     The same statistics for an existing cache (no rebuild).
-``count_packed_sequences(split_dir, seq_len) -> int``
-    Number of ``seq_len`` training sequences Levanter's packer makes out of one cache split.
 """
 
 from __future__ import annotations
@@ -20,14 +18,13 @@ import uuid
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
 from ..io import is_remote, read_json, write_json
+from .packing import MAX_SEGMENTS
 
 
 # Levanter's chat format: pack several chats per sequence, loss only on assistant tokens
 # (the template's {% generation %} ... {% endgeneration %} spans).
 CHAT_FORMAT: dict = {"type": "chat", "pack": True, "mask_user_turns": True}
 
-# levanter.data.text.dataset_for_format packs at most this many chats into one sequence
-_MAX_SEGMENTS_PER_EXAMPLE = 64
 _SPLITS = ("train", "validation")
 _STATS_FILE = "trajsft_cache_stats.json"
 
@@ -355,15 +352,10 @@ def packed_ranges(split_dir: str, seq_len: int) -> list[tuple[int, int]]:
     packed = GreedyPrepackedDataset(
         cache.store.tree,
         int(seq_len),
-        max_segments_per_example=_MAX_SEGMENTS_PER_EXAMPLE,
+        max_segments_per_example=MAX_SEGMENTS,
         slice_strategy="left",
     )
     return [(r.start, r.stop) for r in packed._pack_indices]
-
-
-def count_packed_sequences(split_dir: str, seq_len: int) -> int:
-    """How many ``seq_len`` sequences ``train_lm`` makes from a chat cache split (:func:`packed_ranges`)."""
-    return len(packed_ranges(split_dir, seq_len))
 
 
 def _split_stats(split_dir: str, seq_len: Optional[int], chunk_tokens: int = 1 << 24) -> dict:
@@ -468,7 +460,7 @@ def chat_cache_stats(cache_dir: str, seq_len: Optional[int] = None) -> dict:
     generation spans = the loss tokens before truncation; Levanter shifts the mask by one so
     each is predicted from the previous position), ``assistant_fraction``, per-chat ``lengths`` and
     ``assistant_lengths``, ``max_length``, ``mean_length``; with ``seq_len`` also
-    ``packed_sequences`` (see ``count_packed_sequences``), ``chats_truncated``, ``tokens_truncated``,
+    ``packed_sequences`` (see :func:`packed_ranges`), ``chats_truncated``, ``tokens_truncated``,
     ``assistant_tokens_in_window`` (loss tokens that survive truncation) and ``empty_windows``
     (indices of chats with none; see ``window_plan``).
     Result: ``{"cache_dir", "train": {...}, "validation": {...} | None}``.

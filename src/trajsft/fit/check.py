@@ -48,10 +48,6 @@ _HBM_RE = re.compile(r"Used ([\d.]+)([KMGT])? of ([\d.]+)([KMGT])? hbm", re.I)
 _UNITS = {None: 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 
 
-class FitError(DataError):
-    """The step does not fit or does not compile: one line naming the knob."""
-
-
 class LibtpuMissing(DataError):
     """libtpu is not installed: the check cannot compile."""
 

@@ -4,7 +4,6 @@ markers, manifests, attempts.json, Levanter's log, the Ray job list, checkpoints
 
 from __future__ import annotations
 
-import datetime
 import json
 import os
 from dataclasses import replace
@@ -69,29 +68,6 @@ def _latest_hf_export(run_dir: str) -> str | None:
         if checkpoints.hf_export_complete(p):
             return p
     return None
-
-
-def resume_checkpoint(checkpoint_dir: str) -> dict | None:
-    """The checkpoint Levanter resumes from, chosen by the rule of
-    ``levanter.checkpoint.discover_latest_checkpoint`` (the dir itself or a subdir with
-    ``metadata.json``; the newest by (timestamp, step); the first listed of equals), in the shape of
-    ``train.checkpoints.latest_checkpoint``. That module imports jax (~10 s of CPU), which status cannot
-    afford for a 10-line rule; tests/test_status.py checks both choose the same checkpoint."""
-    fs, root = io.fs_and_path(checkpoint_dir)
-    if not fs.exists(root):
-        return None
-    proto = checkpoint_dir.split("://", 1)[0] + "://" if io.is_remote(checkpoint_dir) else ""
-    found = []
-    for d in [*(d for d in fs.glob(os.path.join(root, "*")) if fs.isdir(d)), root]:
-        if fs.exists(os.path.join(d, "metadata.json")):
-            meta = json.loads(fs.cat_file(os.path.join(d, "metadata.json")))
-            found.append(((datetime.datetime.fromisoformat(meta["timestamp"]), meta["step"]), d, meta))
-    if not found:
-        return None
-    _, d, meta = max(found, key=lambda f: f[0])
-    return {"path": proto + d if proto and "://" not in d else d, "step": int(meta["step"]),
-            "completed_steps": int(meta["step"]) + 1, "is_temporary": bool(meta.get("is_temporary", False)),
-            "timestamp": meta["timestamp"]}
 
 
 def _jobs(address: str, content_hash: str) -> tuple[tuple[Job, ...], str | None]:
@@ -168,7 +144,9 @@ def gather(plan: C.Plan, target: str, query_ray: bool = True) -> Facts:
         facts = replace(facts, wandb_url=run_wandb_url(plan.cfg, run.hash, run_dir))
     facts = replace(facts, **_training_facts(plan, target, p, query_ray, facts.attempts, readable))
     if readable and needs_resume_point(facts):
-        ck = resume_checkpoint(io.join(run_dir, "checkpoints"))
+        from ..train.checkpoints import latest_checkpoint  # the one Levanter resumes from (no jax import)
+
+        ck = latest_checkpoint(io.join(run_dir, "checkpoints"))
         facts = replace(facts, resume_step=ck["completed_steps"] if ck else None)
     return facts
 

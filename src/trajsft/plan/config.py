@@ -31,7 +31,7 @@ TEMPLATE_PATH = PACKAGE_DIR / "data" / "templates" / "qwen3_chat_template.jinja"
 # Bump when the code that writes an artifact changes its bytes for the same inputs.
 FORMAT_VERSIONS = {"raw": 2, "shards": 3, "tokenized": 3, "models": 1, "checkpoints": 1, "exports": 2}
 STATE_DIR = "results"  # local manifests that Snakemake tracks (small files only)
-KINDS = ("raw", "shards", "tokenized", "models", "checkpoints", "exports")
+KINDS = S.KINDS  # the artifact kinds, declared with the specs that hash into them
 
 
 REVISION_RE = re.compile(r"^(?:[0-9a-f]{7,40}|local)$")
