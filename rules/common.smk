@@ -9,9 +9,6 @@ from trajsft.plan.step import resolve as resolve_step
 
 min_version("9.0")
 
-# Levanter's cache builder (rule tokenize) starts a local Ray with at least this many logical CPUs
-RAY_LOGICAL_CPUS = 8
-
 # the train rule runs Levanter on this machine's CPUs, or, with a Ray profile, only a light submitter that
 # follows the job (so that every target of a `--cores 4` profile can be submitted at once)
 TRAIN_LOCAL = config["executor"] != "ray"

@@ -55,9 +55,6 @@ rule tokenize:
     threads: 2  # the tokenizer workers share the job's cores
     resources:
         mem_mb=8000,
-        # Levanter's local Ray advertises >= 8 logical CPUs (a scheduling resource, not cores; see
-        # data.cache._MIN_RAY_CPUS): told to cluster executors, never a rerun trigger
-        ray_logical_cpus=RAY_LOGICAL_CPUS,
     params:
         location=payload_location("tokenized"),
         step=job_step("tokenize"),

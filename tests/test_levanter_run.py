@@ -1,7 +1,7 @@
 """Tests for trajsft.train.run.
 
 Fast unit tests cover config building, checkpoint discovery and metric parsing. Tests marked
-``integration`` build a real Levanter chat cache (in-process, and once with Levanter's Ray builder) from a throwaway byte-level BPE tokenizer and
+``integration`` build a real Levanter chat cache (in-process) from a throwaway byte-level BPE tokenizer and
 synthetic tool-calling chats, train a tiny Qwen3 on CPU, SIGKILL + resume a run, and check the HF
 exports load with ``transformers.AutoConfig`` and ``safetensors``. They never touch the HF Hub.
 """
@@ -307,30 +307,6 @@ def test_build_chat_cache_stats(assets, chat_cache):
         assets["train"], assets["validation"], st["cache_dir"], assets["tokenizer"], CHAT_TEMPLATE, seq_len=SEQ_LEN
     )
     assert time.time() - t0 < 30 and again["train"]["tokens"] == tr["tokens"]
-
-
-@pytest.mark.integration
-def test_ray_engine_builds_the_same_cache(assets, chat_cache, tmp_path):
-    """Levanter's Ray cache builder and our in-process writer produce the same rows and ledger metadata."""
-    import numpy as np
-    from levanter.store.cache import CacheLedger
-
-    ray_stats = data_cache.build_chat_cache(assets["train"], assets["validation"], str(tmp_path / "ray"), assets["tokenizer"],
-                                    CHAT_TEMPLATE, seq_len=SEQ_LEN, engine="ray")
-    assert ray_stats["engine"] == "ray" and chat_cache["engine"] == "inprocess"
-    for split in ("train", "validation"):
-        a, b = chat_cache[split], ray_stats[split]
-        for key in ("chats", "tokens", "lengths", "assistant_lengths", "packed_sequences", "packed_ranges"):
-            assert a[key] == b[key], (split, key)
-        ours = data_cache._open_chat_split(os.path.join(chat_cache["cache_dir"], split))
-        theirs = data_cache._open_chat_split(os.path.join(ray_stats["cache_dir"], split))
-        for x, y in zip(ours.store.get_batch_sync(range(a["chats"])), theirs.store.get_batch_sync(range(a["chats"]))):
-            assert np.array_equal(x["input_ids"], y["input_ids"])
-            assert np.array_equal(x["assistant_masks"], y["assistant_masks"])
-        meta = lambda d: CacheLedger.load(os.path.join(d, split)).metadata  # noqa: E731
-        assert meta(chat_cache["cache_dir"]) == meta(ray_stats["cache_dir"])
-    with pytest.raises(ValueError, match="engine must be one of"):
-        data_cache.build_chat_cache(assets["train"], [], str(tmp_path / "x"), assets["tokenizer"], CHAT_TEMPLATE, engine="spark")
 
 
 def _assert_hf_export_loads(path: str, vocab: int):

@@ -76,7 +76,7 @@ def test_rule_jobs_die_with_a_kill9ed_snakemake_and_the_rerun_finishes(tmp_path)
     tok_log = (wd / "logs/tokenize" / f"{tok['name']}.log").read_text()
     assert "is gone: stopping this job with it" in tok_log and "nothing was marked complete" in tok_log
 
-    # 2. the same command (after Snakemake's own --unlock): tokenize reruns (one local Ray);
+    # 2. the same command (after Snakemake's own --unlock): tokenize reruns;
     #    then the trainer is SIGKILLed as the OOM killer would: one line, no traceback
     run(wd, "--unlock", config=OVER_BIG)
     p = start(wd, "checkpoints/demo/done", config=OVER_BIG, log=wd / "run2.log")

@@ -48,7 +48,6 @@ def test_every_training_field_is_hashed(field):
     {"storage_root": "gs://marin-us-east5/trajsft"},
     {"executor": "ray"},
     {"log_level": "DEBUG"},
-    {"tokenize_engine": "ray"},  # Levanter's Ray builder writes the same cache (test_levanter_run.py)
     {"checkpointing": {"save_interval_minutes": 3}},
     {"checkpointing": {"keep_every_steps": "quarter_epoch", "hf_export_every_steps": 50, "hf_save_dtype": "float32"}},
     {"wandb": {"watch_interval": 10}},

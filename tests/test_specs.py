@@ -303,7 +303,7 @@ def test_local_ref_content_is_hashed(local_demo):
 @pytest.mark.parametrize("key", sorted(S.COSMETIC_SETTINGS))
 def test_cosmetic_settings_change_no_hash(key):
     values = {
-        "storage_root": "gs://bucket/trajsft", "copy_from": ["gs://other/trajsft"], "executor": "ray", "log_level": "DEBUG", "tokenize_engine": "ray",
+        "storage_root": "gs://bucket/trajsft", "copy_from": ["gs://other/trajsft"], "executor": "ray", "log_level": "DEBUG",
         "wandb": {"mode": "online", "project": "p", "entity": "e", "watch_interval": 5},
         "checkpointing": {"save_interval_minutes": 3, "keep_every_steps": "quarter_epoch", "hf_export_every_steps": 7,
                           "hf_save_dtype": "float32"},

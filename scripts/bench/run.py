@@ -37,7 +37,7 @@ def run_benchmark(chats: int = DEFAULT_CHATS, seq_len: int = DEFAULT_SEQ_LEN, se
                   tokenizer_path: str = DEFAULT_TOKENIZER, with_cache: bool = False,
                   profile: LengthProfile = LengthProfile(), log: Callable[[str], None] = lambda s: None,
                   scale_chats: int = DEFAULT_SCALE_CHATS, profile_chats: int = DEFAULT_PROFILE_CHATS,
-                  rule: bool = True, with_ray: bool = False) -> dict:
+                  rule: bool = True) -> dict:
     """Run the whole benchmark and return all figures as a plain dict."""
     from trajsft.data.template import load_template
 
@@ -109,7 +109,7 @@ def run_benchmark(chats: int = DEFAULT_CHATS, seq_len: int = DEFAULT_SEQ_LEN, se
         log(f"generating {scale_chats} more chats for the 1x/4x/16x tokenize runs ...")
         scale_records = make_chats(scale_chats, seed + 1000, tokenizer, profile)
         scaling = bench_tokenize_scaling(scale_records, tokenizer, tokenizer_path, template, seq_len, repeats, log)
-    rule_demo = bench_rule_demo(with_ray, log) if rule else None
+    rule_demo = bench_rule_demo(log) if rule else None
     shard_memory = None
     if rule:
         log("shard step peak memory on 1x/20x/80x the demo rows ...")
@@ -270,16 +270,12 @@ def _format_new_sections(r: dict) -> list[str]:
     rd = r.get("rule_demo")
     if rd:
         rows += ["", "demo (60 rows, demo tokenizer): the tokenize rule vs the same build in one Python process",
-                 f"  rule (Snakemake, inprocess engine)   {rd['rule']['seconds']:>7.2f}s   peak RSS {gb(rd['rule']['peak_rss_bytes'])}"
+                 f"  rule (Snakemake)                     {rd['rule']['seconds']:>7.2f}s   peak RSS {gb(rd['rule']['peak_rss_bytes'])}"
                  f" over {rd['rule']['processes']} processes",
                  f"  build_chat_cache, fresh process      {rd['inprocess']['seconds']:>7.2f}s   peak RSS "
                  f"{gb(rd['inprocess']['peak_rss_bytes'])} (of which tokenize + write + stats, warm: "
                  f"{rd['inprocess_warm']['seconds']:.2f}s)",
                  f"  ratio rule / in-process              {rd['ratio_rule_over_inprocess']:>7.2f}"]
-        if "rule_ray" in rd:
-            rows.append(f"  rule with tokenize_engine: ray       {rd['rule_ray']['seconds']:>7.2f}s   peak RSS "
-                        f"{gb(rd['rule_ray']['peak_rss_bytes'])} over {rd['rule_ray']['processes']} processes; "
-                        f"ray / inprocess rule {rd['ratio_ray_rule_over_rule']:.2f}")
     sm = r.get("shard_memory")
     if sm:
         rows += ["", "shard step (streamed), peak RSS of a fresh process: " + ", ".join(

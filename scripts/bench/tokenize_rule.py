@@ -39,7 +39,7 @@ def _write_shards(records: Sequence[dict], root: str) -> list[str]:
     return urls
 
 
-def time_inprocess_build(urls: Sequence[str], tokenizer_path: str, seq_len: int, engine: str = "inprocess",
+def time_inprocess_build(urls: Sequence[str], tokenizer_path: str, seq_len: int,
                          workers: Optional[int] = None, repeats: int = 1) -> dict:
     """``trajsft.data.cache.build_chat_cache`` (what the tokenize rule runs) in this process, the
     best of ``repeats`` builds; ``workers`` as in ``build_chat_cache`` (None: what the rule uses)."""
@@ -53,14 +53,14 @@ def time_inprocess_build(urls: Sequence[str], tokenizer_path: str, seq_len: int,
         try:
             t0 = time.perf_counter()
             st = data_cache.build_chat_cache(list(urls), [], os.path.join(out_dir, "cache"), os.path.abspath(tokenizer_path),
-                                     load_template(), seq_len=seq_len, engine=engine, workers=workers)
+                                     load_template(), seq_len=seq_len, workers=workers)
             dt = time.perf_counter() - t0
         finally:
             shutil.rmtree(out_dir, ignore_errors=True)
         best = dt if best is None else min(best, dt)
     used = chat_cache.pool_workers(chat_cache.shard_bytes(urls)) if workers is None else workers
     return {"seconds": best, "tokens": st["train"]["tokens"], "chats": st["train"]["chats"],
-            "tokens_per_s": st["train"]["tokens"] / best, "engine": engine, "workers": used,
+            "tokens_per_s": st["train"]["tokens"] / best, "workers": used,
             "shard_bytes": chat_cache.shard_bytes(urls)}
 
 
@@ -159,9 +159,9 @@ data_cache.build_chat_cache(a["train"], a["validation"], a["cache"], a["tokenize
 """
 
 
-def bench_rule_demo(with_ray: bool, log: Callable[[str], None]) -> dict:
+def bench_rule_demo(log: Callable[[str], None]) -> dict:
     """The real ``tokenize`` rule (Snakemake, demo data and tokenizer) against the same cache build
-    in this process; with ``with_ray`` also the rule with ``tokenize_engine: ray``."""
+    in this process."""
     import yaml
 
     from trajsft.plan import config as C
@@ -184,13 +184,8 @@ def bench_rule_demo(with_ray: bool, log: Callable[[str], None]) -> dict:
         log("demo: download + shard (not timed) ...")
         _run_measured(smk(arts["shards"].manifest), wd, env)
         out = {}
-        log("demo: the tokenize rule (Snakemake, in-process engine) ...")
+        log("demo: the tokenize rule (Snakemake) ...")
         out["rule"] = _run_measured(smk(arts["tokenized"].manifest), wd, env)
-        if with_ray:
-            log("demo: the tokenize rule with tokenize_engine: ray ...")
-            shutil.rmtree(Path(wd, arts["tokenized"].location))  # a finished cache would be reused
-            out["rule_ray"] = _run_measured(smk(arts["tokenized"].manifest, "--forcerun", "tokenize",
-                                                config={"tokenize_engine": "ray"}), wd, env)
         shards = json.loads(Path(wd, arts["shards"].manifest).read_text())
         loc = Path(wd, arts["shards"].location)
         urls = [str(loc / f) for f in shards["files"]["train"]]
@@ -205,8 +200,6 @@ def bench_rule_demo(with_ray: bool, log: Callable[[str], None]) -> dict:
         out["inprocess_warm"] = time_inprocess_build(urls + val, str(REPO_ROOT / "demo" / "tokenizer"),
                                                      int(arts["tokenized"].spec["seq_len"]))
         out["ratio_rule_over_inprocess"] = out["rule"]["seconds"] / out["inprocess"]["seconds"]
-        if with_ray:
-            out["ratio_ray_rule_over_rule"] = out["rule_ray"]["seconds"] / out["rule"]["seconds"]
         return out
     finally:
         shutil.rmtree(wd, ignore_errors=True)

@@ -1,8 +1,8 @@
-"""Levanter chat caches: build (in-process or on a local Ray), reorder, and their token statistics.
+"""Levanter chat caches: build (in this process), reorder, and their token statistics.
 
 ``build_chat_cache(train_urls, validation_urls, cache_dir, tokenizer, chat_template, ...) -> dict``
-    Tokenize ``.jsonl(.gz)`` chat shards into Levanter's chat cache with Levanter's own cache
-    builder (``levanter.data.text.build_lm_dataset_cache`` + ``ChatLmDatasetFormat``), so
+    Tokenize ``.jsonl(.gz)`` chat shards into Levanter's chat cache with Levanter's own processor
+    and writer (``ChatLmDatasetFormat``'s ``ChatProcessor``, ``SerialCacheWriter``), so
     ``train_lm`` later loads the identical cache. Returns token statistics read back from the cache.
 ``chat_cache_stats(cache_dir, seq_len=None) -> dict``
     The same statistics for an existing cache (no rebuild).
@@ -87,49 +87,6 @@ def _cache_complete(cache_dir: str, splits: Iterable[str]) -> bool:
     return all(_split_finished(os.path.join(cache_dir, s)) for s in splits)
 
 
-# Levanter's cache builder concatenates shard groups with a Ray task declared
-# ``num_cpus=4, memory=6GiB`` (levanter.store.cache._copy_cache_data) while its long-lived actors
-# keep holding CPU (0.1 per _TreeStoreCacheBuilder, 0.5 per _MetadataCopier). If fewer than 4 CPUs
-# are *free* the copy is never scheduled and the build hangs forever (as soon as a split has more
-# than one shard). So the local Ray advertises at least 8 logical CPUs.
-_MIN_RAY_CPUS = 8
-
-# how a chat cache is built: "inprocess" (default: ChatProcessor + SerialCacheWriter in this process,
-# trajsft.data.chat_cache) or "ray" (Levanter's own Ray cache builder). Same cache either way.
-CACHE_ENGINES = ("inprocess", "ray")
-
-
-@contextlib.contextmanager
-def _ray_session(num_cpus: Optional[int], ray_tmpdir: Optional[str]):
-    """Use a running Ray if there is one, otherwise start (and later stop) a local one."""
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    import ray
-
-    if ray.is_initialized():
-        cpus = ray.cluster_resources().get("CPU", 0)
-        if cpus < 5:
-            raise RuntimeError(
-                f"the running Ray cluster advertises {cpus} CPUs; Levanter's cache builder needs 4 free "
-                f"CPUs next to its actors (it would hang). Start Ray with num_cpus>={_MIN_RAY_CPUS}."
-            )
-        yield
-        return
-    tmp = ray_tmpdir or _default_ray_tmpdir()
-    os.makedirs(tmp, exist_ok=True)
-    ray.init(
-        address="local",
-        namespace="levanter",
-        # logical CPUs are only a scheduling resource; oversubscribing a 2-core box is fine
-        num_cpus=max(int(num_cpus or os.cpu_count() or 1), _MIN_RAY_CPUS),
-        include_dashboard=False,
-        _temp_dir=tmp,
-    )
-    try:
-        yield
-    finally:
-        ray.shutdown()
-
-
 def _cleanup_stale_builds(parent: str, base: str) -> None:
     """Remove ``.<base>.building-<run id>-*`` dirs left by killed builds: the run id (pid and start time,
     :func:`trajsft.observe.signals.run_id`) names no live process. A killed builder that is still a zombie
@@ -160,9 +117,6 @@ def build_chat_cache(
     *,
     messages_field: str = "messages",
     seq_len: Optional[int] = None,
-    num_cpus: Optional[int] = None,
-    ray_tmpdir: Optional[str] = None,
-    engine: str = "inprocess",
     workers: Optional[int] = None,
 ) -> dict:
     """Build Levanter chat caches ``<cache_dir>/train`` (and ``/validation``) from chat shards.
@@ -175,12 +129,11 @@ def build_chat_cache(
     ``train_lm`` would build, so training loads this cache as is. Every chat must contain at least
     one assistant turn (Levanter raises otherwise) and the template needs ``{% generation %}`` tags.
 
-    ``engine="inprocess"`` (default) streams the shards through that processor into Levanter's
-    ``SerialCacheWriter`` in this process (``trajsft.data.chat_cache``); ``engine="ray"`` runs
-    Levanter's own Ray cache builder (``build_lm_dataset_cache``). Both write the same rows in
-    shard order with the same ledger metadata. In-process, ``workers`` forked processes run the
-    processor (default: one per core once the shards reach ``chat_cache.POOL_MIN_BYTES``, else none;
-    ``0``: none); the rows are the same.
+    The shards stream through that processor into Levanter's ``SerialCacheWriter`` in this process
+    (``trajsft.data.chat_cache``): the rows and ledger metadata Levanter's own Ray cache builder
+    (``build_lm_dataset_cache``) writes, 3.4x faster than it on the demo (docs/performance.md).
+    ``workers`` forked processes run the processor (default: one per core once the shards reach
+    ``chat_cache.POOL_MIN_BYTES``, else none; ``0``: none); the rows are the same.
 
     Kill safety: for local paths the cache is built in a hidden sibling directory
     ``.<name>.building-<pid>-<rand>`` and renamed to ``cache_dir`` only when every split is finished
@@ -189,15 +142,9 @@ def build_chat_cache(
     recomputed. For ``gs://`` (or other remote) paths there is no atomic rename: the cache is built
     in place, and safety relies on Levanter's own ledger: ``shard_ledger.json`` gets
     ``is_finished: true`` only at the end, training refuses (``run_training``) / Levanter never
-    loads an unfinished cache; a rerun starts an unfinished split over (in-process: the writer opens
-    its arrays with ``delete_existing``) or resumes it from the finished shard groups (Ray).
+    loads an unfinished cache; a rerun starts an unfinished split over (the writer opens its arrays
+    with ``delete_existing``).
     tensorstore writes ``gs://`` through its ``gcs`` kvstore driver (JAX's ``get_tensorstore_spec``).
-
-    Ray (``engine="ray"`` only): a local Ray is started if none is running (``RAY_AUTH_MODE=disabled``, temp dir
-    ``ray_tmpdir`` / ``$RAY_TMPDIR`` / ``/tmp/ray-<uid>``, at least 8 logical CPUs because
-    Levanter's shard-merge task asks for 4 free CPUs next to its actors and would otherwise never
-    be scheduled) and shut down
-    afterwards. A Ray started by the caller is reused.
 
     Returns ``chat_cache_stats(cache_dir, seq_len)`` (also written to
     ``<cache_dir>/trajsft_cache_stats.json``).
@@ -217,11 +164,8 @@ def build_chat_cache(
         stats["cache_dir"] = final_dir
         stats["tokenizer"] = tokenizer
         stats["source_urls"] = {k: list(v) for k, v in splits.items()}
-        stats["engine"] = engine
         return stats
 
-    if engine not in CACHE_ENGINES:
-        raise ValueError(f"engine must be one of {', '.join(CACHE_ENGINES)}, not {engine!r}")
     if _cache_complete(final_dir, splits):
         stats = finish_stats(chat_cache_stats(final_dir, seq_len=seq_len))
         write_json(os.path.join(final_dir, _STATS_FILE), stats, indent=1, sort_keys=False, end="")
@@ -235,42 +179,21 @@ def build_chat_cache(
         fmt = ChatLmDatasetFormat(
             messages_field=messages_field, chat_template=chat_template, pack=True, mask_user_turns=True
         )
-        if engine == "inprocess":
-            from . import chat_cache
+        from . import chat_cache
 
-            # the processor Levanter's builder would use (same ledger metadata)
-            processor = preprocessor_for_format(fmt, tok, enforce_bos=True, enforce_eos=True)
-            if workers is None:
-                workers = chat_cache.pool_workers(sum(chat_cache.shard_bytes(u) for u in splits.values()))
-            # the pool (large inputs only) is forked before any cache writer exists
-            with chat_cache.tokenize_pool(processor, workers) as pool:
-                for split, urls in splits.items():
-                    chat_cache.write_split(os.path.join(build_dir, split), urls, processor, pool=pool)
-        else:
-            _build_on_ray(build_dir, splits, fmt, tok, num_cpus, ray_tmpdir)
+        # the processor Levanter's builder would use (same ledger metadata)
+        processor = preprocessor_for_format(fmt, tok, enforce_bos=True, enforce_eos=True)
+        if workers is None:
+            workers = chat_cache.pool_workers(sum(chat_cache.shard_bytes(u) for u in splits.values()))
+        # the pool (large inputs only) is forked before any cache writer exists
+        with chat_cache.tokenize_pool(processor, workers) as pool:
+            for split, urls in splits.items():
+                chat_cache.write_split(os.path.join(build_dir, split), urls, processor, pool=pool)
         if not _cache_complete(build_dir, splits):
             raise RuntimeError(f"cache build in {build_dir} did not finish")
         stats = finish_stats(chat_cache_stats(build_dir, seq_len=seq_len))
         write_json(os.path.join(build_dir, _STATS_FILE), stats, indent=1, sort_keys=False, end="")
     return stats
-
-
-def _build_on_ray(build_dir: str, splits: Mapping[str, Sequence[str]], fmt, tok, num_cpus, ray_tmpdir) -> None:
-    from levanter.data.sharded_datasource import UrlDataSource
-    from levanter.data.text import build_lm_dataset_cache
-    from levanter.store.cache import CacheOptions
-
-    with _ray_session(num_cpus, ray_tmpdir):
-        caches = {}
-        for split, urls in splits.items():
-            caches[split] = build_lm_dataset_cache(
-                os.path.join(build_dir, split), UrlDataSource(list(urls)), fmt, tok, CacheOptions.default(), True,
-                monitors=False,
-            )
-        for split, cache in caches.items():
-            if cache is None:
-                raise RuntimeError(f"Levanter built no cache for split {split!r}")
-            cache.await_finished(None, await_cleanup=True)
 
 
 @contextlib.contextmanager

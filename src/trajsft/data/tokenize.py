@@ -50,8 +50,8 @@ def _traj_ids(urls: list[str]) -> list:
 def tokenize(plan: Plan, name: str) -> dict:
     """Levanter chat cache of a shard set, in packing order, keeping only chats that train on ``seq_len`` windows.
 
-    1. ``cache/``: every chat of the shards, in shard order (``trajsft.data.cache.build_chat_cache``: in this
-       process by default, ``tokenize_engine: ray`` for Levanter's Ray builder).
+    1. ``cache/``: every chat of the shards, in shard order (``trajsft.data.cache.build_chat_cache``, in this
+       process).
     2. Chats with no assistant token in their first ``seq_len`` tokens, and with ``long_chats:
        drop`` chats longer than ``seq_len``, are dropped (``window`` counts every choice, ``dropped``
        lists every dropped chat).
@@ -70,10 +70,9 @@ def tokenize(plan: Plan, name: str) -> dict:
     urls = {s: [join(shards_art.location, f) for f in files] for s, files in shards["files"].items()}
     loc = art.location if is_remote(art.location) else os.path.abspath(art.location)
 
-    engine = plan.cfg.get("tokenize_engine", "inprocess")
     stats = data_cache.build_chat_cache(urls["train"], urls.get("validation", []), join(loc, "cache"),
                                         tokenizer=spec["tokenizer"], chat_template=template.load_template(),
-                                        seq_len=seq_len, engine=engine)
+                                        seq_len=seq_len)
     window, dropped, orders, bins, report = {"seq_len": seq_len, "long_chats": policy}, [], {}, {}, {}
     for split in ("train", "validation"):
         if not stats.get(split):
@@ -127,7 +126,7 @@ def tokenize(plan: Plan, name: str) -> dict:
              tr["assistant_fraction"], tr["packed_sequences"], seq_len, 100 * tr["packed_non_pad"],
              report["train"]["next_fit_in_shard_order"]["sequences"], report["train"]["lower_bound"])
     return {"teacher": spec["teacher"], "cache_dir": final_dir, "tokenizer": spec["tokenizer"],
-            "template_sha256": template.template_sha256(), "engine": engine, "window": window, "dropped": dropped,
+            "template_sha256": template.template_sha256(), "window": window, "dropped": dropped,
             "packing": report, "stats": stats}
 
 

@@ -52,7 +52,6 @@ COSMETIC_SETTINGS = {
     "copy_from": "other roots a finished payload may be copied from (verified object by object): where, not what",
     "executor": "where training runs (local or a Ray cluster): the same Levanter run either way",
     "log_level": "log verbosity",
-    "tokenize_engine": "how the chat cache is built (in process or Levanter's Ray builder): the same cache either way",
     "wandb": "experiment tracking (mode, project, entity, norm logging): not the weights",
     "checkpointing": "checkpoint and HF export cadence and dtype: which snapshots are kept, not the training",
     "ray": "cluster settings set by the tpu-* profiles",
