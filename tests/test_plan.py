@@ -219,3 +219,10 @@ def test_multislice_is_refused_at_plan_time(tmp_path):
     assert out.returncode == 2 and out.stdout == ""
     assert out.stderr.startswith("trajsft: config: ray.num_slices: 2 is not supported") and out.stderr.count("\n") == 1
     C.load([C.DEFAULT_CONFIG, str(Path(C.REPO_DIR, "profiles/tpu-east5/cluster.yaml"))])  # the profiles' num_slices: 1 plans
+
+
+def test_a_removed_setting_is_one_line_not_ignored():
+    with pytest.raises(C.ConfigError) as e:
+        C.load(overrides={"tokenize_engine": "ray"})
+    assert str(e.value) == ("config: tokenize_engine: removed: the tokenize rule always builds the cache in its own "
+                            "process (Levanter's Ray builder wrote the same cache 3.4x slower); delete the key")

@@ -126,13 +126,18 @@ def _allowed(err) -> str:
     return f"{v}: {val}"
 
 
+# settings that are gone: a config that still sets one is told so, not silently ignored
+REMOVED = {"tokenize_engine": "removed: the tokenize rule always builds the cache in its own process (Levanter's Ray "
+                              "builder wrote the same cache 3.4x slower); delete the key"}
+
+
 def schema_problems(cfg: dict) -> list[str]:
     """One line per schema violation: ``config: <key>: <value> is not allowed (allowed: ...)``."""
     from jsonschema import Draft202012Validator
 
     root = _schema()
     coerce_numbers(cfg, root, root)
-    out = []
+    out = [f"config: {k}: {why}" for k, why in REMOVED.items() if k in cfg]
     for err in sorted(Draft202012Validator(root).iter_errors(cfg), key=lambda e: [str(p) for p in e.absolute_path]):
         key = ".".join(str(p) for p in err.absolute_path) or "(top level)"
         if err.validator == "required":
