@@ -1,8 +1,11 @@
-"""Every error trajsft raises on purpose, in one place.
+"""The errors every layer shares: what the rule scripts and the CLI turn into one line.
 
 Each carries one user-facing line (what is wrong, and where: file, row, field, host); the rule
 scripts and the CLI print that line instead of a traceback. Modules import these from here, so no
-module needs another one just for its errors.
+module needs another one just for its errors. An error that only one module raises, for its own
+callers, lives with that module: the Ray job client's ``RayJobsError`` family (a ``ClusterError``), the
+fit check's ``LibtpuMissing`` (a ``DataError``), a transform's ``BadRow``, the export's
+``Unrepresentable``, the tokenizer fetch's ``FetchError`` and storage's ``PayloadMismatch``.
 """
 
 from __future__ import annotations
