@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from gcs_fixtures import free_port
 from pipeline_utils import attempts, plan, procs, run, start, wait_for
 from trajsft.train import checkpoints, tracking
 from wandb_stub import make_server
@@ -133,30 +134,14 @@ def test_check_key_is_one_request_refused_unknown_or_unanswered(server):
     assert problem == (f"W&B at {url} refused WANDB_API_KEY (HTTP 401): fix the key, or set wandb.mode: offline")
     assert note is None
     assert [r[2:] for r in requests_of(server, n0)] == [["/graphql", "Viewer", 200], ["/graphql", "Viewer", 401]]
-    with socket_closed() as dead:
-        problem, note = tracking.check_key(GOOD, dead, timeout_s=2)
+    dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    problem, note = tracking.check_key(GOOD, dead, timeout_s=2)
     assert problem is None and note.startswith(f"W&B at {dead} did not answer (ConnectionError)")
     # a key the SDK itself refuses (a training host would stop on it) is refused without a request
     n1 = len(server.state["requests"])
     assert tracking.check_key("k" * 32, url) == (
         f"WANDB_API_KEY: API key must have 40+ characters, has 32. (the W&B SDK refuses it before asking {url})", None)
     assert len(server.state["requests"]) == n1
-
-
-class socket_closed:
-    """A loopback URL where nothing listens."""
-
-    def __enter__(self):
-        import socket
-
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        self.port = s.getsockname()[1]
-        s.close()
-        return f"http://127.0.0.1:{self.port}"
-
-    def __exit__(self, *a):
-        return False
 
 
 def test_causes_are_one_line_and_name_the_server():
@@ -283,10 +268,10 @@ def test_a_cluster_submission_is_refused_before_anything_when_wandb_refuses_the_
     for k, v in wandb_env(server, tmp_path, BAD).items():
         monkeypatch.setenv(k, v)
     monkeypatch.setenv("HF_TOKEN", "x")
-    with socket_closed() as dead:
-        cfg = C.load(overrides={"executor": "ray", "wandb": {"mode": "online"}, "storage_root": str(tmp_path / "r"),
-                                "ray": {"address": dead, "tpu_type": "v5p-8"}})
-        problems = submit.preflight(cfg, [])
+    dead = f"http://127.0.0.1:{free_port()}"  # a head that does not answer
+    cfg = C.load(overrides={"executor": "ray", "wandb": {"mode": "online"}, "storage_root": str(tmp_path / "r"),
+                            "ray": {"address": dead, "tpu_type": "v5p-8"}})
+    problems = submit.preflight(cfg, [])
     assert f"W&B at http://127.0.0.1:{server.server_port} refused WANDB_API_KEY (HTTP 401): fix the key, or set " \
            "wandb.mode: offline" in problems, problems
     monkeypatch.setenv("WANDB_API_KEY", GOOD)

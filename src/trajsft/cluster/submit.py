@@ -138,7 +138,7 @@ def wandb_preflight(cfg: dict, timeout_s: float = 5.0) -> tuple[str | None, str 
         return None, None
     from ..train import tracking
 
-    hosts_env = ((cfg.get("ray") or {}).get("env") or {}) if cfg.get("executor") == "ray" else {}
+    hosts_env = job_env(cfg.get("ray") or {}) if cfg.get("executor") == "ray" else {}
     return tracking.check_key(key, hosts_env.get("WANDB_BASE_URL") or tracking.base_url(), timeout_s=timeout_s)
 
 
