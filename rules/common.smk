@@ -152,7 +152,7 @@ def eval_matrix_inputs(wildcards):
 
 
 def forward_signals_to_jobs():
-    from trajsft.observe.signals import forward_to_rule_jobs
+    from trajsft.runtime.signals import forward_to_rule_jobs
 
     forward_to_rule_jobs()
 
@@ -177,7 +177,7 @@ def preflight_or_exit():
 
 def register_run():
     """Export this run id (pid + start time) to the jobs: they die with this Snakemake."""
-    from trajsft.observe.signals import register_run
+    from trajsft.runtime.signals import register_run
 
     register_run()
 

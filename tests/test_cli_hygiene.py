@@ -1,5 +1,6 @@
 """The daily tool's rough edges: output cut by a closed pipe, helps and module docstrings that name
-today's code, and no import cycles in src/."""
+today's code, no import cycles in src/, and layers that import one way (import-linter's contract in
+pyproject.toml)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import tomllib
 
 from docs_utils import REPO
 
@@ -185,3 +187,43 @@ def test_cycle_check_sees_a_lazy_cycle():
     graph = import_graph()
     graph["trajsft.plan.specs"] = graph["trajsft.plan.specs"] | {"trajsft.plan.config"}
     assert ["trajsft.plan.config", "trajsft.plan.specs"] in cycles(graph)
+
+
+def _lint_imports(cwd: Path, src: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(src)}
+    return subprocess.run([str(Path(sys.executable).with_name("lint-imports")), "--no-cache", "--no-logo"],
+                          cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
+
+
+def _layers() -> list[str]:
+    cfg = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]
+    [contract] = [c for c in cfg["contracts"] if c["type"] == "layers"]
+    assert contract["containers"] == ["trajsft"]
+    return contract["layers"]
+
+
+def test_layers_cover_every_package_and_module():
+    named = [n.strip() for layer in _layers() for n in re.split(r"[|:]", layer)]
+    assert len(named) == len(set(named)), named
+    ours = {p.stem if p.is_file() else p.name for p in PKG.iterdir()
+            if (p.suffix == ".py" and p.name != "__init__.py") or (p / "__init__.py").exists()}
+    assert set(named) == ours
+
+
+def test_layers_import_one_way():
+    p = _lint_imports(REPO, SRC)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "1 kept, 0 broken" in p.stdout, p.stdout
+
+
+def test_layers_contract_sees_an_upward_import(tmp_path):
+    """The same contract on a copy of the package where io (a bottom layer) imports the CLI in a function."""
+    import shutil
+
+    shutil.copytree(PKG, tmp_path / "src" / "trajsft", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(REPO / "pyproject.toml", tmp_path / "pyproject.toml")
+    io_py = tmp_path / "src" / "trajsft" / "io.py"
+    io_py.write_text(io_py.read_text() + "\n\ndef _late():\n    from . import cli\n")
+    p = _lint_imports(tmp_path, tmp_path / "src")
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert "trajsft.io is not allowed to import trajsft.cli" in p.stdout, p.stdout

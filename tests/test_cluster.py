@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from trajsft import errors
+from trajsft import errors, storage
 from trajsft.train import run as train_run
 from trajsft.plan import config as C
 from trajsft.cluster import preflight as cluster_preflight
@@ -204,7 +204,7 @@ def test_preflight_refuses_in_seconds_without_network(tmp_path, monkeypatch):
                               str(tmp_path / "store"), timeout_s=3)
     assert time.monotonic() - t0 < 10
     assert [p.split(" ", 1)[0] for p in probs] == ["env", "unreachable:"]
-    if not cluster_preflight._resolves("storage.googleapis.com", 3):  # no network here (CI): a bucket fails in seconds
+    if not storage.resolves("storage.googleapis.com", 3):  # no network here (CI): a bucket fails in seconds
         t0 = time.monotonic()
         probs = cluster_preflight.preflight("http://127.0.0.1:9", [], {}, "gs://marin-us-east5/trajsft", timeout_s=3)
         assert time.monotonic() - t0 < 10, probs

@@ -22,7 +22,7 @@ import yaml
 
 from pipeline_utils import REPO, SNAKEMAKE, wait_for
 from trajsft.plan import config as C
-from trajsft.observe import signals
+from trajsft.runtime import signals
 
 
 def py(code: str, *, env: dict | None = None, cwd=None, **kw) -> subprocess.Popen:
@@ -45,7 +45,7 @@ def dead_run_id() -> str:
 def is_stopping(rid: str | None, workdir: Path) -> bool:
     env = {signals.RUN_ENV: signals.run_env(rid)} if rid else {}
     env_clean = {k: v for k, v in os.environ.items() if k != signals.RUN_ENV}
-    out = subprocess.run([sys.executable, "-c", "from trajsft.observe import signals; print(signals.snakemake_is_stopping())"],
+    out = subprocess.run([sys.executable, "-c", "from trajsft.runtime import signals; print(signals.snakemake_is_stopping())"],
                          env={**env_clean, **env}, cwd=workdir, capture_output=True, text=True, check=True)
     return out.stdout.strip() == "True"
 
@@ -54,7 +54,7 @@ def is_stopping(rid: str | None, workdir: Path) -> bool:
 def test_stop_marker_names_pid_and_start_time_and_goes_away_when_its_run_exits(tmp_path):
     fake_snakemake = py("""
         import sys, time
-        from trajsft.observe import signals
+        from trajsft.runtime import signals
         print(signals.mark_stopping(), flush=True)
         sys.stdin.readline()
     """, cwd=tmp_path, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -69,7 +69,7 @@ def test_stop_marker_names_pid_and_start_time_and_goes_away_when_its_run_exits(t
 
 
 def test_marker_of_a_killed_run_is_removed_by_the_next_run(tmp_path):
-    p = py("from trajsft.observe import signals; signals.mark_stopping(); import time; time.sleep(120)", cwd=tmp_path)
+    p = py("from trajsft.runtime import signals; signals.mark_stopping(); import time; time.sleep(120)", cwd=tmp_path)
     rid = signals.run_id(psutil.Process(p.pid))
     marker = signals.stop_marker(rid, tmp_path)
     deadline = time.time() + 30
@@ -78,7 +78,7 @@ def test_marker_of_a_killed_run_is_removed_by_the_next_run(tmp_path):
     os.kill(p.pid, signal.SIGKILL)  # no atexit: the marker stays behind ...
     p.wait()
     assert marker.exists()
-    live = py("from trajsft.observe import signals; signals.register_run(); print('ok')", cwd=tmp_path,
+    live = py("from trajsft.runtime import signals; signals.register_run(); print('ok')", cwd=tmp_path,
               stdout=subprocess.PIPE, text=True)
     assert live.communicate(timeout=30)[0].strip() == "ok"
     assert not marker.exists()  # ... until the next Snakemake run starts
@@ -125,7 +125,7 @@ def test_rule_job_stops_and_cleans_up_when_its_snakemake_is_killed(tmp_path):
     job = py(f"""
         import time
         from pathlib import Path
-        from trajsft.observe import signals
+        from trajsft.runtime import signals
         signals.install_stop_handler()
         signals.watch_snakemake(poll_s=0.2)
         Path("started").touch()
@@ -147,7 +147,7 @@ def test_rule_job_stops_and_cleans_up_when_its_snakemake_is_killed(tmp_path):
 def test_rule_job_of_a_run_that_is_already_gone_stops_at_once(tmp_path):
     job = py("""
         import time
-        from trajsft.observe import signals
+        from trajsft.runtime import signals
         signals.install_stop_handler()
         signals.watch_snakemake(poll_s=0.2)
         time.sleep(120)
@@ -160,7 +160,7 @@ def test_run_of_another_host_is_not_watched(tmp_path):
     """A cluster executor may forward the env var to another node: that pid means nothing there."""
     job = py("""
         import time
-        from trajsft.observe import signals
+        from trajsft.runtime import signals
         assert signals.current_run() is None and not signals.snakemake_is_stopping()
         assert signals.watch_snakemake(poll_s=0.1) is None
         time.sleep(1)
@@ -170,7 +170,7 @@ def test_run_of_another_host_is_not_watched(tmp_path):
 
 # ---- attempts.json stays true ---------------------------------------------------------------
 def test_attempt_of_a_live_process_is_not_marked_interrupted(tmp_path):
-    from trajsft.observe import provenance
+    from trajsft.runtime import provenance
 
     live = sleeper()
     try:

@@ -9,6 +9,7 @@ import fsspec.config
 import pytest
 
 from gcs_fixtures import clear_fsspec_cache, free_port
+from trajsft import storage
 from trajsft.cluster import preflight as P
 
 
@@ -17,11 +18,11 @@ def no_dns(monkeypatch):
     def resolves(host, timeout_s):
         raise AssertionError(f"preflight looked up {host} although a custom endpoint is set")
 
-    monkeypatch.setattr(P, "_resolves", resolves)
+    monkeypatch.setattr(storage, "resolves", resolves)
 
 
 def test_emulator_bucket_passes_without_dns_and_leaves_nothing(gcs, no_dns):
-    assert P.custom_endpoint(f"{gcs.url}/trajsft") == (gcs.emulator.url, "STORAGE_EMULATOR_HOST")
+    assert storage.custom_endpoint(f"{gcs.url}/trajsft") == (gcs.emulator.url, "STORAGE_EMULATOR_HOST")
     assert P._check_storage(f"{gcs.url}/trajsft", 20) is None
     assert gcs.objects() == {}  # the probe object was removed
 
@@ -30,7 +31,7 @@ def test_fsspec_endpoint_url_is_honoured(gcs, no_dns, monkeypatch):
     monkeypatch.delenv("STORAGE_EMULATOR_HOST")
     monkeypatch.setitem(fsspec.config.conf, "gcs", {"endpoint_url": gcs.emulator.url, "token": "anon"})
     clear_fsspec_cache()
-    assert P.custom_endpoint(gcs.url) == (gcs.emulator.url, "fsspec gcs.endpoint_url")
+    assert storage.custom_endpoint(gcs.url) == (gcs.emulator.url, "fsspec gcs.endpoint_url")
     assert P._check_storage(gcs.url, 20) is None
 
 

@@ -14,7 +14,6 @@ import hostile_corpus as H
 from trajsft.plan import config as C
 from trajsft.data import download
 from trajsft.data import shard
-from trajsft import steps
 from trajsft.data import transform as T
 
 TRANSFORM = {"drop_roles": ["exit"], "dedup_traj_id": True}
@@ -137,7 +136,7 @@ def test_file_kind_outcome(kind, tmp_path):
     rows = build(ds)
     plan = make_plan(tmp_path, tmp_path / "missing" if kind == "local_path_missing" else ds, rows)
     if what == "error":
-        with pytest.raises(steps.USER_ERRORS) as e:
+        with pytest.raises(T.USER_ERRORS) as e:
             run_data_steps(plan)
         msg = str(e.value)
         assert "\n" not in msg and expected in msg, msg

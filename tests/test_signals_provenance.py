@@ -11,7 +11,7 @@ import sys
 
 import psutil
 
-from trajsft.observe import provenance, signals
+from trajsft.runtime import provenance, signals
 
 
 def test_run_id_names_one_live_process_and_survives_no_pid_reuse(tmp_path):

@@ -14,7 +14,7 @@ import pytest
 from trajsft.plan import config as C
 from trajsft.data import download
 from trajsft.data import shard
-from trajsft import steps
+from trajsft.errors import DataError
 
 DEMO = C.REPO_DIR / "demo" / "dataset"
 
@@ -47,7 +47,7 @@ def test_shards_are_byte_identical_across_runs(tmp_path):
 
 def test_row_count_mismatch_is_one_line(tmp_path):
     plan = make_plan(tmp_path, teachers={"demo": {"rows": 61}})
-    with pytest.raises(steps.DataError) as e:
+    with pytest.raises(DataError) as e:
         download.download(plan, name(plan, "raw"))
     assert str(e.value) == ("demo: demo/dataset@local has 60 rows, config says 61 (teachers.demo.rows): "
                             "wrong revision or changed dataset")
@@ -69,7 +69,7 @@ def test_missing_messages_column(tmp_path):
     pq.write_table(pa.table({"traj_id": ["a"], "text": ["x"]}), ds / "train-00000-of-00001.parquet")
     plan = make_plan(tmp_path, teachers={"demo": {"dataset": str(tmp_path / "ds"), "rows": 1}})
     download.download(plan, name(plan, "raw"))
-    with pytest.raises(steps.DataError, match=r"data/train-00000-of-00001.parquet: missing column 'messages'"):
+    with pytest.raises(DataError, match=r"data/train-00000-of-00001.parquet: missing column 'messages'"):
         shard.shards(plan, name(plan, "shards"))
 
 
@@ -129,7 +129,7 @@ def test_hub_errors_are_one_line(tmp_path, monkeypatch):
     monkeypatch.setattr(huggingface_hub, "HfApi", FakeApi)
     monkeypatch.delenv("HF_TOKEN", raising=False)
     plan = make_plan(tmp_path)
-    with pytest.raises(steps.DataError) as e:
+    with pytest.raises(DataError) as e:
         download.download(plan, name(plan, "raw", "minimax-m2.5"))
     assert str(e.value) == ("AlienKevin/SWE-smith-rs-minimax-m2.5-trajectories@dfd98db: Hugging Face Hub answered "
                             "HTTP 401 (set HF_TOKEN for gated/private repos)")
@@ -149,7 +149,7 @@ def test_missing_local_dataset_names_the_path_and_never_asks_the_hub(tmp_path, m
 
     monkeypatch.setattr(huggingface_hub, "HfApi", None)  # any Hub call would fail loudly
     plan = make_plan(tmp_path, teachers={"demo": {"dataset": dataset}})
-    with pytest.raises(steps.DataError) as e:
+    with pytest.raises(DataError) as e:
         download.download(plan, name(plan, "raw"))
     assert str(e.value).startswith("demo: local dataset ")
     assert str(e.value).endswith(f"{dataset.lstrip('./') if not dataset.startswith('/') else dataset} does not exist (teachers.demo.dataset)")

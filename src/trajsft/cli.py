@@ -74,7 +74,7 @@ def cmd_logs(args) -> int:
     if not path.exists():
         print(f"trajsft: no training log yet for {t} ({path})", file=sys.stderr)
         return 1
-    for line in status.tail(path, args.n):
+    for line in io.tail(path, args.n):
         print(line)
     if args.follow:
         with open(path, "rb") as f:

@@ -102,6 +102,22 @@ def read_json(path: str | os.PathLike):
         return json.load(f)
 
 
+def tail(path: str | os.PathLike, n: int = 20) -> list[str]:
+    """The last ``n`` lines, reading backwards in blocks (logs can be large, lines long)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            pos, buf = f.tell(), b""
+            while pos > 0 and buf.count(b"\n") <= n:
+                step = min(pos, 1 << 16)
+                pos -= step
+                f.seek(pos)
+                buf = f.read(step) + buf
+    except FileNotFoundError:
+        return []
+    return buf.decode(errors="replace").splitlines()[-n:] if n > 0 else []
+
+
 def put_tree(local_dir: str | os.PathLike, dest: str) -> None:
     """Copy a local directory's files to ``dest`` (local or bucket)."""
     local_dir = Path(local_dir)

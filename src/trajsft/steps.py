@@ -16,16 +16,13 @@ from typing import Callable
 
 from . import io, storage
 from .data import transform
-from .errors import ConfigError, DataError
 from .io import is_remote, write_json
-from .observe import signals
+from .runtime import signals
 from .plan.config import Plan
 
 
 log = logging.getLogger("trajsft")
 
-
-USER_ERRORS = (ConfigError, DataError, transform.BadRow)
 
 
 # ---- rule entry point -------------------------------------------------------------------
@@ -92,8 +89,11 @@ def run_rule(snakemake) -> None:
     started = time.time()
     try:
         if step == "train":
+            on_ray = None
+            if cfg.get("executor") == "ray":
+                from .cluster.submit import train_on_ray as on_ray
             result = storage.train(plan, job.artifact,
-                                   lambda: train_step.train(plan, name, done_path=snakemake.output[0]))
+                                   lambda: train_step.train(plan, name, done_path=snakemake.output[0], on_ray=on_ray))
         elif step == "fit":  # no artifact: the summary is the output
             result = _step_function(step)(plan, name)
             write_json(snakemake.output[0], result)
@@ -101,7 +101,7 @@ def run_rule(snakemake) -> None:
             result = storage.build(plan, job.artifact, lambda: _step_function(step)(plan, name))
             if step == "shards" and result["payload_from"] != "built":
                 _shards_skipped_listing(plan, name)
-    except USER_ERRORS as e:
+    except transform.USER_ERRORS as e:
         msg = f"trajsft {step} {name}: {e}"
         log.error(msg)
         print(msg, file=sys.stderr)

@@ -23,8 +23,11 @@ import hashlib
 import json
 import logging
 import os
+import socket
+import threading
 from pathlib import Path
 from typing import Callable
+from urllib.parse import urlsplit
 
 from . import io
 
@@ -187,6 +190,71 @@ def remember_root(plan) -> None:
         io.write_json(path, [*roots, root])
 
 
+STORAGE_HOSTS = {"gs": "storage.googleapis.com", "gcs": "storage.googleapis.com", "s3": "s3.amazonaws.com"}
+_FSSPEC_PROTOCOL = {"gs": "gcs", "gcs": "gcs", "s3": "s3"}
+
+
+def resolves(host: str, timeout_s: float) -> bool:
+    """DNS lookup bounded in time (getaddrinfo itself has no timeout)."""
+    out: list[bool] = []
+
+    def work() -> None:
+        try:
+            socket.getaddrinfo(host, 443)
+            out.append(True)
+        except OSError:
+            out.append(False)
+
+    t = threading.Thread(target=work, daemon=True)
+    t.start()
+    t.join(timeout_s)
+    return bool(out and out[0])
+
+
+def custom_endpoint(storage_root: str) -> tuple[str, str] | None:
+    """(endpoint URL, where it was set) when the root's client talks to another server than the cloud's:
+    gcsfs honours ``STORAGE_EMULATOR_HOST`` and fsspec's ``endpoint_url`` setting for its protocol
+    (``FSSPEC_GCS_ENDPOINT_URL``, ``FSSPEC_S3_ENDPOINT_URL`` or fsspec's config file)."""
+    import fsspec.config
+
+    scheme = storage_root.split("://", 1)[0]
+    proto = _FSSPEC_PROTOCOL.get(scheme)
+    if proto is None:
+        return None
+    url = (fsspec.config.conf.get(proto) or {}).get("endpoint_url")
+    if url:
+        return str(url), f"fsspec {proto}.endpoint_url"
+    if proto == "gcs":
+        emu = os.environ.get("STORAGE_EMULATOR_HOST", "")
+        if emu not in ("", "default"):
+            return (emu if emu.startswith(("http://", "https://")) else f"http://{emu}"), "STORAGE_EMULATOR_HOST"
+    return None
+
+
+def connects(url: str, timeout_s: float) -> str | None:
+    """None if a TCP connection to ``url``'s host and port opens within ``timeout_s``, else why not."""
+    u = urlsplit(url)
+    try:
+        port = u.port or (443 if u.scheme == "https" else 80)
+        with socket.create_connection((u.hostname or "", port), timeout=timeout_s):
+            return None
+    except (OSError, ValueError) as e:
+        return getattr(e, "strerror", None) or str(e) or type(e).__name__
+
+
+def unreachable(root: str, timeout_s: float) -> str | None:
+    """Why a bucket root's endpoint cannot be reached within ``timeout_s`` (its custom endpoint refuses a TCP
+    connection, or the cloud's host name does not resolve), else None; a local root or an unknown scheme: None."""
+    endpoint = custom_endpoint(root)
+    if endpoint is not None:
+        why = connects(endpoint[0], timeout_s)
+        return f"cannot connect to {endpoint[0]} (set by {endpoint[1]}): {why}" if why else None
+    host = STORAGE_HOSTS.get(root.split("://", 1)[0]) if io.is_remote(root) else None
+    if host and not resolves(host, timeout_s):
+        return f"cannot resolve {host} (no network, or DNS down)"
+    return None
+
+
 _REACHABLE: dict[str, bool] = {}
 # a finished payload: its seal; a training run (not sealed: it resumes in place) has its done record
 # (a bucket run dir) or its result file
@@ -199,14 +267,7 @@ def reachable(root: str) -> bool:
     if not io.is_remote(root):
         return True
     if root not in _REACHABLE:
-        from .cluster import preflight
-
-        endpoint = preflight.custom_endpoint(root)
-        if endpoint is not None:
-            _REACHABLE[root] = preflight._connects(endpoint[0], 3.0) is None
-        else:
-            host = preflight._STORAGE_HOSTS.get(root.split("://", 1)[0])
-            _REACHABLE[root] = host is None or preflight._resolves(host, 3.0)
+        _REACHABLE[root] = unreachable(root, 3.0) is None
     return _REACHABLE[root]
 
 

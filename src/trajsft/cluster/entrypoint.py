@@ -74,7 +74,7 @@ def _free_port() -> int:
 
 
 def _record(run_dir: str, attempt: int):
-    from ..observe import provenance
+    from ..runtime import provenance
 
     def progress(slice_attempts: list[dict]) -> None:
         preempted = sum(a["outcome"] == "preempted" for a in slice_attempts)

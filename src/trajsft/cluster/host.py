@@ -32,7 +32,6 @@ from typing import Any, Optional
 
 from .. import io
 from ..errors import HostLost, JobEnvironmentError, TrainingFailed
-from ..observe.status import tail
 from ..train import checkpoints, launch, levanter_config, metrics, run as train_run, tracking
 from . import requirements, setup_failure
 
@@ -187,7 +186,7 @@ def _peer_lost(host: HostInfo, grace_s: float) -> Optional[str]:
 
 
 def _last_error(log_path: str) -> str:
-    lines = tail(log_path, 60)
+    lines = io.tail(log_path, 60)
     for ln in reversed(lines):
         if any(k in ln for k in ("Error", "error:", "Exception", "Traceback", "FAILED")):
             return " ".join(ln.split())[:300]

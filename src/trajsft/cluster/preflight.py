@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from .. import gce
+from .. import gce, storage
 from .jobs import (
     ACTIVE_STATUSES, SUBMISSION_PREFIX, _Conn, _one_line, ClusterUnauthorized, ClusterUnreachable,
     RayJobsError,
@@ -109,63 +109,6 @@ def nodes_on_this_machine(address: str, auth_token: str | None = None, timeout_s
     return set(names) == {socket.gethostname()}
 
 
-_STORAGE_HOSTS = {"gs": "storage.googleapis.com", "gcs": "storage.googleapis.com", "s3": "s3.amazonaws.com"}
-_FSSPEC_PROTOCOL = {"gs": "gcs", "gcs": "gcs", "s3": "s3"}
-
-
-def _resolves(host: str, timeout_s: float) -> bool:
-    """DNS lookup bounded in time (getaddrinfo itself has no timeout)."""
-    import socket
-
-    out: list[bool] = []
-
-    def work() -> None:
-        try:
-            socket.getaddrinfo(host, 443)
-            out.append(True)
-        except OSError:
-            out.append(False)
-
-    t = threading.Thread(target=work, daemon=True)
-    t.start()
-    t.join(timeout_s)
-    return bool(out and out[0])
-
-
-def custom_endpoint(storage_root: str) -> tuple[str, str] | None:
-    """(endpoint URL, where it was set) when the root's client talks to another server than the cloud's:
-    gcsfs honours ``STORAGE_EMULATOR_HOST`` and fsspec's ``endpoint_url`` setting for its protocol
-    (``FSSPEC_GCS_ENDPOINT_URL``, ``FSSPEC_S3_ENDPOINT_URL`` or fsspec's config file)."""
-    import fsspec.config
-
-    scheme = storage_root.split("://", 1)[0]
-    proto = _FSSPEC_PROTOCOL.get(scheme)
-    if proto is None:
-        return None
-    url = (fsspec.config.conf.get(proto) or {}).get("endpoint_url")
-    if url:
-        return str(url), f"fsspec {proto}.endpoint_url"
-    if proto == "gcs":
-        emu = os.environ.get("STORAGE_EMULATOR_HOST", "")
-        if emu not in ("", "default"):
-            return (emu if emu.startswith(("http://", "https://")) else f"http://{emu}"), "STORAGE_EMULATOR_HOST"
-    return None
-
-
-def _connects(url: str, timeout_s: float) -> str | None:
-    """None if a TCP connection to ``url``'s host and port opens within ``timeout_s``, else why not."""
-    import socket
-    from urllib.parse import urlsplit
-
-    u = urlsplit(url)
-    try:
-        port = u.port or (443 if u.scheme == "https" else 80)
-        with socket.create_connection((u.hostname or "", port), timeout=timeout_s):
-            return None
-    except (OSError, ValueError) as e:
-        return getattr(e, "strerror", None) or str(e) or type(e).__name__
-
-
 def bucket_problem(storage_root: str, zone: str | None, location: str | None, location_type: str | None) -> str | None:
     """One line when a one-region bucket is not in the region of the profile's ``ray.zone`` (multi- and dual-region
     buckets pass: they are no one region's)."""
@@ -190,15 +133,11 @@ def _check_storage(storage_root: str, timeout_s: float, zone: str | None = None)
         except OSError as e:
             return f"storage root {storage_root} is not writable: {e.strerror or e}"
         return None
-    endpoint = custom_endpoint(storage_root)
-    host = _STORAGE_HOSTS.get(storage_root.split("://", 1)[0])
-    # without these, gcsfs retries the failed connection with backoff for about a minute
-    if endpoint is not None:
-        why = _connects(endpoint[0], min(3.0, timeout_s))
-        if why:
-            return f"storage root {storage_root} unreachable: cannot connect to {endpoint[0]} (set by {endpoint[1]}): {why}"
-    elif host and not _resolves(host, min(3.0, timeout_s)):
-        return f"storage root {storage_root} unreachable: cannot resolve {host} (no network, or DNS down)"
+    # without this, gcsfs retries the failed connection with backoff for about a minute
+    why = storage.unreachable(storage_root, min(3.0, timeout_s))
+    if why:
+        return f"storage root {storage_root} unreachable: {why}"
+    endpoint = storage.custom_endpoint(storage_root)
 
     result: list[str | None] = []
     bucket = storage_root.split("://", 1)[1].split("/", 1)[0]

@@ -29,16 +29,6 @@ _SPLITS = ("train", "validation")
 _STATS_FILE = "trajsft_cache_stats.json"
 
 
-# --------------------------------------------------------------------------------------
-# environment
-# --------------------------------------------------------------------------------------
-
-
-def _default_ray_tmpdir() -> str:
-    # Ray puts unix sockets under its temp dir; paths must stay < ~107 chars.
-    return os.environ.get("RAY_TMPDIR") or f"/tmp/ray-{os.getuid()}"
-
-
 # what a tokenizer needs from a model repo (no weights)
 TOKENIZER_FILES = ["tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
                    "added_tokens.json", "chat_template.jinja", "tokenizer.model", "config.json",
@@ -89,10 +79,10 @@ def _cache_complete(cache_dir: str, splits: Iterable[str]) -> bool:
 
 def _cleanup_stale_builds(parent: str, base: str) -> None:
     """Remove ``.<base>.building-<run id>-*`` dirs left by killed builds: the run id (pid and start time,
-    :func:`trajsft.observe.signals.run_id`) names no live process. A killed builder that is still a zombie
+    :func:`trajsft.runtime.signals.run_id`) names no live process. A killed builder that is still a zombie
     (its parent died with it and init has not reaped it yet) is dead, and a pid reused by another
     process is not the builder."""
-    from ..observe.signals import process_of
+    from ..runtime.signals import process_of
 
     prefix = f".{base}.building-"
     try:
@@ -207,7 +197,7 @@ def _building(final_dir: str):
     parent, base = os.path.split(final_dir.rstrip("/"))
     os.makedirs(parent, exist_ok=True)
     _cleanup_stale_builds(parent, base)
-    from ..observe.signals import own_run_id
+    from ..runtime.signals import own_run_id
 
     build_dir = os.path.join(parent, f".{base}.building-{own_run_id()}-{uuid.uuid4().hex[:8]}")
     os.makedirs(build_dir)

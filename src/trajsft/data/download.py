@@ -97,7 +97,7 @@ def staging_root(plan: Plan) -> Path:
 
 def remove_stale_staging(root: Path) -> list[Path]:
     """Remove staging dirs whose download process is gone (killed downloads)."""
-    from ..observe.signals import process_of
+    from ..runtime.signals import process_of
 
     removed = []
     for d in sorted(root.glob("*")) if root.is_dir() else []:
@@ -109,7 +109,7 @@ def remove_stale_staging(root: Path) -> list[Path]:
 
 
 def download(plan: Plan, name: str) -> dict:
-    from ..observe.signals import own_run_id
+    from ..runtime.signals import own_run_id
 
     art = plan.get("raw", name)
     spec = art.spec

@@ -468,10 +468,10 @@ def run_rule(snakemake) -> None:
 
     from .. import io, logs
     from .. import storage
-    from ..observe import signals
+    from ..runtime import signals
     from ..io import write_json
     from ..plan.config import Plan
-    from ..steps import USER_ERRORS
+    from .transform import USER_ERRORS
 
     log = logging.getLogger("trajsft")
     job = snakemake.params.step  # trajsft.plan.step.Step, resolved once by rules/common.smk

@@ -21,6 +21,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator
 
+from ..errors import ConfigError, DataError
+
 ROLES = ("system", "user", "assistant", "tool")
 META_FIELDS = ("traj_id", "instance_id", "resolved", "model")
 # Shards are split by estimated tokens, not rows (agent trajectories range from 1k to 100k+ tokens).
@@ -64,6 +66,10 @@ class BadRow(ValueError):
     def __init__(self, reason: str, detail: str, field: str = "messages"):
         super().__init__(detail)
         self.reason, self.detail, self.field = reason, detail, field
+
+
+# What a user fixes in the data or the config: a step's entry point turns these into one line and exit 1
+USER_ERRORS = (ConfigError, DataError, BadRow)
 
 
 @dataclass

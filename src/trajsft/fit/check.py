@@ -53,7 +53,7 @@ class LibtpuMissing(DataError):
 
 
 def versions() -> dict:
-    from ..observe.provenance import package_versions
+    from ..runtime.provenance import package_versions
 
     return package_versions(VERSIONED)
 

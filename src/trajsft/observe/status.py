@@ -10,7 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from ..plan import config as C
-from . import provenance
+from ..runtime import provenance
 from .. import io
 from .status_row import (  # noqa: F401  (classify, render, slice_summary ... stay importable from here)
     CAUSES, STATES, Facts, Job, classify, finish_record, needs_resume_point, previous_finished_run, render,
@@ -31,22 +31,6 @@ def profile_configfiles(profile: str | None) -> list[str]:
         raise C.ConfigError(f"no profile '{profile}' (known: {', '.join(known)})")
     files = yaml.safe_load(cfg_path.read_text()).get("configfiles") or []
     return [str(f if os.path.isabs(f) else C.REPO_DIR / f) for f in files]
-
-
-def tail(path: str | Path, n: int = 20) -> list[str]:
-    """The last ``n`` lines, reading backwards in blocks (logs can be large, lines long)."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            pos, buf = f.tell(), b""
-            while pos > 0 and buf.count(b"\n") <= n:
-                step = min(pos, 1 << 16)
-                pos -= step
-                f.seek(pos)
-                buf = f.read(step) + buf
-    except FileNotFoundError:
-        return []
-    return buf.decode(errors="replace").splitlines()[-n:] if n > 0 else []
 
 
 def _read_json(path: str) -> dict | list | None:
@@ -101,10 +85,10 @@ def _training_facts(plan: C.Plan, target: str, p: dict, query_ray: bool, attempt
         "steps_total": lev["trainer"]["num_train_steps"] if lev else None,
         "metrics": metrics.read_metrics(p["log"])["steps"],
         "hf_export": _latest_hf_export(run_dir) if run_dir_readable else None,
-        "log_tail": "\n".join(tail(p["log"], 60)),
+        "log_tail": "\n".join(io.tail(p["log"], 60)),
         "jobs": jobs, "cluster_error": err,
         "attempt_alive": last.get("outcome") == "running" and provenance.attempt_alive(last),
-        "launcher_tail": tuple(tail(launcher, 20)) if launcher.exists() else (),
+        "launcher_tail": tuple(io.tail(launcher, 20)) if launcher.exists() else (),
         "config_failure": setup_failure.read(run_dir) if plan.cfg["executor"] == "ray" and run_dir_readable else None,
     }
 

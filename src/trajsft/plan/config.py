@@ -286,12 +286,10 @@ class Plan:
     def _export(self, target: str, weights: dict[str, float], seq_len: int, model: S.Ref | None) -> Artifact:
         """The target's shards for other trainers (rule `export`): LLaMA-Factory + messages jsonl, with
         the training arguments that render them as trajsft trains (cutoff_len = seq_len, the template)."""
-        from ..data.template import template_sha256
-
         shards = {t: self._shards(t) for t in sorted(weights)}
         inputs = {"format": FORMAT_VERSIONS["exports"], "target": target,
                   "data": [{"teacher": t, "weight": weights[t], "shards": a.hash} for t, a in shards.items()],
-                  "seq_len": seq_len, "model": model.identity() if model else None, "template": template_sha256()}
+                  "seq_len": seq_len, "model": model.identity() if model else None, "template": hashing.file_digest(TEMPLATE_PATH)}
         h = hashing.short(inputs)
         art = self._add("exports", f"{target}-{h}", h, inputs, deps=[(a.kind, a.name) for a in shards.values()],
                         spec={"target": target, "weights": {t: weights[t] for t in shards},

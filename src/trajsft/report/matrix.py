@@ -244,8 +244,8 @@ def rule_eval(snakemake) -> None:
     import sys
 
     from .. import logs
-    from ..observe import signals
-    from ..steps import USER_ERRORS
+    from ..runtime import signals
+    from ..data.transform import USER_ERRORS
 
     log_path = snakemake.log[0] if snakemake.log else None
     logs.setup(log_path, snakemake.config.get("log_level", "INFO"))

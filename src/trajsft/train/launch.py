@@ -10,7 +10,6 @@ import subprocess
 import sys
 from typing import Mapping, Optional
 
-from ..data.cache import _default_ray_tmpdir
 
 
 def child_pythonpath(current: str, cwd: Optional[str] = None) -> str:
@@ -44,7 +43,8 @@ def levanter_env(run_dir: Optional[str] = None, env: Optional[Mapping[str, str]]
     out = dict(os.environ)
     out["PYTHONPATH"] = child_pythonpath(out.get("PYTHONPATH", ""))
     out.setdefault("RAY_AUTH_MODE", "disabled")
-    out.setdefault("RAY_TMPDIR", _default_ray_tmpdir())
+    # Ray puts unix sockets under its temp dir; paths must stay < ~107 chars
+    out["RAY_TMPDIR"] = out.get("RAY_TMPDIR") or f"/tmp/ray-{os.getuid()}"
     out.setdefault("TOKENIZERS_PARALLELISM", "false")
     out.setdefault("WANDB_SILENT", "true")
     if run_dir is not None:

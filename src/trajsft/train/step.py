@@ -13,7 +13,7 @@ from ..data import template
 from ..data.tokenize import _read_manifest, cache_dir
 from ..errors import DataError, JobEnvironmentError, TrainingFailed
 from ..io import is_remote, join, write_json
-from ..observe import provenance
+from ..runtime import provenance
 from ..plan import schedule
 from ..plan.config import STATE_DIR, Plan
 from ..plan.specs import StudentSpec
@@ -164,7 +164,10 @@ def link_rule_log(plan: Plan, target: str, rule_log: str) -> str:
     return rule_log
 
 
-def train(plan: Plan, target: str, done_path: str | None = None) -> dict:
+def train(plan: Plan, target: str, done_path: str | None = None, *, on_ray=None) -> dict:
+    """Train ``target`` once more (a new attempt of its run), locally in a child process, or with the ``ray``
+    executor through ``on_ray(plan, target, levanter_config, run_paths, attempt)`` (the caller passes
+    :func:`trajsft.cluster.submit.train_on_ray`: the cluster layer sits above this one)."""
     p = run_paths(plan, target)
     run = p["run"]
     os.makedirs(p["state_dir"], exist_ok=True)
@@ -172,7 +175,9 @@ def train(plan: Plan, target: str, done_path: str | None = None) -> dict:
     provenance.write(p["run_dir"], {"target": target, "run": run.name, "hash": run.hash, "hash_inputs": run.inputs,
                                      "config": plan.cfg, "levanter": lev})
     executor = plan.cfg["executor"]
-    from ..observe.signals import snakemake_is_stopping
+    if executor == "ray" and on_ray is None:
+        raise TypeError("train() with the ray executor needs on_ray (trajsft.cluster.submit.train_on_ray)")
+    from ..runtime.signals import snakemake_is_stopping
 
     if snakemake_is_stopping():
         raise DataError("Snakemake is shutting down (got SIGINT/SIGTERM): not starting another training attempt")
@@ -185,9 +190,7 @@ def train(plan: Plan, target: str, done_path: str | None = None) -> dict:
     log.info("training %s -> %s (attempt %d, %s)", target, p["run_dir"], attempt["attempt"], executor)
     try:
         if executor == "ray":
-            from ..cluster import submit
-
-            result = submit.train_on_ray(plan, target, lev, p, attempt["attempt"])
+            result = on_ray(plan, target, lev, p, attempt["attempt"])
         else:
             # the local executor trains on the CPU (its config says so: f32, no accelerator required); with
             # libtpu installed (the fit check's compiler) JAX would otherwise try, and log, a TPU first

@@ -1,0 +1,2 @@
+"""What every step's process shares at run time, below the steps themselves: tying a rule job to its Snakemake
+run (:mod:`trajsft.runtime.signals`) and recording a run's provenance and attempts (:mod:`trajsft.runtime.provenance`)."""
