@@ -4,10 +4,12 @@ import sys
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import min_version
 
+from trajsft.logs import WorkflowStop, one_line_stops
 from trajsft.plan.config import STATE_DIR, ConfigError, Plan, validate
 from trajsft.plan.step import resolve as resolve_step
 
 min_version("9.0")
+one_line_stops()  # a WorkflowStop below is reported as its message alone, exit 1
 
 # the train rule runs Levanter on this machine's CPUs, or, with a Ray profile, only a light submitter that
 # follows the job (so that every target of a `--cores 4` profile can be submitted at once)
@@ -18,13 +20,12 @@ TRAIN_MEM_MB = 16000 if TRAIN_LOCAL else 1000
 FIT_CHECK = not TRAIN_LOCAL and bool((config.get("ray") or {}).get("fit_check", True))
 
 
-def validate_or_exit(cfg):
+def validate_or_stop(cfg):
     """Schema + references; one line per problem (key and allowed values), no schema dump."""
     try:
         validate(cfg)
     except ConfigError as e:
-        print(e, file=sys.stderr)
-        sys.exit(1)
+        raise WorkflowStop(str(e)) from None
 
 
 def targets_given_as_configfiles():
@@ -39,16 +40,14 @@ def targets_given_as_configfiles():
         )
     ]
     if bad:
-        print(
+        raise WorkflowStop(
             f"trajsft: {', '.join(bad)} was read as a --configfile (it takes every following "
-            "argument): put targets before --configfile, e.g. snakemake checkpoints/demo/done --configfile mine.yaml",
-            file=sys.stderr,
+            "argument): put targets before --configfile, e.g. snakemake checkpoints/demo/done --configfile mine.yaml"
         )
-        sys.exit(1)
 
 
 targets_given_as_configfiles()
-validate_or_exit(config)
+validate_or_stop(config)
 PLAN = Plan(config, base_dir=workflow.basedir)
 
 
@@ -97,8 +96,9 @@ def typo_target(wildcards):
     try:
         PLAN.target(wildcards.other)
     except ConfigError as e:  # unknown target 'x' (teachers and mixtures: ...)
-        print(f"trajsft: checkpoints/{wildcards.other}/done: {e}", file=sys.stderr)
-        sys.exit(1)
+        raise WorkflowStop(
+            f"trajsft: checkpoints/{wildcards.other}/done: {e}"
+        ) from None
     return []
 
 
@@ -142,12 +142,10 @@ def eval_matrix_inputs(wildcards):
     from trajsft.report.matrix import eval_inputs
 
     if config.get("eval") is None:
-        print(
+        raise WorkflowStop(
             "trajsft: results/eval/matrix.* needs an eval: section in the config (the cross-teacher "
-            "matrix is opt-in): e.g. --configfile config/eval.yaml",
-            file=sys.stderr,
+            "matrix is opt-in): e.g. --configfile config/eval.yaml"
         )
-        sys.exit(1)
     return eval_inputs(PLAN)
 
 

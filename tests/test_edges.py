@@ -5,6 +5,7 @@ and what Ray would upload with the working dir (Ray's own packaging code)."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import socket
@@ -312,6 +313,30 @@ def test_yaml_1_1_exponent_is_a_float(tmp_path):
 def sm(*args, cwd) -> subprocess.CompletedProcess:
     return subprocess.run([SNAKEMAKE, "-s", str(REPO / "Snakefile"), "-d", str(cwd), "--cores", "1", *args],
                           capture_output=True, text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"}, cwd=cwd)
+
+
+def test_a_workflow_stop_is_its_message_alone_on_stderr(capsys):
+    """What rules/common.smk raises instead of sys.exit: the record Snakemake logs for it (file, line, trace, or an
+    input function's wrapper) becomes the message on stderr; any other error record is left to Snakemake."""
+    from trajsft.logs import WorkflowStop, one_line_stops
+
+    name = f"trajsft-test-{os.getpid()}"
+    one_line_stops(name)
+    one_line_stops(name)  # idempotent: the workflow is read more than once
+    lg = logging.getLogger(name)
+    assert len(lg.filters) == 1
+    seen = []
+    lg.addHandler(h := logging.Handler())
+    h.emit = seen.append
+    try:
+        stop = WorkflowStop("trajsft: checkpoints/x/done: unknown target 'x'")
+        lg.error(f"InputFunctionException in rule unknown_target in file common.smk, line 98:\nError:\n  {stop!r}\n"
+                 "Wildcards:\n  other=x\nTraceback:\n  File common.smk, line 98")
+        lg.error("MissingInputException in rule train: results/raw/x/manifest.json")
+    finally:
+        lg.removeHandler(h)
+    assert capsys.readouterr().err == "trajsft: checkpoints/x/done: unknown target 'x'\n"
+    assert [r.getMessage() for r in seen] == ["MissingInputException in rule train: results/raw/x/manifest.json"]
 
 
 def test_snakemake_config_errors_are_one_line_per_problem(tmp_path):

@@ -38,3 +38,42 @@ def setup(log_path: str | None = None, level: str = "INFO") -> logging.Logger:
         h.setFormatter(fmt)
         root.addHandler(h)
     return logging.getLogger("trajsft")
+
+
+# ---- user errors met while Snakemake reads the workflow ----------------------------------------------------------
+
+_STOPS: list[str] = []  # the message of every WorkflowStop raised in this process
+
+
+class WorkflowStop(Exception):
+    """A user error met while Snakemake reads the workflow or builds its DAG: a config problem, a target given as a
+    ``--configfile``, a target that names no target, an opt-in section missing. Raised (never ``sys.exit``), so
+    Snakemake reports it and exits 1 as for any workflow error; with :func:`one_line_stops` installed the report is
+    the message alone on stderr, with no Snakefile line or trace: the user fixes a config or a command, not our code."""
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        _STOPS.append(message)
+
+
+class _OneLineStops(logging.Filter):
+    """Snakemake logs an error as ``<Class> in file F, line N:`` + the message + a trace (an input function's is
+    wrapped in an InputFunctionException that adds its wildcards), on stdout: when the record reports a
+    WorkflowStop, the stop's message alone goes to stderr instead, where every one-line error of ours goes."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.ERROR and _STOPS:
+            text = str(record.msg)
+            for message in reversed(_STOPS):
+                if message in text:
+                    print(message, file=sys.stderr, flush=True)
+                    return False
+        return True
+
+
+def one_line_stops(logger: str = "snakemake.logging") -> None:
+    """Report every :class:`WorkflowStop` as its message alone on Snakemake's logger (idempotent: the workflow is
+    read more than once in one process)."""
+    target = logging.getLogger(logger)
+    if not any(isinstance(f, _OneLineStops) for f in target.filters):
+        target.addFilter(_OneLineStops())
