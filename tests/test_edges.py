@@ -315,6 +315,14 @@ def sm(*args, cwd) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"}, cwd=cwd)
 
 
+def test_one_line_is_what_every_error_line_goes_through():
+    from trajsft.errors import one_line
+
+    assert one_line("a\n  b\tc ") == "a b c"
+    assert one_line("x" * 301) == "x" * 297 + "..." and len(one_line("y " * 200, 200)) == 200
+    assert one_line(OSError()) == "OSError" and one_line("") == ""
+
+
 def test_a_workflow_stop_is_its_message_alone_on_stderr(capsys):
     """What rules/common.smk raises instead of sys.exit: the record Snakemake logs for it (file, line, trace, or an
     input function's wrapper) becomes the message on stderr; any other error record is left to Snakemake."""

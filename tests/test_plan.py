@@ -226,3 +226,16 @@ def test_a_removed_setting_is_one_line_not_ignored():
         C.load(overrides={"tokenize_engine": "ray"})
     assert str(e.value) == ("config: tokenize_engine: removed: the tokenize rule always builds the cache in its own "
                             "process (Levanter's Ray builder wrote the same cache 3.4x slower); delete the key")
+
+
+def test_an_artifacts_manifest_is_read_in_one_place(tmp_path):
+    from trajsft.errors import DataError
+
+    plan = C.Plan(C.load(), state_dir=str(tmp_path / "results"))
+    art = plan.target("demo")["tokenized"][0]
+    with pytest.raises(DataError) as e:
+        art.read_manifest()
+    assert str(e.value) == f"{art.manifest} is missing: build tokenized/{art.name} first"
+    Path(art.manifest).parent.mkdir(parents=True)
+    Path(art.manifest).write_text(json.dumps({"location": art.location}))
+    assert art.read_manifest() == {"location": art.location}

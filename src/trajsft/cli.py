@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from . import io
-from .errors import quiet_on_closed_pipe
+from .errors import DataError, quiet_on_closed_pipe
 from .plan import config as C
 
 
@@ -169,8 +169,8 @@ def _manifest_here(a: C.Artifact) -> bool:
     if a.kind == "checkpoints":
         return os.path.exists(a.manifest)
     try:
-        return json.loads(Path(a.manifest).read_text()).get("location") == a.location
-    except (OSError, ValueError, AttributeError):
+        return a.read_manifest().get("location") == a.location
+    except (DataError, OSError, ValueError, AttributeError):
         return False
 
 
@@ -306,7 +306,6 @@ def cmd_eval(args) -> int:
 
 def cmd_fit(args) -> int:
     """Compile each target's train step for its TPU slice here (libtpu, no TPU): fit, HBM, FLOPs, hours."""
-    from .errors import DataError
     from .fit import check as fit
     from .train.step import explain, levanter_config
 

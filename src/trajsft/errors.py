@@ -52,6 +52,13 @@ class SliceLimitExceeded(ClusterError):
     """More preemptions or failures than the profile's ``max_preemptions`` / ``max_failures``."""
 
 
+def one_line(text: object, limit: int = 300) -> str:
+    """``text`` (a message, an exception) on one line: whitespace runs become one space, and past ``limit``
+    characters it is cut, ending in ``...``; an exception with no message is its class name."""
+    line = " ".join(str(text).split()) or (type(text).__name__ if isinstance(text, BaseException) else "")
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
 def quiet_on_closed_pipe(main):
     """Wrap a command's ``main`` so that output cut by a closed pipe (``trajsft status | head``)
     ends the command quietly with exit 0 instead of a ``BrokenPipeError`` traceback. stdout is

@@ -1,6 +1,8 @@
-"""The rule-job harness: rule scripts call :func:`run_rule`, which runs one step (``data.download``,
-``data.shard``, ``data.tokenize``, ``train.model_snapshot``, ``cluster.fit_step``, ``train.step``) with
-logging, stop handling, user errors as one line and the artifact manifest."""
+"""The rule-job harness of the rules download, shard, tokenize, download_model, check_fit and train: their
+scripts call :func:`run_rule`, which runs one step (``data.download``, ``data.shard``, ``data.tokenize``,
+``train.model_snapshot``, ``cluster.fit_step``, ``train.step``) with logging, stop handling, user errors as one
+line and the artifact manifest. The export and eval_matrix rules have entries of their own
+(:func:`trajsft.data.export.run_rule`, :func:`trajsft.report.matrix.rule_eval`)."""
 
 from __future__ import annotations
 

@@ -512,11 +512,6 @@ def stop(
 # --------------------------------------------------------------------------- preflight
 
 
-def _one_line(text: str, limit: int = 300) -> str:
-    text = " ".join(str(text).split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
 
 # --------------------------------------------------------------------------- queries for status/logs
 

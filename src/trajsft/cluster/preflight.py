@@ -12,8 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from .. import gce, storage
+from ..errors import one_line
 from .jobs import (
-    ACTIVE_STATUSES, SUBMISSION_PREFIX, _Conn, _one_line, ClusterUnauthorized, ClusterUnreachable,
+    ACTIVE_STATUSES, SUBMISSION_PREFIX, _Conn, ClusterUnauthorized, ClusterUnreachable,
     RayJobsError,
 )
 
@@ -299,11 +300,11 @@ def _check_cluster(address: str, auth_token: str | None, timeout_s: float, wait_
         conn = _Conn(address, auth_token, timeout=timeout_s)
         version = conn.check()  # the first thing asked: nothing else of a head on another Ray needs to answer
     except ClusterUnauthorized as e:
-        return [_one_line(f"unauthorized: {e}")]
+        return [one_line(f"unauthorized: {e}")]
     except ClusterUnreachable as e:
-        return [_one_line(f"unreachable: {e}") + (f"; {tunnel_hint}" if tunnel_hint else "")]
+        return [one_line(f"unreachable: {e}") + (f"; {tunnel_hint}" if tunnel_hint else "")]
     except ValueError as e:
-        return [_one_line(f"bad Ray address: {e}")]
+        return [one_line(f"bad Ray address: {e}")]
     wrong = ray_version_problem(version.get("ray_version") if isinstance(version, dict) else None, conn.address)
     if wrong:
         return [wrong]
@@ -312,7 +313,7 @@ def _check_cluster(address: str, auth_token: str | None, timeout_s: float, wait_
         try:
             found = cluster_probe(conn, str(version.get("session_name") or "")) or {}
         except RayJobsError as e:
-            notes.append(_one_line(f"the cluster's Python and zone were not checked: {e}"))
+            notes.append(one_line(f"the cluster's Python and zone were not checked: {e}"))
         head_zone = gce.zone(lambda _: found.get("zone"))
         wrong = python_problem(found.get("python"), conn.address) or zone_problem(zone, head_zone, conn.address)
         if wrong:
@@ -325,7 +326,7 @@ def _check_cluster(address: str, auth_token: str | None, timeout_s: float, wait_
     try:
         total, avail = _cluster_resources(conn)
     except Exception as e:  # noqa: BLE001
-        return [_one_line(f"cannot read cluster resources from {conn.address}: {e}")]
+        return [one_line(f"cannot read cluster resources from {conn.address}: {e}")]
     for name, qty in wait_for.items():
         if total.get(name, 0.0) < float(qty):
             # autoscaled clusters (min_workers: 0) and clusters right after a preemption have no live
@@ -378,5 +379,5 @@ def preflight(
     finally:
         pool.shutdown(wait=False)
     if err:
-        problems.append(_one_line(err))
+        problems.append(one_line(err))
     return problems

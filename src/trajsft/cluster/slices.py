@@ -27,10 +27,9 @@ import re
 import time
 from typing import Any, Callable, Optional
 
-from ..errors import HostLost, JobEnvironmentError, SliceLimitExceeded, TrainingFailed
+from ..errors import HostLost, JobEnvironmentError, SliceLimitExceeded, TrainingFailed, one_line
 from . import setup_failure
 from .host import HostJob, run_host
-from .jobs import _one_line
 
 log = logging.getLogger("trajsft")
 
@@ -77,29 +76,29 @@ def classify(exc: BaseException) -> tuple[str, str]:
     chain = list(_chain(exc))
     for e in chain:
         if isinstance(e, HostLost):
-            return "preempted", _one_line(e.args[0] if e.args else e)
+            return "preempted", one_line(e.args[0] if e.args else e)
         if isinstance(e, TrainingFailed):
-            return "failed", _one_line(e.args[0] if e.args else e)
+            return "failed", one_line(e.args[0] if e.args else e)
         if isinstance(e, JobEnvironmentError):
-            return "config", _one_line(e.args[0] if e.args else e)
+            return "config", one_line(e.args[0] if e.args else e)
     text = "\n".join(str(e) for e in chain)
     m = _OUR_ERROR_RE.search(text)
     if m:
         kind = {"HostLost": "preempted", "TrainingFailed": "failed", "JobEnvironmentError": "config"}[m.group(1)]
-        return kind, _one_line(m.group(2))
+        return kind, one_line(m.group(2))
     names = {c.__name__ for e in chain for c in type(e).__mro__}
     for name in _SETUP_ERRORS:
         if name in names or re.search(rf"\b{name}\b", text):
-            return "config", _one_line(f"{name}: {_first_line(text, name)}")
+            return "config", one_line(f"{name}: {_first_line(text, name)}")
     imported = setup_failure.startup_error(text)  # e.g. a host actor whose class does not import there
     if imported:
-        return "config", _one_line(imported)
+        return "config", one_line(imported)
     for name in _INFRA_ERRORS:
         if name in names or re.search(rf"\b{name}\b", text):
-            return "preempted", _one_line(f"{name}: {_first_line(text, name)}")
+            return "preempted", one_line(f"{name}: {_first_line(text, name)}")
     if "preempted too many times" in text:
         return "preempted", "the TPU slice was preempted"
-    return "failed", _one_line(f"{type(exc).__name__}: {exc}")
+    return "failed", one_line(f"{type(exc).__name__}: {exc}")
 
 
 def _first_line(text: str, name: str) -> str:

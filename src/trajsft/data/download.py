@@ -10,7 +10,7 @@ import shutil
 from pathlib import Path
 
 from .. import io
-from ..errors import DataError
+from ..errors import DataError, one_line
 from ..io import is_remote
 from ..plan.config import STATE_DIR, Plan
 
@@ -48,11 +48,7 @@ def _num_rows(f: Path, rel: str) -> int:
     try:
         return pq.ParquetFile(f).metadata.num_rows
     except Exception as e:  # noqa: BLE001 - ArrowInvalid, OSError: truncated / garbage / empty file
-        raise DataError(f"{rel}: not a readable parquet file ({_one_line(e)})") from None
-
-
-def _one_line(e: BaseException) -> str:
-    return " ".join(str(e).split())[:200] or type(e).__name__
+        raise DataError(f"{rel}: not a readable parquet file ({one_line(e, 200)})") from None
 
 
 @contextlib.contextmanager
@@ -68,7 +64,7 @@ def hub_errors(what: str):
                  else " (set HF_TOKEN for gated/private repos)") if status in (401, 403) else "")
         raise DataError(f"{what}: Hugging Face Hub answered HTTP {status}{hint}") from None
     except OSError as e:  # offline, DNS, a download cut short (huggingface_hub's consistency check) ...
-        raise DataError(f"{what}: download from the Hugging Face Hub failed ({type(e).__name__}: {_one_line(e)})") from None
+        raise DataError(f"{what}: download from the Hugging Face Hub failed ({type(e).__name__}: {one_line(e, 200)})") from None
 
 
 def _hf_snapshot(dataset: str, revision: str, dest: Path) -> str:

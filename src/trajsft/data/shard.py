@@ -8,11 +8,11 @@ import os
 from pathlib import Path
 
 from .. import io
-from ..errors import DataError
+from ..errors import DataError, one_line
 from ..io import is_remote, write_text
 from ..plan.config import Plan
 from . import transform
-from .download import _one_line, _split_of
+from .download import _split_of
 
 log = logging.getLogger("trajsft")
 
@@ -39,7 +39,7 @@ def _iter_rows(raw_location: str, batch_rows: int = READ_BATCH_ROWS):
                 pf = pq.ParquetFile(fh)
                 names = pf.schema_arrow.names
             except Exception as e:  # noqa: BLE001 - ArrowInvalid, OSError: truncated / garbage / empty file
-                raise DataError(f"{rel}: not a readable parquet file ({_one_line(e)})") from None
+                raise DataError(f"{rel}: not a readable parquet file ({one_line(e, 200)})") from None
             if "messages" not in names:
                 raise DataError(f"{rel}: missing column 'messages' (columns: {', '.join(names)})")
             batches = pf.iter_batches(batch_size=batch_rows)
@@ -48,14 +48,14 @@ def _iter_rows(raw_location: str, batch_rows: int = READ_BATCH_ROWS):
                 try:
                     batch = next(batches, None)
                 except Exception as e:  # noqa: BLE001 - a corrupt page / row group
-                    raise DataError(f"{rel}: not a readable parquet file ({_one_line(e)})") from None
+                    raise DataError(f"{rel}: not a readable parquet file ({one_line(e, 200)})") from None
                 if batch is None:
                     break
                 for name, col in zip(batch.schema.names, batch.columns):
                     try:
                         col.validate(full=True)
                     except Exception as e:  # noqa: BLE001 - pyarrow.ArrowInvalid: invalid UTF-8 in a string column
-                        raise DataError(f"{rel}: column '{name}': {_one_line(e)} (not valid UTF-8?)") from None
+                        raise DataError(f"{rel}: column '{name}': {one_line(e, 200)} (not valid UTF-8?)") from None
                 for row in batch.to_pylist():
                     yield transform.Source(rel, i), row
                     i += 1

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import logging
-import json
 import os
-from pathlib import Path
 
 from ..errors import DataError
 from ..io import is_remote, join
@@ -17,14 +15,6 @@ log = logging.getLogger("trajsft")
 
 # share of chats / tokens beyond these lengths is reported for every teacher
 LENGTH_THRESHOLDS = (1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
-
-
-def _read_manifest(plan: Plan, kind: str, name: str) -> dict:
-    art = plan.get(kind, name)
-    try:
-        return json.loads(Path(art.manifest).read_text())
-    except FileNotFoundError:
-        raise DataError(f"{art.manifest} is missing: build {kind}/{name} first") from None
 
 
 def cache_dir(plan: Plan, tokenized_name: str) -> str:
@@ -66,7 +56,7 @@ def tokenize(plan: Plan, name: str) -> dict:
     spec = art.spec
     seq_len, policy = int(spec["seq_len"]), spec["long_chats"]
     shards_art = plan.get("shards", spec["shards"])
-    shards = _read_manifest(plan, "shards", shards_art.name)
+    shards = shards_art.read_manifest()
     urls = {s: [join(shards_art.location, f) for f in files] for s, files in shards["files"].items()}
     loc = art.location if is_remote(art.location) else os.path.abspath(art.location)
 
@@ -134,6 +124,6 @@ def tokenized_cache_dir(plan: Plan, tokenized_name: str) -> str:
     """The cache training reads: the tokenized manifest's ``cache_dir`` (``cache`` or
     ``cache-packed``; older manifests: ``cache-windowed``), else ``<location>/cache``."""
     try:
-        return _read_manifest(plan, "tokenized", tokenized_name)["cache_dir"]
+        return plan.get("tokenized", tokenized_name).read_manifest()["cache_dir"]
     except (DataError, KeyError):
         return cache_dir(plan, tokenized_name)

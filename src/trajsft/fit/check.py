@@ -230,13 +230,11 @@ def fits(raw: dict, sl: slices.Slice) -> bool:
 
 def data_stats(plan: Plan, target: str) -> dict:
     """Non-pad share of the packed sequences (weighted by the target's teachers), when tokenized."""
-    from ..data.tokenize import _read_manifest
-
     spec = plan.target(target)["run"].spec
     share, known = 0.0, True
     for teacher, tok in spec["tokenized"].items():
         try:
-            tr = (_read_manifest(plan, "tokenized", tok).get("stats") or {}).get("train") or {}
+            tr = (plan.get("tokenized", tok).read_manifest().get("stats") or {}).get("train") or {}
         except DataError:
             known = False
             continue

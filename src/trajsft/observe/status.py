@@ -1,4 +1,4 @@
-"""`trajsft status / logs / clusters`: what is running where. This module gathers the facts (done
+"""`trajsft status` and `trajsft clusters`: what is running where. This module gathers the facts (done
 markers, manifests, attempts.json, Levanter's log, the Ray job list, checkpoints: all the I/O);
 :mod:`trajsft.observe.status_row` turns them into a row (pure)."""
 

@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 
 from . import hashing
-from ..errors import ConfigError
+from ..errors import ConfigError, DataError
 from ..io import is_remote, join
 from . import specs as S
 from .specs import deep_merge  # noqa: F401  (the config layers' merge; C.deep_merge for callers)
@@ -212,6 +212,13 @@ class Artifact:
     manifest: str  # local file Snakemake tracks
     deps: list[tuple[str, str]] = field(default_factory=list)  # (kind, name) of upstream artifacts
     spec: dict = field(default_factory=dict)  # what the producing rule needs
+
+    def read_manifest(self) -> dict:
+        """The manifest its rule wrote; missing: one line saying which artifact to build first."""
+        try:
+            return json.loads(Path(self.manifest).read_text())
+        except FileNotFoundError:
+            raise DataError(f"{self.manifest} is missing: build {self.kind}/{self.name} first") from None
 
 
 class Plan:

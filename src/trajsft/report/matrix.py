@@ -203,7 +203,7 @@ def build(plan: Plan, out: Mapping[str, str]) -> dict:
     spec = matrix_spec(plan)
     models, scores, chats = {}, {}, {}
     for tok in {a.name for a in plan.eval_cells.values()}:
-        man = read_json(plan.get("tokenized", tok).manifest)
+        man = plan.get("tokenized", tok).read_manifest()
         val = (man.get("stats") or {}).get("validation")
         if not val:
             raise ConfigError(f"tokenized/{tok}: no held-out chat is left (every validation chat was dropped or none "

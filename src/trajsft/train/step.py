@@ -10,7 +10,7 @@ from pathlib import Path
 
 from .. import io, storage
 from ..data import template
-from ..data.tokenize import _read_manifest, cache_dir
+from ..data.tokenize import cache_dir
 from ..errors import DataError, JobEnvironmentError, TrainingFailed
 from ..io import is_remote, join, write_json
 from ..runtime import provenance
@@ -33,7 +33,7 @@ def train_data(plan: Plan, tokenized_name: str) -> dict:
     """What training needs of a tokenized teacher, from its manifest (no jax/levanter import):
     ``cache_dir``, ``packed_sequences`` (the ``seq_len`` sequences Levanter packs from the train split)
     and ``tokens_in_window`` (train tokens inside the ``seq_len`` windows)."""
-    m = _read_manifest(plan, "tokenized", tokenized_name)
+    m = plan.get("tokenized", tokenized_name).read_manifest()
     tr = (m.get("stats") or {}).get("train") or {}
     if not tr.get("packed_sequences"):
         raise DataError(f"{plan.get('tokenized', tokenized_name).manifest} has no stats.train.packed_sequences: "
