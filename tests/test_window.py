@@ -20,7 +20,7 @@ from trajsft.plan import config as C
 from trajsft.data import cache as data_cache
 from trajsft.data import download
 from trajsft.data import shard
-from trajsft import steps
+from trajsft.errors import DataError
 
 STATS = {"chats": 5, "lengths": [10, 100, 40, 300, 64], "empty_windows": [3]}
 
@@ -148,7 +148,7 @@ def test_tokenize_drops_empty_windows_and_honours_long_chats(tmp_path):
 
 @pytest.mark.integration
 def test_nothing_left_is_one_line(tmp_path):
-    with pytest.raises(steps.DataError) as e:
+    with pytest.raises(DataError) as e:
         _run(tmp_path, "drop", seq_len=16)
     assert str(e.value) == ("demo: no training chat is left at seq_len 16: 6 have no assistant token within the first "
                             "16 tokens, 0 are longer (long_chats: drop)")
