@@ -6,6 +6,7 @@ from snakemake.utils import min_version
 
 from trajsft.logs import WorkflowStop, one_line_stops
 from trajsft.plan.config import STATE_DIR, ConfigError, Plan, validate
+from trajsft.plan.kinds import KINDS
 from trajsft.plan.step import resolve as resolve_step
 
 min_version("9.0")
@@ -75,6 +76,17 @@ def payload_location(kind):
 
     def inner(wildcards):
         return PLAN.get(kind, wildcards.name).location
+
+    return inner
+
+
+def checked_setting(kind, key):
+    """Params function: a setting of the kind's record (trajsft.plan.kinds) that is not hashed but must match for
+    a built payload to be reused: a changed value reruns the rule (params rerun trigger).
+    """
+
+    def inner(wildcards):
+        return KINDS[kind].checked[key](PLAN.get(kind, wildcards.name).spec)
 
     return inner
 

@@ -10,13 +10,13 @@ rule download:
         mem_mb=4000,
     params:
         # not hashed, but checked: a changed `rows:` re-runs the download (params rerun trigger)
-        rows=lambda w: PLAN.get("raw", w.name).spec["rows"],
+        rows=checked_setting("raw", "rows"),
         # where the payload lives: another storage root reruns the rule (trajsft.storage copies a
         # sealed payload from the old root, or rebuilds it)
         location=payload_location("raw"),
         step=job_step("download"),
     script:
-        "../scripts/rule_download.py"
+        "../scripts/rule.py"
 
 
 rule shard:
@@ -34,13 +34,11 @@ rule shard:
     params:
         # not hashed (a successful shard set is the same), but switching strict on must rerun the
         # rule so that it fails on the bad rows of an already built shard set
-        strict=lambda wildcards: bool(
-            PLAN.get("shards", wildcards.name).spec["transform"].get("strict")
-        ),
+        strict=checked_setting("shards", "strict"),
         location=payload_location("shards"),
         step=job_step("shards"),
     script:
-        "../scripts/rule_shard.py"
+        "../scripts/rule.py"
 
 
 rule tokenize:
@@ -59,4 +57,4 @@ rule tokenize:
         location=payload_location("tokenized"),
         step=job_step("tokenize"),
     script:
-        "../scripts/rule_tokenize.py"
+        "../scripts/rule.py"

@@ -47,4 +47,4 @@ rule eval_matrix:
         spec=lambda w: eval_matrix.matrix_spec(PLAN),
         step=job_step("eval"),
     script:
-        "../scripts/rule_eval.py"
+        "../scripts/rule.py"

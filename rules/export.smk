@@ -21,4 +21,4 @@ rule export:
         location=lambda wildcards: PLAN.target(wildcards.target)["export"].location,
         step=job_step("export"),
     script:
-        "../scripts/rule_export.py"
+        "../scripts/rule.py"

@@ -1,6 +1,6 @@
 # Report rules: dataset cards, the teacher comparison table and training curves.
 # Logic lives in trajsft.report (build: helpers and entry points; cards, plots, tables, curves),
-# run via scripts/report_rule.py.
+# run via scripts/rule.py (trajsft.steps.REPORT_RULES).
 # `snakemake --report report.html` includes every output marked report(...) below.
 #
 # Needs from rules/common.smk: PLAN, STATE_DIR. For `rule all`: REPORT_OUTPUTS.
@@ -50,7 +50,7 @@ rule report_card:
             "native_seq_len"
         ],
     script:
-        "../scripts/report_rule.py"
+        "../scripts/rule.py"
 
 
 rule report_table:
@@ -71,7 +71,7 @@ rule report_table:
     resources:
         mem_mb=2000,
     script:
-        "../scripts/report_rule.py"
+        "../scripts/rule.py"
 
 
 rule report_curves:
@@ -93,4 +93,4 @@ rule report_curves:
     resources:
         mem_mb=2000,
     script:
-        "../scripts/report_rule.py"
+        "../scripts/rule.py"

@@ -14,7 +14,7 @@ rule download_model:
         location=payload_location("models"),
         step=job_step("model"),
     script:
-        "../scripts/rule_download_model.py"
+        "../scripts/rule.py"
 
 
 # Ray profiles (ray.fit_check, the default): the target's train step compiled for the profile's TPU
@@ -37,7 +37,7 @@ rule check_fit:
         versions=lambda wildcards: fit_versions(),
         step=job_step("fit"),
     script:
-        "../scripts/rule_check_fit.py"
+        "../scripts/rule.py"
 
 
 # The resumable Levanter checkpoint directory (<storage_root>/checkpoints/<target>-<hash>/)
@@ -67,7 +67,7 @@ rule train:
         location=lambda wildcards: PLAN.target(wildcards.target)["run"].location,
         step=job_step("train"),
     script:
-        "../scripts/rule_train.py"
+        "../scripts/rule.py"
 
 
 # A typo in the target (checkpoints/minimax/done): fail with the list of valid targets

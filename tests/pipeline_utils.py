@@ -99,6 +99,20 @@ def procs(p: subprocess.Popen, mark: str) -> list[psutil.Process]:
     return out
 
 
+def rule_jobs(p: subprocess.Popen, log_fragment: str) -> list[psutil.Process]:
+    """Snakemake's rule-job processes (every rule runs scripts/rule.py, copied under .snakemake/scripts/) that hold
+    a log open whose path contains ``log_fragment``: ``logs/tokenize/``, or ``launcher.log`` for a train job that
+    follows a Ray job (its rule log is a link to the run's durable log)."""
+    out = []
+    for c in procs(p, ".snakemake/scripts/"):
+        try:
+            if any(log_fragment in f.path for f in c.open_files()):
+                out.append(c)
+        except psutil.Error:
+            pass
+    return out
+
+
 def alive(ps: list[psutil.Process]) -> list[psutil.Process]:
     out = []
     for q in ps:

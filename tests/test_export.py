@@ -20,6 +20,7 @@ import pytest
 
 import hostile_corpus as H
 from test_steps import build_shards, make_plan
+from trajsft.plan.kinds import KINDS
 from trajsft.plan import config as C
 from trajsft.data import export
 from trajsft.data import download
@@ -296,7 +297,7 @@ def test_snakemake_export_rule_on_the_demo(tmp_path):
     run(tmp_path, "results/exports/demo/manifest.json")
     m = json.loads((tmp_path / "results/exports/demo/manifest.json").read_text())
     plan = make_plan(tmp_path)  # same config, so the same content-addressed name
-    assert m["name"] == plan.target("demo")["export"].name and m["hash_inputs"]["format"] == C.FORMAT_VERSIONS["exports"]
+    assert m["name"] == plan.target("demo")["export"].name and m["hash_inputs"]["format"] == KINDS["exports"].format
     out = tmp_path / m["location"]  # storage_root `results`, relative to the workdir
     assert (out / "llamafactory" / "dataset_info.json").exists() and (out / "manifest.json").exists()
     assert m["messages"]["rows"] == 55 and m["llamafactory"]["rows"] + m["llamafactory"]["skipped_total"] == 55

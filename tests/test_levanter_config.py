@@ -13,6 +13,7 @@ import os
 import pytest
 
 from spec_utils import run_inputs, target_spec
+from trajsft.plan.kinds import KINDS
 from trajsft.plan import config as C
 from trajsft.plan import specs as S
 from trajsft.train import levanter_config
@@ -50,7 +51,7 @@ def snapshot(repo: str, revision: str) -> str:
     named by the repo and content-addressed by repo + revision."""
     from trajsft.plan import hashing
 
-    h = hashing.short({"format": C.FORMAT_VERSIONS["models"], "init": "hf",
+    h = hashing.short({"format": KINDS["models"].format, "init": "hf",
                        "hf_checkpoint": {"hub": repo, "revision": revision}})
     return os.path.abspath(f"results/models/{repo.rsplit('/', 1)[-1]}-{h}")
 

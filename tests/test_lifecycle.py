@@ -17,7 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from pipeline_utils import REPO, alive, attempts, kill9_snakemake_only, plan, procs, run, start, wait_for
+from pipeline_utils import REPO, alive, attempts, kill9_snakemake_only, plan, procs, rule_jobs, run, start, wait_for
 from trajsft.train import checkpoints
 
 pytestmark = pytest.mark.integration
@@ -67,7 +67,7 @@ def test_rule_jobs_die_with_a_kill9ed_snakemake_and_the_rerun_finishes(tmp_path)
     # 1. kill -9 Snakemake while the tokenize job builds the cache (in its own process)
     p = start(wd, "checkpoints/demo/done", config=OVER_BIG, log=wd / "run1.log")
     wait_for(lambda: list(tok_dir.glob(".cache.building-*/train")), 300, "cache build to start", p)
-    assert procs(p, "rule_tokenize")
+    assert rule_jobs(p, "logs/tokenize/")
     tree = kill9_snakemake_only(p)
     wait_for(lambda: not alive(tree), 120, "the tokenize job to die with Snakemake")
     time.sleep(3)

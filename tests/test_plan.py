@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from trajsft.plan.kinds import KINDS
 from trajsft.plan import config as C
 from trajsft.plan import hashing
 
@@ -203,7 +204,7 @@ def test_seq_len_is_in_the_tokenized_hash():
     base = names(plan(), "minimax-m2.5")
     other = names(plan(training={"seq_len": 40960}), "minimax-m2.5")
     assert other["shards"] == base["shards"] and other["tokenized"] != base["tokenized"]
-    assert C.FORMAT_VERSIONS["tokenized"] == 3 and C.FORMAT_VERSIONS["shards"] == 3
+    assert KINDS["tokenized"].format == 3 and KINDS["shards"].format == 3
 
 
 def test_multislice_is_refused_at_plan_time(tmp_path):

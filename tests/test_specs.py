@@ -13,6 +13,7 @@ from collections import defaultdict
 import pytest
 import yaml
 
+from trajsft.plan.kinds import KINDS
 from trajsft.plan import config as C
 from trajsft.plan import specs as S
 
@@ -155,7 +156,7 @@ def changed_kinds(mutate, target, target_after=None, base=None) -> set[str]:
 
 
 def closure(kinds) -> set[str]:
-    return set(kinds) | {d for k in kinds for d in S.DOWNSTREAM[k]}
+    return set(kinds) | {d for k in kinds for d in S.KINDS[k].downstream}
 
 
 def teacher(name, **kw):
@@ -336,7 +337,7 @@ def test_revisions_and_dimensions_are_passed_on_to_levanter(monkeypatch):
     # the pinned checkpoint is read from its snapshot under the storage root (rule download_model), named
     # by the repo and revision it holds; its tokenizer is the checkpoint's own: read from there too
     model = p.model("gpt-5-mini")
-    assert model.inputs == {"format": C.FORMAT_VERSIONS["models"], "init": "hf",
+    assert model.inputs == {"format": KINDS["models"].format, "init": "hf",
                             "hf_checkpoint": {"hub": "Qwen/Qwen3-8B", "revision": QWEN3_8B_REV}}
     assert model.spec == {"ref": "Qwen/Qwen3-8B", "revision": QWEN3_8B_REV, "local": None}
     snap = os.path.abspath(f"results/models/Qwen3-8B-{model.hash}")

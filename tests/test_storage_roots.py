@@ -10,6 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from trajsft.plan.kinds import KINDS
 from trajsft import io, storage
 from trajsft.plan.config import Artifact
 
@@ -126,13 +127,13 @@ def test_a_copy_cut_off_mid_object_is_not_sealed(tmp_path, gcs, built_locally, m
         real(fi, fo, src, want)
 
     monkeypatch.setattr(storage, "_stream", dies_mid_way)
-    assert storage.find(bucket, b, storage.checked_settings(b)) is None
+    assert storage.find(bucket, b, KINDS[b.kind].checked_settings(b.spec)) is None
     assert storage.read_seal(b.location) is None and storage.where(bucket, b) == [str(tmp_path / "results")]
     assert not [k for k in gcs.objects() if k.endswith(".parquet")], "a cut-off upload was finalised"
     # and a copy whose bytes differ from the seal (a source altered after sealing) is discarded as well
     monkeypatch.setattr(storage, "_stream", real)
     (tmp_path / "results/raw" / NAME / "README.md").write_bytes(b"READme")
-    assert storage.find(bucket, b, storage.checked_settings(b)) is None
+    assert storage.find(bucket, b, KINDS[b.kind].checked_settings(b.spec)) is None
     assert gcs.objects()[f"trajsft/raw/{NAME}/README.md"] == b"readme"  # the earlier good copy, not replaced
     assert storage.read_seal(b.location) is None
 

@@ -24,7 +24,7 @@ import requests
 import yaml
 
 from fit_fixtures import ALIGNED, OVERSIZED
-from pipeline_utils import REPO, SNAKEMAKE, alive, attempts, kill9_snakemake_only, kill_group, procs, wait_for
+from pipeline_utils import REPO, SNAKEMAKE, alive, attempts, kill9_snakemake_only, kill_group, rule_jobs, wait_for
 from slice_fixtures import host_image_without
 from wandb_stub import make_server as wandb_server
 from tpu_utils import (HF, WK, data_rules, jobs, make_profile, plan_of, run_hash, sm_cmd, sm_env, snakemake, status,
@@ -279,7 +279,7 @@ def test_stopped_job_is_retried_then_a_kill9ed_snakemake_reattaches_to_the_retry
     # the retry runs as a new Ray job; kill -9 Snakemake alone (its job dies with it: PDEATHSIG)
     wait_for(lambda: {j["submission_id"]: j["status"] for j in jobs(ray_head, h)}.get(a1) == "RUNNING", 300,
              "the retry's Ray job to run", p)
-    assert procs(p, "rule_train"), "no train launcher"
+    assert rule_jobs(p, "launcher.log"), "no train launcher"
     tree = kill9_snakemake_only(p)
     wait_for(lambda: not alive(tree), 60, "the launcher to die with Snakemake")
     assert {j["submission_id"]: j["status"] for j in jobs(ray_head, h)} == {a0: "STOPPED", a1: "RUNNING"}

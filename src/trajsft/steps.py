@@ -1,12 +1,13 @@
-"""The rule-job harness of the rules download, shard, tokenize, download_model, check_fit and train: their
-scripts call :func:`run_rule`, which runs one step (``data.download``, ``data.shard``, ``data.tokenize``,
-``train.model_snapshot``, ``cluster.fit_step``, ``train.step``) with logging, stop handling, user errors as one
-line and the artifact manifest. The export and eval_matrix rules have entries of their own
-(:func:`trajsft.data.export.run_rule`, :func:`trajsft.report.matrix.rule_eval`)."""
+"""The rule-job harness: every rule's script (``scripts/rule.py``) calls :func:`run_rule`, which runs the job's
+step with logging, stop handling, user errors as one line and the artifact's manifest. An artifact's step
+function comes from its kind's record (:data:`trajsft.plan.kinds.REGISTRY`); the two steps that write no artifact
+are ``cluster.fit_step.fit`` (rule check_fit) and ``report.matrix.build`` (rule eval_matrix), and the report rules
+run their own entries (:data:`REPORT_RULES`)."""
 
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import logging
 import resource
@@ -14,6 +15,7 @@ import signal
 import sys
 import time
 import traceback
+from pathlib import Path
 from typing import Callable
 
 from . import io, storage
@@ -21,6 +23,7 @@ from .data import transform
 from .io import is_remote, write_json
 from .runtime import signals
 from .plan.config import Plan
+from .plan.kinds import BY_STEP
 
 
 log = logging.getLogger("trajsft")
@@ -28,29 +31,17 @@ log = logging.getLogger("trajsft")
 
 
 # ---- rule entry point -------------------------------------------------------------------
-def _step_function(step: str) -> Callable[[Plan, str], dict]:
-    """The step's function, importing only its own module (a rule job pays no other step's imports)."""
-    if step == "download":
-        from .data.download import download
+FIT = "trajsft.cluster.fit_step:fit"  # rule check_fit: no artifact, the summary is the output
+EVAL = "trajsft.report.matrix:build"  # rule eval_matrix: the matrix files are the outputs
+# the report rules get no Step: their entries read the job's inputs and params
+REPORT_RULES = {"report_card": "trajsft.report.build:rule_card", "report_table": "trajsft.report.build:rule_table",
+                "report_curves": "trajsft.report.curves:rule_curves"}
 
-        return download
-    if step == "shards":
-        from .data.shard import shards
 
-        return shards
-    if step == "tokenize":
-        from .data.tokenize import tokenize
-
-        return tokenize
-    if step == "model":
-        from .train.model_snapshot import snapshot
-
-        return snapshot
-    if step == "fit":
-        from .cluster.fit_step import fit
-
-        return fit
-    raise ValueError(f"unknown step {step!r}")
+def _function(ref: str) -> Callable:
+    """``module:function``, importing only that module (a rule job pays no other step's imports)."""
+    module, name = ref.split(":")
+    return getattr(importlib.import_module(module), name)
 
 
 def _shards_skipped_listing(plan: Plan, name: str) -> None:
@@ -68,16 +59,23 @@ def _cpu_seconds() -> float:
 
 
 def run_rule(snakemake) -> None:
-    """Run one step for a Snakemake ``script:`` job; user errors become one line, exit 1.
+    """The one entry of every rule job (``scripts/rule.py``): runs the job's step; user errors become one line,
+    exit 1; SIGINT/SIGTERM or a vanished Snakemake end it as stopped, nothing marked complete.
 
-    The step comes from ``snakemake.params.step`` (a :class:`trajsft.plan.step.Step` that
-    rules/common.smk resolved once from the workflow's plan); the result goes to ``snakemake.output``.
+    The step comes from ``snakemake.params.step`` (a :class:`trajsft.plan.step.Step` that rules/common.smk
+    resolved once from the workflow's plan); an artifact's manifest goes to ``snakemake.output``. The report
+    rules, which get no step, run their own entry (:data:`REPORT_RULES`).
     """
     from . import logs
 
+    if snakemake.rule in REPORT_RULES:
+        logs.setup(snakemake.log[0] if snakemake.log else None, snakemake.config.get("log_level", "INFO"))
+        _function(REPORT_RULES[snakemake.rule])(snakemake)
+        return
     job = snakemake.params.step
     step, name, plan = job.step, job.name, job.plan
     cfg = plan.cfg
+    label = f"trajsft {step} {name}".rstrip()
     log_path = snakemake.log[0] if snakemake.log else None
     if step == "train":
         from .train import step as train_step  # never jax/levanter: train_lm runs in a child
@@ -88,28 +86,18 @@ def run_rule(snakemake) -> None:
     signals.install_stop_handler()
     detach = step == "train" and cfg.get("executor") == "ray"  # the Ray job lives on: a rerun re-attaches
     signals.watch_snakemake(on_gone=train_step.detach_from_ray_job if detach else None, log_path=log_path)
+    # the matrix reads every row's provenance: a run deleted by hand is the user's to rebuild
+    user_errors = (*transform.USER_ERRORS, FileNotFoundError) if step == "eval" else transform.USER_ERRORS
     started = time.time()
     try:
-        if step == "train":
-            on_ray = None
-            if cfg.get("executor") == "ray":
-                from .cluster.submit import train_on_ray as on_ray
-            result = storage.train(plan, job.artifact,
-                                   lambda: train_step.train(plan, name, done_path=snakemake.output[0], on_ray=on_ray))
-        elif step == "fit":  # no artifact: the summary is the output
-            result = _step_function(step)(plan, name)
-            write_json(snakemake.output[0], result)
-        else:
-            result = storage.build(plan, job.artifact, lambda: _step_function(step)(plan, name))
-            if step == "shards" and result["payload_from"] != "built":
-                _shards_skipped_listing(plan, name)
-    except transform.USER_ERRORS as e:
-        msg = f"trajsft {step} {name}: {e}"
+        result = _run_step(job, snakemake)
+    except user_errors as e:
+        msg = f"{label}: {e}"
         log.error(msg)
         print(msg, file=sys.stderr)
         sys.exit(1)
     except KeyboardInterrupt as e:  # SIGINT, SIGTERM (signals.SnakemakeGone), or our Snakemake died
-        msg = f"trajsft {step} {name}: stopped ({e or 'SIGINT'}); nothing was marked complete"
+        msg = f"{label}: stopped ({e or 'SIGINT'}); nothing was marked complete"
         log.error(msg)
         with contextlib.suppress(OSError):
             print(msg, file=sys.stderr)
@@ -117,16 +105,16 @@ def run_rule(snakemake) -> None:
     except SystemExit as e:  # a local Ray's SIGTERM handler is sys.exit(15)
         if e.code != signal.SIGTERM:
             raise
-        msg = f"trajsft {step} {name}: stopped (got SIGTERM); nothing was marked complete"
+        msg = f"{label}: stopped (got SIGTERM); nothing was marked complete"
         log.error(msg)
         with contextlib.suppress(OSError):
             print(msg, file=sys.stderr)
         sys.exit(143)
     except Exception:
-        log.error("trajsft %s %s failed:\n%s", step, name, traceback.format_exc())
+        log.error("%s failed:\n%s", label, traceback.format_exc())
         raise
-    if step not in ("train", "fit"):
-        art = job.artifact
+    art = job.artifact
+    if art is not None and step != "train":  # train writes its done marker itself
         manifest = {
             "kind": art.kind, "name": art.name, "hash": art.hash, "location": art.location,
             "hash_inputs": art.inputs, "seconds": round(time.time() - started, 3), **result,
@@ -135,4 +123,33 @@ def run_rule(snakemake) -> None:
             io.write_bytes(f"{art.location}/manifest.json", json.dumps(manifest, indent=2).encode())
         write_json(snakemake.output[0], manifest)
     # this process's own CPU (children not included: a train_lm child has its own log)
-    log.info("%s %s done in %.1fs (rule process: %.2f CPU-s)", step, name, time.time() - started, _cpu_seconds())
+    log.info("%s done in %.1fs (rule process: %.2f CPU-s)", label.removeprefix("trajsft "), time.time() - started,
+             _cpu_seconds())
+
+
+def _run_step(job, snakemake) -> dict | None:
+    """The job's step: an artifact built (or found sealed) through :mod:`trajsft.storage`, a training run, the fit
+    summary or the matrix."""
+    step, name, plan = job.step, job.name, job.plan
+    if step == "fit":
+        result = _function(FIT)(plan, name)
+        write_json(snakemake.output[0], result)
+        return result
+    if step == "eval":
+        return _function(EVAL)(plan, dict(snakemake.output.items()))
+    kind = BY_STEP[step]
+    if step == "train":
+        on_ray = None
+        if plan.cfg.get("executor") == "ray":
+            from .cluster.submit import train_on_ray as on_ray
+        train = kind.step_function()
+        return storage.train(plan, job.artifact, lambda: train(plan, name, done_path=snakemake.output[0], on_ray=on_ray))
+    result = storage.build(plan, job.artifact, lambda: kind.step_function()(plan, name))
+    if step == "shards" and result["payload_from"] != "built":
+        _shards_skipped_listing(plan, name)
+    if step == "export":  # every row the sharegpt export could not hold, next to the manifest (like shard's)
+        io.write_bytes(str(Path(snakemake.output[0]).parent / "skipped.jsonl"),
+                       io.read_bytes(f"{job.artifact.location}/llamafactory/skipped.jsonl"))
+        log.info("export %s: %d llamafactory skip(s): %s", name, result["llamafactory"]["skipped_total"],
+                 [s["reason"] for s in result["llamafactory"]["skipped_examples"]])
+    return result

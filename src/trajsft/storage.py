@@ -30,6 +30,7 @@ from typing import Callable
 from urllib.parse import urlsplit
 
 from . import io
+from .plan.kinds import KINDS
 
 log = logging.getLogger("trajsft")
 
@@ -47,16 +48,6 @@ class PayloadMismatch(Exception):
 
 def absolute(location: str) -> str:
     return location if io.is_remote(location) else os.path.abspath(location)
-
-
-def checked_settings(art) -> dict:
-    """The settings of ``art`` that are not hashed but must match for a payload to be reused (the
-    rules' params rerun triggers)."""
-    if art.kind == "raw":
-        return {"rows": int(art.spec["rows"])}
-    if art.kind == "shards":
-        return {"strict": bool(art.spec["transform"].get("strict"))}
-    return {}
 
 
 # ---- objects -----------------------------------------------------------------------------
@@ -96,14 +87,9 @@ def listing(location: str, *, hashes: bool = True) -> dict[str, dict]:
     return out
 
 
-# a training run's seal covers its weights only (trainer checkpoints, HF exports): its records
-# (attempts, provenance, result, logs) change with every attempt and are written again where it runs
-SEALED_ONLY = {"checkpoints": ("checkpoints/", "hf/")}
-
-
 def objects(location: str, kind: str | None = None) -> dict[str, dict]:
     """The payload objects under ``location`` (for a training run: its weights only)."""
-    only = SEALED_ONLY.get(kind or "")
+    only = KINDS[kind].sealed if kind in KINDS else None
     if only is None:
         return {k: v for k, v in listing(location).items() if k not in NOT_OBJECTS}
     return {f"{prefix}{k}": v for prefix in only for k, v in listing(io.join(location, prefix.rstrip("/"))).items()}
@@ -405,7 +391,7 @@ def find(plan, art, checked: dict, *, here_too: bool = True) -> tuple[dict, str]
 def build(plan, art, make: Callable[[], dict]) -> dict:
     """The step's result for ``art``: a verified payload found (here or under another root) or
     ``make()`` run, its payload then sealed. The result says where it came from (``payload_from``)."""
-    checked = checked_settings(art)
+    checked = KINDS[art.kind].checked_settings(art.spec)
     found = find(plan, art, checked)
     if found is not None:
         result, origin = found

@@ -20,6 +20,7 @@ from . import hashing
 from ..errors import ConfigError, DataError
 from ..io import is_remote, join
 from . import specs as S
+from .kinds import KINDS
 from .specs import deep_merge  # noqa: F401  (the config layers' merge; C.deep_merge for callers)
 
 PACKAGE_DIR = Path(__file__).resolve().parent.parent  # src/trajsft
@@ -28,10 +29,7 @@ SCHEMA_PATH = REPO_DIR / "config" / "schema.yaml"
 DEFAULT_CONFIG = REPO_DIR / "config" / "config.yaml"
 TEMPLATE_PATH = PACKAGE_DIR / "data" / "templates" / "qwen3_chat_template.jinja"
 
-# Bump when the code that writes an artifact changes its bytes for the same inputs.
-FORMAT_VERSIONS = {"raw": 2, "shards": 3, "tokenized": 3, "models": 1, "checkpoints": 1, "exports": 2}
 STATE_DIR = "results"  # local manifests that Snakemake tracks (small files only)
-KINDS = S.KINDS  # the artifact kinds, declared with the specs that hash into them
 
 
 REVISION_RE = re.compile(r"^(?:[0-9a-f]{7,40}|local)$")
@@ -258,7 +256,7 @@ class Plan:
         model = self._model(spec.student)  # the initial weights (init: hf), else None
         rows = {t: self.specs.teachers[t].rows for t in spec.teachers}
         run_inputs = {
-            "format": FORMAT_VERSIONS["checkpoints"],
+            "format": KINDS["checkpoints"].format,
             # the run's name is part of its identity: the hash is also its W&B/trainer/Ray job id
             "target": spec.name,
             "data": [{"teacher": t, "weight": w, "tokenized": a.hash} for t, w, a in tokenized],
@@ -294,7 +292,7 @@ class Plan:
         """The target's shards for other trainers (rule `export`): LLaMA-Factory + messages jsonl, with
         the training arguments that render them as trajsft trains (cutoff_len = seq_len, the template)."""
         shards = {t: self._shards(t) for t in sorted(weights)}
-        inputs = {"format": FORMAT_VERSIONS["exports"], "target": target,
+        inputs = {"format": KINDS["exports"].format, "target": target,
                   "data": [{"teacher": t, "weight": weights[t], "shards": a.hash} for t, a in shards.items()],
                   "seq_len": seq_len, "model": model.identity() if model else None, "template": hashing.file_digest(TEMPLATE_PATH)}
         h = hashing.short(inputs)
@@ -345,7 +343,7 @@ class Plan:
         if student.init != "hf" or student.hf_checkpoint is None:
             return None
         ref = student.hf_checkpoint
-        inputs = {"format": FORMAT_VERSIONS["models"], **student.identity("models")}
+        inputs = {"format": KINDS["models"].format, **student.identity("models")}
         h = hashing.short(inputs)
         readable = re.sub(r"[^A-Za-z0-9._-]", "-", Path(ref.local or ref.ref).name).lstrip("._-") or "model"
         return self._add("models", f"{readable}-{h}", h, inputs,
@@ -358,7 +356,7 @@ class Plan:
 
     def _raw(self, teacher: str) -> Artifact:
         t = self.cfg["teachers"][teacher]
-        inputs = {"format": FORMAT_VERSIONS["raw"], **self.specs.teachers[teacher].identity("raw")}
+        inputs = {"format": KINDS["raw"].format, **self.specs.teachers[teacher].identity("raw")}
         h = hashing.short(inputs)
         return self._add("raw", f"{teacher}-{h}", h, inputs, spec={"teacher": teacher, **t})
 
@@ -366,7 +364,7 @@ class Plan:
         raw = self._raw(teacher)
         transform = self.teacher_transform(teacher)
         # TransformSpec: `strict` is cosmetic, `long_chats` is hashed at tokenize time
-        inputs = {"format": FORMAT_VERSIONS["shards"], "raw": raw.hash, **self.specs.teachers[teacher].identity("shards")}
+        inputs = {"format": KINDS["shards"].format, "raw": raw.hash, **self.specs.teachers[teacher].identity("shards")}
         h = hashing.short(inputs)
         return self._add(
             "shards", f"{teacher}-{h}", h, inputs, deps=[(raw.kind, raw.name)],
@@ -380,7 +378,7 @@ class Plan:
         transform = self.specs.teachers[teacher].transform
         seq_len, long_chats = int(training.seq_len), transform.long_chats
         inputs = {
-            "format": FORMAT_VERSIONS["tokenized"],
+            "format": KINDS["tokenized"].format,
             "shards": shards.hash,
             "template": hashing.file_digest(TEMPLATE_PATH),
             # the tokenizer; chats without a loss token in their first seq_len tokens are dropped;

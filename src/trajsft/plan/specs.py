@@ -8,8 +8,8 @@ from those identities (plus upstream hashes and code versions). ``tests/test_spe
 every field is declared, that every config key reaches a field, and that each declaration is true
 (changing a hashed field changes that artifact's hash and its downstream ones; a cosmetic one none).
 
-A hashed field enters an artifact directly; the artifacts built from it change through its hash
-(:data:`DOWNSTREAM`).
+A hashed field enters an artifact directly; the artifacts built from it change through its hash (each kind's
+``downstream`` in :data:`trajsft.plan.kinds.REGISTRY`).
 """
 
 from __future__ import annotations
@@ -23,17 +23,7 @@ from typing import Any, Mapping, Optional
 
 from . import hashing
 from ..errors import ConfigError
-
-KINDS = ("raw", "shards", "tokenized", "models", "checkpoints", "exports")
-# the artifacts built (directly or not) from an artifact of each kind
-DOWNSTREAM = {
-    "raw": ("shards", "tokenized", "checkpoints", "exports"),
-    "shards": ("tokenized", "checkpoints", "exports"),
-    "tokenized": ("checkpoints",),
-    "models": ("checkpoints",),
-    "checkpoints": (),
-    "exports": (),
-}
+from .kinds import KINDS  # the artifact kinds a field can be hashed into
 
 # Model dimensions (Levanter's Qwen3 ``model`` fields) of a student that gives none or only some:
 # a random-init student starts from ``tiny``, an hf-init student from the entry of its name. Qwen/Qwen3-8B's

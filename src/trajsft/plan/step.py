@@ -13,13 +13,12 @@ import copy
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from .kinds import BY_STEP
+
 if TYPE_CHECKING:
     from .config import Artifact, Plan
 
-# the artifact kind each step writes
-KIND_OF = {"download": "raw", "shards": "shards", "tokenize": "tokenized", "model": "models",
-           "train": "checkpoints", "export": "exports"}
-STEPS = (*KIND_OF, "fit", "eval")
+STEPS = (*BY_STEP, "fit", "eval")  # a step per artifact kind, and the two that write none
 
 
 @dataclass(frozen=True)
@@ -40,7 +39,7 @@ class Step:
             return self.plan.target(self.name)["run" if self.step == "train" else "export"]
         if self.step in ("fit", "eval"):
             return None
-        return self.plan.get(KIND_OF[self.step], self.name)
+        return self.plan.get(BY_STEP[self.step].name, self.name)
 
 
 def resolve(plan: Plan, step: str, name: str = "") -> Step:
@@ -57,7 +56,7 @@ def resolve(plan: Plan, step: str, name: str = "") -> Step:
         cells = dict(plan.eval_cells)
         roots = [t["run"] for t in targets.values()] + list(cells.values())
     else:
-        targets, roots = {}, [plan.get(KIND_OF[step], name)]
+        targets, roots = {}, [plan.get(BY_STEP[step].name, name)]
     keep: dict = {}
 
     def visit(a):

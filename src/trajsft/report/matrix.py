@@ -237,25 +237,3 @@ def build(plan: Plan, out: Mapping[str, str]) -> dict:
     if out.get("html"):
         write_text(out["html"], render_html(doc))
     return doc
-
-
-def rule_eval(snakemake) -> None:
-    """Entry point of rule ``eval_matrix`` (scripts/rule_eval.py): a user error is one line, exit 1."""
-    import sys
-
-    from .. import logs
-    from ..runtime import signals
-    from ..data.transform import USER_ERRORS
-
-    log_path = snakemake.log[0] if snakemake.log else None
-    logs.setup(log_path, snakemake.config.get("log_level", "INFO"))
-    signals.install_stop_handler()
-    signals.watch_snakemake(log_path=log_path)
-    plan = snakemake.params.step.plan  # trajsft.plan.step.Step, resolved once by rules/common.smk
-    try:
-        build(plan, dict(snakemake.output.items()))
-    except (*USER_ERRORS, FileNotFoundError) as e:
-        msg = f"trajsft eval: {e}"
-        log.error(msg)
-        print(msg, file=sys.stderr)
-        sys.exit(1)

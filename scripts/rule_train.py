@@ -1,5 +1,0 @@
-"""Snakemake script for rule `train`: thin wrapper, logic in trajsft.steps."""
-
-from trajsft.steps import run_rule
-
-run_rule(snakemake)  # noqa: F821 (injected by Snakemake)

@@ -1,0 +1,59 @@
+"""The artifact kinds, each declared once: one :class:`Kind` record per kind in :data:`REGISTRY`.
+
+A kind's record says where its artifacts live (``name``: the directory under ``results/`` and under the
+storage root), which rule and step write them, the format version hashed into each of them, the kinds built
+from it, the function its rule job runs, the settings that are not hashed but must match for a payload to be
+reused, and what its seal covers. Everything else reads these records: the hashes
+(:class:`trajsft.plan.config.Plan`, :mod:`trajsft.plan.specs`), the typed step of a rule job
+(:mod:`trajsft.plan.step`), payload reuse (:mod:`trajsft.storage`), the rules' parameters (``rules/common.smk``)
+and the rule job's dispatch (:func:`trajsft.steps.run_rule`). ``tests/test_kinds.py`` checks that every kind has a
+rule, a step function, a format version and a plan path.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+
+@dataclass(frozen=True)
+class Kind:
+    name: str  # the directory of its artifacts under results/ and under the storage root
+    rule: str  # the Snakemake rule that writes an artifact of this kind
+    step: str  # the step of that rule's job (trajsft.plan.step.Step.step)
+    format: int  # hashed into every artifact of the kind: bump it when what a payload holds changes
+    function: str  # "module:function", (plan, name) -> result, that the rule job runs (it imports that module only)
+    downstream: tuple[str, ...] = ()  # the kinds built from it, directly or not
+    # settings that are not hashed but must match for a built payload to be reused (the rule's params rerun
+    # triggers): name -> its value from the artifact's spec
+    checked: Mapping[str, Callable[[dict], Any]] = field(default_factory=dict)
+    sealed: tuple[str, ...] | None = None  # what the payload's seal covers (prefixes), None: every object
+    per_target: bool = False  # one artifact per target (named by it), not one per content shared by targets
+
+    def checked_settings(self, spec: Mapping) -> dict:
+        return {k: value(spec) for k, value in self.checked.items()}
+
+    def step_function(self) -> Callable[..., Any]:
+        module, name = self.function.split(":")
+        return getattr(importlib.import_module(module), name)
+
+
+REGISTRY = (
+    Kind("raw", rule="download", step="download", format=2, function="trajsft.data.download:download",
+         downstream=("shards", "tokenized", "checkpoints", "exports"), checked={"rows": lambda s: int(s["rows"])}),
+    Kind("shards", rule="shard", step="shards", format=3, function="trajsft.data.shard:shards",
+         downstream=("tokenized", "checkpoints", "exports"),
+         checked={"strict": lambda s: bool(s["transform"].get("strict"))}),
+    Kind("tokenized", rule="tokenize", step="tokenize", format=3, function="trajsft.data.tokenize:tokenize",
+         downstream=("checkpoints",)),
+    Kind("models", rule="download_model", step="model", format=1, function="trajsft.train.model_snapshot:snapshot",
+         downstream=("checkpoints",)),
+    # a training run's seal covers its weights only (trainer checkpoints, HF exports): its records (attempts,
+    # provenance, result, logs) change with every attempt and are written again where it runs
+    Kind("checkpoints", rule="train", step="train", format=1, function="trajsft.train.step:train",
+         sealed=("checkpoints/", "hf/"), per_target=True),
+    Kind("exports", rule="export", step="export", format=2, function="trajsft.data.export:export", per_target=True),
+)
+KINDS: dict[str, Kind] = {k.name: k for k in REGISTRY}
+BY_STEP: dict[str, Kind] = {k.step: k for k in REGISTRY}
