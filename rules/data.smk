@@ -36,7 +36,7 @@ rule shard:
         # rule so that it fails on the bad rows of an already built shard set
         strict=checked_setting("shards", "strict"),
         location=payload_location("shards"),
-        step=job_step("shards"),
+        step=job_step("shard"),
     script:
         "../scripts/rule.py"
 

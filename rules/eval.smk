@@ -45,6 +45,6 @@ rule eval_matrix:
     params:
         # rows' runs, columns, the tokenized artifact of every cell, options: a change reruns it
         spec=lambda w: eval_matrix.matrix_spec(PLAN),
-        step=job_step("eval"),
+        step=job_step("eval_matrix"),
     script:
         "../scripts/rule.py"

@@ -12,7 +12,7 @@ rule download_model:
         mem_mb=4000,
     params:
         location=payload_location("models"),
-        step=job_step("model"),
+        step=job_step("download_model"),
     script:
         "../scripts/rule.py"
 
@@ -35,7 +35,7 @@ rule check_fit:
         run=run_name,
         tpu_type=(config.get("ray") or {}).get("tpu_type"),
         versions=lambda wildcards: fit_versions(),
-        step=job_step("fit"),
+        step=job_step("check_fit"),
     script:
         "../scripts/rule.py"
 

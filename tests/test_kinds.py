@@ -13,7 +13,7 @@ from trajsft.io import join
 from trajsft.plan import config as C
 from trajsft.plan import specs as S
 from trajsft.plan import step as ST
-from trajsft.plan.kinds import BY_STEP, KINDS, REGISTRY
+from trajsft.plan.kinds import BY_RULE, KINDS, REGISTRY
 
 
 def rule_blocks() -> dict[str, str]:
@@ -36,9 +36,9 @@ def test_every_kind_has_a_rule_a_step_function_a_format_and_a_plan_path(kind, pl
     rules = rule_blocks()
     assert kind.rule in rules, f"no rule {kind.rule} in rules/*.smk"
     body = rules[kind.rule]
-    assert f'job_step("{kind.step}")' in body and '"../scripts/rule.py"' in body, body
+    assert f'job_step("{kind.rule}")' in body and '"../scripts/rule.py"' in body, body
     assert callable(kind.step_function())
-    assert BY_STEP[kind.step] is kind and kind.step in ST.STEPS
+    assert BY_RULE[kind.rule] is kind and kind.rule in ST.STEPS
     assert isinstance(kind.format, int) and kind.format >= 1
     arts = [a for (k, _), a in plan.artifacts.items() if k == kind.name]
     assert arts, f"the default config plans no {kind.name} artifact"
@@ -57,8 +57,21 @@ def test_kinds_are_what_specs_hash_into_and_listed_once_in_src():
     assert len(lines) <= 1, lines
 
 
+def test_every_rule_job_names_its_step_by_its_rule():
+    rules = rule_blocks()
+    steps = {r: m.group(1) for r, body in rules.items() if (m := re.search(r'job_step\("(\w+)"\)', body))}
+    assert steps and all(rule == step for rule, step in steps.items()), steps
+    assert set(steps) == set(ST.STEPS)
+
+
 def test_scripts_hold_one_rule_script():
     rules = rule_blocks()
     scripts = {m for body in rules.values() for m in re.findall(r'"\.\./scripts/([^"]+)"', body)}
     assert scripts == {"rule.py"}
     assert sorted(p.name for p in (REPO / "scripts").glob("*rule*.py")) == ["rule.py"]
+
+
+def test_the_layout_page_names_each_kinds_rule_and_directory():
+    page = (REPO / "docs/development-and-layout.md").read_text()
+    for kind in REGISTRY:
+        assert re.search(rf"^\| `{kind.rule}` \| `{kind.name}/`", page, re.M), kind

@@ -21,7 +21,7 @@ def kinds(step):
 def test_each_step_holds_its_artifact_and_what_it_is_built_from(plan):
     chain = {a.kind: a for a in plan.chain("demo")}
     assert kinds(ST.resolve(plan, "download", chain["raw"].name)) == ["raw"]
-    assert kinds(ST.resolve(plan, "shards", chain["shards"].name)) == ["raw", "shards"]
+    assert kinds(ST.resolve(plan, "shard", chain["shards"].name)) == ["raw", "shards"]
     tok = ST.resolve(plan, "tokenize", chain["tokenized"].name)
     assert kinds(tok) == ["raw", "shards", "tokenized"] and tok.artifact is chain["tokenized"]
     train = ST.resolve(plan, "train", "mix-all")
@@ -29,12 +29,12 @@ def test_each_step_holds_its_artifact_and_what_it_is_built_from(plan):
     assert kinds(train).count("tokenized") == 3 and "exports" not in kinds(train)
     export = ST.resolve(plan, "export", "demo")
     assert kinds(export) == ["exports", "raw", "shards"] and export.artifact.kind == "exports"
-    ev = ST.resolve(plan, "eval")
+    ev = ST.resolve(plan, "eval_matrix")
     assert ev.artifact is None and set(ev.plan.targets) == set(plan.eval_rows())
     assert set(ev.plan.eval_cells) == set(plan.eval_cells)
     assert plan.get("raw", chain["raw"].name) and len(plan.artifacts) > len(train.plan.artifacts)  # untouched
     with pytest.raises(ValueError, match="unknown step"):
-        ST.resolve(plan, "shard", chain["shards"].name)
+        ST.resolve(plan, "shards", chain["shards"].name)  # a kind's name: its rule is shard
 
 
 def test_a_step_pickles_and_its_plan_answers_like_the_whole_plan(plan):

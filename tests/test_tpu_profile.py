@@ -129,7 +129,7 @@ def test_preflight_refuses_a_step_that_does_not_fit_before_any_job(data, ray_hea
     p = snakemake(wd, prof, ray_head, check=False)
     assert p.returncode != 0
     # one line (the profile's `retries` repeat it; the rule and its retries read the session's cached compile)
-    [line] = {ln for ln in p.stderr.splitlines() if ln.startswith("trajsft fit demo: preflight")}
+    [line] = {ln for ln in p.stderr.splitlines() if ln.startswith("trajsft check_fit demo: preflight")}
     assert "does not fit" in line and "GiB of HBM per chip" in line and "nothing submitted" in line
     assert "training.batch_size 4" in line and "ray.tpu_type v5p-8" in line
     assert "rule check_fit:" in p.stdout + p.stderr and "rule train:" not in p.stdout + p.stderr

@@ -23,7 +23,7 @@ from .data import transform
 from .io import is_remote, write_json
 from .runtime import signals
 from .plan.config import Plan
-from .plan.kinds import BY_STEP
+from .plan.kinds import BY_RULE
 
 
 log = logging.getLogger("trajsft")
@@ -87,7 +87,7 @@ def run_rule(snakemake) -> None:
     detach = step == "train" and cfg.get("executor") == "ray"  # the Ray job lives on: a rerun re-attaches
     signals.watch_snakemake(on_gone=train_step.detach_from_ray_job if detach else None, log_path=log_path)
     # the matrix reads every row's provenance: a run deleted by hand is the user's to rebuild
-    user_errors = (*transform.USER_ERRORS, FileNotFoundError) if step == "eval" else transform.USER_ERRORS
+    user_errors = (*transform.USER_ERRORS, FileNotFoundError) if step == "eval_matrix" else transform.USER_ERRORS
     started = time.time()
     try:
         result = _run_step(job, snakemake)
@@ -131,13 +131,13 @@ def _run_step(job, snakemake) -> dict | None:
     """The job's step: an artifact built (or found sealed) through :mod:`trajsft.storage`, a training run, the fit
     summary or the matrix."""
     step, name, plan = job.step, job.name, job.plan
-    if step == "fit":
+    if step == "check_fit":
         result = _function(FIT)(plan, name)
         write_json(snakemake.output[0], result)
         return result
-    if step == "eval":
+    if step == "eval_matrix":
         return _function(EVAL)(plan, dict(snakemake.output.items()))
-    kind = BY_STEP[step]
+    kind = BY_RULE[step]
     if step == "train":
         on_ray = None
         if plan.cfg.get("executor") == "ray":
@@ -145,7 +145,7 @@ def _run_step(job, snakemake) -> dict | None:
         train = kind.step_function()
         return storage.train(plan, job.artifact, lambda: train(plan, name, done_path=snakemake.output[0], on_ray=on_ray))
     result = storage.build(plan, job.artifact, lambda: kind.step_function()(plan, name))
-    if step == "shards" and result["payload_from"] != "built":
+    if step == "shard" and result["payload_from"] != "built":
         _shards_skipped_listing(plan, name)
     if step == "export":  # every row the sharegpt export could not hold, next to the manifest (like shard's)
         io.write_bytes(str(Path(snakemake.output[0]).parent / "skipped.jsonl"),

@@ -1,7 +1,7 @@
 """The artifact kinds, each declared once: one :class:`Kind` record per kind in :data:`REGISTRY`.
 
 A kind's record says where its artifacts live (``name``: the directory under ``results/`` and under the
-storage root), which rule and step write them, the format version hashed into each of them, the kinds built
+storage root: a noun), which rule writes them (a verb, also the name of the rule job's step), the format version hashed into each of them, the kinds built
 from it, the function its rule job runs, the settings that are not hashed but must match for a payload to be
 reused, and what its seal covers. Everything else reads these records: the hashes
 (:class:`trajsft.plan.config.Plan`, :mod:`trajsft.plan.specs`), the typed step of a rule job
@@ -20,8 +20,7 @@ from typing import Any, Callable, Mapping
 @dataclass(frozen=True)
 class Kind:
     name: str  # the directory of its artifacts under results/ and under the storage root
-    rule: str  # the Snakemake rule that writes an artifact of this kind
-    step: str  # the step of that rule's job (trajsft.plan.step.Step.step)
+    rule: str  # the Snakemake rule that writes an artifact of this kind, and the name of its job's step
     format: int  # hashed into every artifact of the kind: bump it when what a payload holds changes
     function: str  # "module:function", (plan, name) -> result, that the rule job runs (it imports that module only)
     downstream: tuple[str, ...] = ()  # the kinds built from it, directly or not
@@ -40,20 +39,20 @@ class Kind:
 
 
 REGISTRY = (
-    Kind("raw", rule="download", step="download", format=2, function="trajsft.data.download:download",
+    Kind("raw", rule="download", format=2, function="trajsft.data.download:download",
          downstream=("shards", "tokenized", "checkpoints", "exports"), checked={"rows": lambda s: int(s["rows"])}),
-    Kind("shards", rule="shard", step="shards", format=3, function="trajsft.data.shard:shards",
+    Kind("shards", rule="shard", format=3, function="trajsft.data.shard:shards",
          downstream=("tokenized", "checkpoints", "exports"),
          checked={"strict": lambda s: bool(s["transform"].get("strict"))}),
-    Kind("tokenized", rule="tokenize", step="tokenize", format=3, function="trajsft.data.tokenize:tokenize",
+    Kind("tokenized", rule="tokenize", format=3, function="trajsft.data.tokenize:tokenize",
          downstream=("checkpoints",)),
-    Kind("models", rule="download_model", step="model", format=1, function="trajsft.train.model_snapshot:snapshot",
+    Kind("models", rule="download_model", format=1, function="trajsft.train.model_snapshot:snapshot",
          downstream=("checkpoints",)),
     # a training run's seal covers its weights only (trainer checkpoints, HF exports): its records (attempts,
     # provenance, result, logs) change with every attempt and are written again where it runs
-    Kind("checkpoints", rule="train", step="train", format=1, function="trajsft.train.step:train",
+    Kind("checkpoints", rule="train", format=1, function="trajsft.train.step:train",
          sealed=("checkpoints/", "hf/"), per_target=True),
-    Kind("exports", rule="export", step="export", format=2, function="trajsft.data.export:export", per_target=True),
+    Kind("exports", rule="export", format=2, function="trajsft.data.export:export", per_target=True),
 )
 KINDS: dict[str, Kind] = {k.name: k for k in REGISTRY}
-BY_STEP: dict[str, Kind] = {k.step: k for k in REGISTRY}
+BY_RULE: dict[str, Kind] = {k.rule: k for k in REGISTRY}

@@ -13,18 +13,18 @@ import copy
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .kinds import BY_STEP
+from .kinds import BY_RULE
 
 if TYPE_CHECKING:
     from .config import Artifact, Plan
 
-STEPS = (*BY_STEP, "fit", "eval")  # a step per artifact kind, and the two that write none
+STEPS = (*BY_RULE, "check_fit", "eval_matrix")  # a step per rule: one per artifact kind, two that write none
 
 
 @dataclass(frozen=True)
 class Step:
-    """One rule job: ``step`` (download, shards, tokenize, model, train, fit, export, eval), ``name`` (the
-    artifact's name, or the target of train, fit and export) and ``plan``: a copy of the workflow's plan
+    """One rule job: ``step`` (its rule: download, shard, tokenize, download_model, train, check_fit, export,
+    eval_matrix), ``name`` (the artifact's name, or the target of train, check_fit and export) and ``plan``: a copy of the workflow's plan
     that holds only the artifacts this step writes and reads (and, for train, fit, export and eval,
     its targets)."""
 
@@ -34,12 +34,12 @@ class Step:
 
     @property
     def artifact(self) -> Artifact | None:
-        """The artifact this step writes (fit and eval write a summary and the matrix: no artifact)."""
+        """The artifact this step writes (check_fit and eval_matrix write a summary and the matrix: no artifact)."""
         if self.step in ("train", "export"):
             return self.plan.target(self.name)["run" if self.step == "train" else "export"]
-        if self.step in ("fit", "eval"):
+        if self.step in ("check_fit", "eval_matrix"):
             return None
-        return self.plan.get(BY_STEP[self.step].name, self.name)
+        return self.plan.get(BY_RULE[self.step].name, self.name)
 
 
 def resolve(plan: Plan, step: str, name: str = "") -> Step:
@@ -47,16 +47,16 @@ def resolve(plan: Plan, step: str, name: str = "") -> Step:
     if step not in STEPS:
         raise ValueError(f"unknown step {step!r} (steps: {', '.join(STEPS)})")
     cells = {}
-    if step in ("train", "fit", "export"):
+    if step in ("train", "check_fit", "export"):
         target = plan.target(name)
         targets = {name: target}
         roots = [target["export" if step == "export" else "run"]]
-    elif step == "eval":
+    elif step == "eval_matrix":
         targets = {r: plan.target(r) for r in plan.eval_rows()}
         cells = dict(plan.eval_cells)
         roots = [t["run"] for t in targets.values()] + list(cells.values())
     else:
-        targets, roots = {}, [plan.get(BY_STEP[step].name, name)]
+        targets, roots = {}, [plan.get(BY_RULE[step].name, name)]
     keep: dict = {}
 
     def visit(a):
