@@ -204,7 +204,7 @@ class EmulatedCluster:
             time.sleep(1.0)
         from trajsft.cluster import jobs as cluster_jobs
 
-        conn = cluster_jobs._Conn(self.head.address, self.head.token)
+        conn = cluster_jobs.Conn(self.head.address, self.head.token)
         for job in conn.list_jobs():
             if job.status not in cluster_jobs.TERMINAL_STATUSES:
                 st = cluster_jobs.stop(self.head.address, job.submission_id, 60, _conn=conn)

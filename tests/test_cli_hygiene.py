@@ -227,3 +227,29 @@ def test_layers_contract_sees_an_upward_import(tmp_path):
     p = _lint_imports(tmp_path, tmp_path / "src")
     assert p.returncode == 1, p.stdout + p.stderr
     assert "trajsft.io is not allowed to import trajsft.cli" in p.stdout, p.stdout
+
+
+def private_names_taken_across_modules() -> list[str]:
+    """``from <our module> import _name`` and ``<our module>._name`` in src/trajsft (a module's private name is
+    its own: a name another module needs is public)."""
+    out = []
+    for path in sorted(PKG.rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        ours = set()
+        for n in ast.walk(tree):
+            if isinstance(n, ast.ImportFrom) and (n.level or (n.module or "").startswith("trajsft")):
+                for a in n.names:
+                    ours.add(a.asname or a.name)
+                    if a.name.startswith("_") and not a.name.startswith("__"):
+                        out.append(f"{path.relative_to(SRC)}:{n.lineno}: {a.name}")
+            elif isinstance(n, ast.Import):
+                ours |= {a.asname or a.name.split(".")[0] for a in n.names if a.name.startswith("trajsft")}
+        for n in ast.walk(tree):
+            if (isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id in ours
+                    and n.attr.startswith("_") and not n.attr.startswith("__")):
+                out.append(f"{path.relative_to(SRC)}:{n.lineno}: {n.value.id}.{n.attr}")
+    return out
+
+
+def test_no_module_takes_another_modules_private_names():
+    assert private_names_taken_across_modules() == []

@@ -192,11 +192,11 @@ def test_attempt_of_a_live_process_is_not_marked_interrupted(tmp_path):
 
 
 def test_exit_reason_of_a_signal():
-    from trajsft.train.launch import _exit_reason
+    from trajsft.train.launch import exit_reason
 
-    assert _exit_reason(-9) == "train_lm was killed by signal 9 (SIGKILL; out of memory?)"
-    assert _exit_reason(-15) == "train_lm was killed by signal 15 (SIGTERM)"
-    assert _exit_reason(1) == "train_lm exited with code 1"
+    assert exit_reason(-9) == "train_lm was killed by signal 9 (SIGKILL; out of memory?)"
+    assert exit_reason(-15) == "train_lm was killed by signal 15 (SIGTERM)"
+    assert exit_reason(1) == "train_lm exited with code 1"
 
 
 # ---- download staging -----------------------------------------------------------------------

@@ -240,26 +240,26 @@ def test_latest_checkpoint_and_metrics(tmp_path):
     log.write_text(
         "\n".join(
             [
-                f"{metrics._LAUNCH_MARK} train_lm id=x",
+                f"{metrics.LAUNCH_MARK} train_lm id=x",
                 rec(0, {"train/loss": 5.0}),
                 rec(1, {"train/loss": 4.0}),
                 rec(2, {"train/loss": 3.9}),
-                f"{metrics._LAUNCH_MARK} train_lm id=x",
+                f"{metrics.LAUNCH_MARK} train_lm id=x",
                 "... - levanter.main.train_lm - train_lm.py:262 - INFO :: Resuming training from step 2",
                 rec(2, {"train/loss": 3.5}),
                 rec(3, {"train/loss": 3.0, "global_step": 3}),
                 rec(3, {"eval/loss": 3.2, "eval/a/loss": 3.1}),
                 rec(3, {"train/loss": 3.0}),
-                f"{metrics._LAUNCH_MARK} export x",
+                f"{metrics.LAUNCH_MARK} export x",
             ]
         )
         + "\n"
     )
     m = metrics.read_metrics(str(log))
-    assert metrics._loss_history(m) == [[0, 5.0], [1, 4.0], [2, 3.5], [3, 3.0]]
+    assert metrics.loss_history(m) == [[0, 5.0], [1, 4.0], [2, 3.5], [3, 3.0]]
     assert [x["kind"] for x in m["launches"]] == ["train_lm", "train_lm", "export"]
     assert m["launches"][1]["resumed_from_step"] == 2 and m["launches"][1]["first_step"] == 2
-    assert metrics._eval_losses(m) == {"eval/loss": [3, 3.2], "eval/a/loss": [3, 3.1]}
+    assert metrics.eval_losses(m) == {"eval/loss": [3, 3.2], "eval/a/loss": [3, 3.1]}
 
 
 # --------------------------------------------------------------------------------------

@@ -321,7 +321,7 @@ def test_on_a_bucket_losses_resume_from_the_bucket_without_snakemake_retry(data,
     # the job log has every slice attempt's launch once (each attempt streams only what it appended); the
     # weights were read from the bucket's snapshot by each attempt that had no checkpoint, never from the Hub
     text = job_log.read_text()
-    launches = [ln for ln in text.splitlines() if metrics._LAUNCH_MARK in ln]
+    launches = [ln for ln in text.splitlines() if metrics.LAUNCH_MARK in ln]
     assert len(launches) >= 4 and len(set(launches)) == len(launches), launches
     assert text.count(init_line) == sum(1 for s in sas if s["resumed_from_step"] == 0) >= 2, shown
     assert "Starting from scratch" not in text
@@ -376,11 +376,11 @@ def test_old_shape_pinned_to_the_slice_head_fails_fast(data, cluster, tmp_path, 
     sid, _ = cluster_jobs.submit_or_attach(cluster.address, entry, f"old-shape-{int(t0)}",
                                       runtime_env={"working_dir": str(REPO / "src"), "excludes": ["**/__pycache__/"]},
                                       entrypoint_resources={f"TPU-{TPU}-head": 1}, auth_token=cluster.head.token)
-    st = wait_for(lambda: (s := cluster_jobs._Conn(cluster.address, cluster.head.token).status(sid)) in
+    st = wait_for(lambda: (s := cluster_jobs.Conn(cluster.address, cluster.head.token).status(sid)) in
                   cluster_jobs.TERMINAL_STATUSES and s, 120, "the old-shape job to end")
     assert st == "FAILED" and time.time() - t0 < 120
     # Ray's job message carries the tail of the driver's output (the log file of a job whose driver ran on
     # another node may not be collected yet)
-    said = cluster_jobs._Conn(cluster.address, cluster.head.token).job_info(sid).message or ""
+    said = cluster_jobs.Conn(cluster.address, cluster.head.token).job_info(sid).message or ""
     said += cluster_jobs.job_logs(cluster.address, sid, auth_token=cluster.head.token)
     assert "SingleProcessOnPod: this is worker 0 of the 2-host TPU slice slice-" in said and "run_on_pod" in said, said

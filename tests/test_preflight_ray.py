@@ -262,7 +262,7 @@ def test_the_probe_reads_the_zone_from_the_heads_metadata_server(tmp_path, monke
     head = StandInJobsHead("3.11.7")
     vm = MetadataServer(zone="us-east5-a", project="marin-x")
     try:
-        conn = P._Conn(head.address, None)
+        conn = P.Conn(head.address, None)
         P.cluster_probe(conn, "s")  # what it submits
         code = re.search(r'b64decode\("([^"]+)"\)', head.posted[0]["entrypoint"]).group(1)
         out = subprocess.run([sys.executable, "-c", base64.b64decode(code).decode()], capture_output=True, text=True,

@@ -33,7 +33,7 @@ def _uid() -> str:
 
 
 def _wait_status(address, job_id, want, timeout=60.0, token=None):
-    conn = cluster_jobs._Conn(address, token)
+    conn = cluster_jobs.Conn(address, token)
     deadline = time.monotonic() + timeout
     st = None
     while time.monotonic() < deadline:
@@ -97,13 +97,13 @@ def test_resolve_auth_token_precedence(monkeypatch, tmp_path):
 
 def test_log_writer_dedup_partial_lines_and_redaction(tmp_path):
     log = tmp_path / "job.log"
-    w = follow._LogWriter(log, "job@1", {"HF_TOKEN": "s3cr3tvalue"})
+    w = follow.LogWriter(log, "job@1", {"HF_TOKEN": "s3cr3tvalue"})
     pos = w.feed(0, "a\nb")  # "b" is held back until its newline
     pos = w.feed(pos, "\nkey=s3cr3tvalue\n")
     w.close()
     assert log.read_text() == "a\nb\nkey=<redacted:HF_TOKEN>\n"
     # Re-attach: the stream is replayed from the start; only new text is appended.
-    w = follow._LogWriter(log, "job@1", {"HF_TOKEN": "s3cr3tvalue"})
+    w = follow.LogWriter(log, "job@1", {"HF_TOKEN": "s3cr3tvalue"})
     assert w.committed == len("a\nb\nkey=s3cr3tvalue\n")
     pos = w.feed(0, "a\nb\nkey=s3cr3tvalue\nc\n")
     w.feed(0, "a\nb\nkey=s3cr3tvalue\nc\nd")  # polling style (full text again)
@@ -111,21 +111,21 @@ def test_log_writer_dedup_partial_lines_and_redaction(tmp_path):
     w.close()
     assert log.read_text() == "a\nb\nkey=<redacted:HF_TOKEN>\nc\nd"
     # Another job (or the same id on a restarted cluster) starts at 0.
-    w = follow._LogWriter(log, "job@2", None)
+    w = follow.LogWriter(log, "job@2", None)
     assert w.committed == 0
     w.close()
 
 
 def test_log_writer_cuts_unrecorded_tail_after_crash(tmp_path):
     log = tmp_path / "job.log"
-    w = follow._LogWriter(log, "job@1", None)
+    w = follow.LogWriter(log, "job@1", None)
     w.marker("start")
     w.feed(0, "one\ntwo\n")
     w.close()
     good = log.read_bytes()
     with open(log, "a") as f:  # written, but killed before the sidecar update
         f.write("three\n")
-    w = follow._LogWriter(log, "job@1", None)
+    w = follow.LogWriter(log, "job@1", None)
     assert log.read_bytes() == good
     w.feed(0, "one\ntwo\nthree\nfour\n")
     w.close()
@@ -135,14 +135,14 @@ def test_log_writer_cuts_unrecorded_tail_after_crash(tmp_path):
 def test_secret_names_are_moved_out_of_runtime_env(monkeypatch):
     monkeypatch.setenv("HF_TOKEN", "hfvalue")
     renv = {"env_vars": {"WANDB_API_KEY": "wv", "PLAIN": "1"}, "pip": []}
-    got = cluster_secrets._collect_secrets(["HF_TOKEN"], renv)
+    got = cluster_secrets.collect_secrets(["HF_TOKEN"], renv)
     assert got == {"HF_TOKEN": "hfvalue", "WANDB_API_KEY": "wv"}
     assert renv["env_vars"] == {"PLAIN": "1"}
     monkeypatch.delenv("HF_TOKEN")
     with pytest.raises(ValueError, match="export HF_TOKEN"):
-        cluster_secrets._collect_secrets(["HF_TOKEN"], {})
+        cluster_secrets.collect_secrets(["HF_TOKEN"], {})
     with pytest.raises(ValueError, match="HF_TOKEN") as ei:
-        cluster_secrets._assert_not_leaked({"HF_TOKEN": "hfvalue"}, entrypoint="echo hfvalue")
+        cluster_secrets.assert_not_leaked({"HF_TOKEN": "hfvalue"}, entrypoint="echo hfvalue")
     assert "hfvalue" not in str(ei.value)
 
 
@@ -151,7 +151,7 @@ def test_secret_bundles_get_distinct_package_uris():
 
     uris, names = set(), set()
     for _ in range(2):
-        with cluster_secrets._secret_bundle({"HF_TOKEN": "same"}) as (name, path):
+        with cluster_secrets.secret_bundle({"HF_TOKEN": "same"}) as (name, path):
             assert oct(Path(path, "secrets.json").stat().st_mode & 0o777) == "0o600"
             uris.add(get_uri_for_directory(path, include_gitignore=True))
             names.add(name)
@@ -202,7 +202,7 @@ def test_success_with_custom_resource_logs_and_attach(ray_head, tmp_path):  # no
         ray_head.address, ep, sid, None, {"TPU-v5p-32-head": 1}, None, None, auth_token=tok
     )
     assert (job_id2, attached2) == (sid, True)
-    conn = cluster_jobs._Conn(ray_head.address, tok)
+    conn = cluster_jobs.Conn(ray_head.address, tok)
     assert [j.submission_id for j in conn.client.list_jobs()].count(sid) == 1
     assert conn.job_info(sid).metadata["purpose"] == "test"
 
@@ -259,7 +259,7 @@ def test_stop_and_cluster_summary(ray_client_env, tmp_path):  # noqa: F811
     sid2 = cluster_jobs.submission_id(_uid(), 0)
     cluster_jobs.submit_or_attach(head.address, "echo never", sid2, entrypoint_resources={"TPU-v4-8-head": 1})
     time.sleep(2)
-    assert cluster_jobs._Conn(head.address).status(sid2) == "PENDING"
+    assert cluster_jobs.Conn(head.address).status(sid2) == "PENDING"
     assert sid2 in cluster_preflight.cluster_summary(head.address)["jobs"]["ours_pending"]
     # Documented Ray behaviour: the stop is queued until the job gets scheduled.
     assert cluster_jobs.stop(head.address, sid2, wait_s=2) == "PENDING"
@@ -331,7 +331,7 @@ def test_run_job_child_reattach_then_signal_stops_ray_job(ray_head, tmp_path, si
     h = _uid()
     sid = cluster_jobs.submission_id(h, 0)
     log = tmp_path / "child.log"
-    conn = cluster_jobs._Conn(ray_head.address, ray_head.token)
+    conn = cluster_jobs.Conn(ray_head.address, ray_head.token)
     children = []
     try:
         # 1) The pipeline process dies hard: the Ray job keeps running.
@@ -449,7 +449,7 @@ def test_secrets_reach_job_but_are_not_leaked(ray_head, tmp_path, monkeypatch): 
     for line in ("HF ok", "WANDB ok", "EXTRA ok", "PLAIN visible", "BUNDLE_IN_JOB_CONFIG False"):
         assert line in text, text
 
-    conn = cluster_jobs._Conn(ray_head.address, tok)
+    conn = cluster_jobs.Conn(ray_head.address, tok)
     hdr = {"Authorization": f"Bearer {tok}"} if tok else {}
     exposed = [
         repr(conn.job_info(res.job_id)),

@@ -188,9 +188,9 @@ def _main(argv: list[str] | None = None) -> int:
             export_node.memory_needed(ckpt["path"])
         export_node.export_on_a_node(run.cfg, ckpt["path"], run.final_hf, need=need,
                                      work_dir=None if is_remote(args.run_dir) else work)
-    tmpl = hf_export._chat_template_of(run.cfg)
+    tmpl = hf_export.chat_template_of(run.cfg)
     if tmpl and not is_remote(run.final_hf):
-        hf_export._write_chat_template(run.final_hf, tmpl)
+        hf_export.write_chat_template(run.final_hf, tmpl)
     primary = next((h["result"] for h in host_results if "result" in h), None)
     result = primary or {"run_id": run.cfg["trainer"]["id"], "final_loss": None, "launched": False,
                          "resumed_from_step": None, "loss_history": []}

@@ -42,8 +42,8 @@ from pathlib import Path
 
 import tenacity
 
-from .jobs import TERMINAL_STATUSES, _Conn, ClusterUnreachable, FollowInterrupted, JobNotFound
-from .secrets import _scrub
+from .jobs import TERMINAL_STATUSES, Conn, ClusterUnreachable, FollowInterrupted, JobNotFound
+from .secrets import scrub
 
 log = logging.getLogger("trajsft.rayjobs")  # the name in log lines, as before the re-layout
 
@@ -51,7 +51,7 @@ log = logging.getLogger("trajsft.rayjobs")  # the name in log lines, as before t
 # --------------------------------------------------------------------------- follow
 
 
-class _LogWriter:
+class LogWriter:
     """Appends one job's log to a file, skipping already-written characters.
 
     Sidecar ``<log>.offsets.json``: ``{"file_bytes": N, "jobs": {key: chars}}``
@@ -101,7 +101,7 @@ class _LogWriter:
         return self.committed + len(self.pending)
 
     def marker(self, text: str) -> None:
-        self.f.write(_scrub(f"[trajsft] {text}\n", self.redact))
+        self.f.write(scrub(f"[trajsft] {text}\n", self.redact))
         self.f.flush()
         self._save()
 
@@ -119,7 +119,7 @@ class _LogWriter:
 
     def _commit(self, n: int) -> None:
         text, self.pending = self.pending[:n], self.pending[n:]
-        self.f.write(_scrub(text, self.redact))
+        self.f.write(scrub(text, self.redact))
         self.f.flush()
         self.committed += len(text)
         self._save()
@@ -154,7 +154,7 @@ class _Follower:
 
     MAX_EMPTY_DROPS = 3  # consecutive tail sessions that dropped before delivering anything: poll instead
 
-    def __init__(self, conn: _Conn, job_id: str, writer: _LogWriter, poll_s: float, should_stop: Callable[[], bool],
+    def __init__(self, conn: Conn, job_id: str, writer: LogWriter, poll_s: float, should_stop: Callable[[], bool],
                  unreachable_grace_s: float):
         self.conn, self.job_id, self.writer = conn, job_id, writer
         self.poll_s, self.should_stop, self.grace_s = poll_s, should_stop, unreachable_grace_s
@@ -297,7 +297,7 @@ def follow(
     should_stop: Callable[[], bool] | None = None,
     unreachable_grace_s: float = 300.0,
     auth_token: str | None = None,
-    _conn: _Conn | None = None,
+    _conn: Conn | None = None,
 ) -> str:
     """Append the job's log to ``log_path`` until it is terminal; return the status.
 
@@ -310,12 +310,12 @@ def follow(
     replaced by ``<redacted:NAME>`` in the file.  When ``should_stop()`` turns
     true, :class:`FollowInterrupted` is raised (the job keeps running).
     """
-    conn = _conn or _Conn(address, auth_token)
+    conn = _conn or Conn(address, auth_token)
     info = conn.job_info(job_id)
     if info is None:
         raise JobNotFound(f"Ray job {job_id} does not exist on {conn.address}")
     key = f"{info.submission_id or job_id}@{info.start_time or 0}"
-    writer = _LogWriter(log_path, key, redact)
+    writer = LogWriter(log_path, key, redact)
     try:
         writer.marker(
             f"following Ray job {job_id} on {conn.address} (status {info.status}, "

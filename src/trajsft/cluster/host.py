@@ -221,7 +221,7 @@ def run_host(job: HostJob) -> dict:
                 t["mode"] = node_wandb_mode
     config_path = levanter_config.write_config(levanter_config.resolve_hub_refs(cfg),
                                                os.path.join(work, f"levanter_config.{job.attempt_tag}.yaml"))
-    train_run._ensure_reference_checkpoint(cfg)
+    train_run.ensure_reference_checkpoint(cfg)
     env = {**tracking.child_env(cfg), **secrets}
     if host.primary:  # process 0 names the W&B run in the run dir (on the bucket), where status reads it
         env[tracking.RECORD_ENV] = io.join(job.run_dir, tracking.RECORD)
@@ -230,7 +230,7 @@ def run_host(job: HostJob) -> dict:
         env.update({"JAX_NUM_CPU_DEVICES": str(max(1, chips)), "JAX_CPU_COLLECTIVES_IMPLEMENTATION": "gloo"})
     log_path = os.path.join(work, "train.log" if host.primary else f"train-{host.slice_id}-{host.worker_id}.log")
     ckpt = checkpoints.latest_checkpoint(run.checkpoint_dir)
-    header = (f"{metrics._LAUNCH_MARK} train_lm id={cfg['trainer']['id']} at {dt.datetime.now().isoformat()} "
+    header = (f"{metrics.LAUNCH_MARK} train_lm id={cfg['trainer']['id']} at {dt.datetime.now().isoformat()} "
               f"on {host} ({job.attempt_tag}; latest checkpoint: {ckpt['path'] if ckpt else None})")
     stop = threading.Event()
     tee = None
@@ -240,7 +240,7 @@ def run_host(job: HostJob) -> dict:
         tee = threading.Thread(target=_tee, args=(log_path, stop, start), daemon=True)
         tee.start()
     try:
-        rc = launch._run_subprocess(
+        rc = launch.run_subprocess(
             [*launch.TRAIN_CHILD, "--config_path", config_path, *distributed_args(host, job)],
             log_path, launch.levanter_env(work, env), work, header)
     finally:

@@ -2,7 +2,7 @@
 
 Every call to a Ray cluster goes through here: the dashboard's HTTP API
 (``ray.job_submission.JobSubmissionClient`` plus a few plain REST calls, the
-connection in ``_Conn``); we never ``ray.init()`` as a driver.
+connection in ``Conn``); we never ``ray.init()`` as a driver.
 
 Public API
 ----------
@@ -73,7 +73,7 @@ import requests
 import tenacity
 
 from ..errors import ClusterError
-from .secrets import _assert_not_leaked, _collect_secrets, _scrub, _secret_bundle
+from .secrets import assert_not_leaked, collect_secrets, scrub, secret_bundle
 
 
 log = logging.getLogger("trajsft.rayjobs")  # the name in log lines, as before the re-layout
@@ -225,7 +225,7 @@ _AUTH_HINT = (
 )
 
 
-def _http(
+def http_request(
     address: str,
     method: str,
     path: str,
@@ -272,7 +272,7 @@ def _http(
 
 
 def _probe(address: str, headers: Mapping[str, str], timeout: float) -> dict:
-    r = _http(address, "GET", "/api/version", headers, timeout=timeout)
+    r = http_request(address, "GET", "/api/version", headers, timeout=timeout)
     if r.status_code != 200:
         raise ClusterUnreachable(
             f"Ray dashboard {address} answered HTTP {r.status_code} to /api/version (not a Ray dashboard?)"
@@ -283,7 +283,7 @@ def _probe(address: str, headers: Mapping[str, str], timeout: float) -> dict:
         raise ClusterUnreachable(f"{address}/api/version did not return JSON (not a Ray dashboard?)") from None
 
 
-class _Conn:
+class Conn:
     """Normalised address + auth headers + lazily created JobSubmissionClient."""
 
     def __init__(self, address: str, auth_token: str | None = None, timeout: float = 5.0):
@@ -308,7 +308,7 @@ class _Conn:
         return self._client
 
     def get(self, path: str, timeout: float = 15.0) -> Any:
-        r = _http(self.address, "GET", path, self.headers, timeout=timeout)
+        r = http_request(self.address, "GET", path, self.headers, timeout=timeout)
         if r.status_code != 200:
             raise RayJobsError(f"GET {path} -> HTTP {r.status_code}: {r.text[:200]}")
         return r.json()
@@ -319,7 +319,7 @@ class _Conn:
 
     def job_info(self, job_id: str) -> JobView | None:
         """The job's details (``GET /api/jobs/<id>``) or None if no such job."""
-        r = _http(self.address, "GET", f"/api/jobs/{quote(job_id, safe='')}", self.headers, timeout=30.0)
+        r = http_request(self.address, "GET", f"/api/jobs/{quote(job_id, safe='')}", self.headers, timeout=30.0)
         if r.status_code == 404:
             return None
         if r.status_code != 200:
@@ -331,7 +331,7 @@ class _Conn:
 
     def _job_call(self, method: str, job_id: str, action: str, what: str, timeout: float) -> dict:
         """``<method> /api/jobs/<id>/<action>``'s JSON; a missing job is :class:`JobNotFound`."""
-        r = _http(self.address, method, f"/api/jobs/{quote(job_id, safe='')}/{action}", self.headers, timeout=timeout)
+        r = http_request(self.address, method, f"/api/jobs/{quote(job_id, safe='')}/{action}", self.headers, timeout=timeout)
         if r.status_code == 404:
             raise JobNotFound(f"Ray job {job_id} does not exist on {self.address}")
         if r.status_code != 200:
@@ -403,7 +403,7 @@ def submit_or_attach(
     python: str = "python",
     auth_token: str | None = None,
     identity: str | None = None,
-    _conn: _Conn | None = None,
+    _conn: Conn | None = None,
 ) -> tuple[str, bool]:
     """Submit ``entrypoint`` as ``submission_id`` unless that job already exists.
 
@@ -418,13 +418,13 @@ def submit_or_attach(
     for the (stdlib-only) wrapper on the cluster. ``identity`` (default ``entrypoint``) is hashed
     into the metadata as ``trajsft_entrypoint_sha256``: what a re-attach compares.
     """
-    conn = _conn or _Conn(address, auth_token)
+    conn = _conn or Conn(address, auth_token)
     existing = conn.job_info(submission_id)
     if existing is not None:
         return _handle_existing(existing)
 
     renv: dict[str, Any] = copy.deepcopy(dict(runtime_env or {}))
-    secret_values = _collect_secrets(env_vars, renv)
+    secret_values = collect_secrets(env_vars, renv)
     md = {str(k): str(v) for k, v in (metadata or {}).items()}
     md.update(
         {
@@ -434,7 +434,7 @@ def submit_or_attach(
     )
     if secret_values:
         md["trajsft_forwarded_env"] = ",".join(sorted(secret_values))
-    _assert_not_leaked(
+    assert_not_leaked(
         secret_values,
         entrypoint=entrypoint,
         metadata=json.dumps(md),
@@ -444,7 +444,7 @@ def submit_or_attach(
     with contextlib.ExitStack() as stack:
         final_entrypoint = entrypoint
         if secret_values:
-            mod, path = stack.enter_context(_secret_bundle(secret_values))
+            mod, path = stack.enter_context(secret_bundle(secret_values))
             mods = renv.get("py_modules") or []
             renv["py_modules"] = list(mods) + [path]
             final_entrypoint = f"{shlex.quote(python)} -m {mod} {shlex.quote(entrypoint)}"
@@ -462,7 +462,7 @@ def submit_or_attach(
                 existing = conn.job_info(submission_id)
                 if existing is not None:
                     return _handle_existing(existing)
-            raise RayJobsError(f"submitting Ray job {submission_id} failed: {_scrub(str(e), secret_values)}") from None
+            raise RayJobsError(f"submitting Ray job {submission_id} failed: {scrub(str(e), secret_values)}") from None
     log.info("submitted Ray job %s to %s", submission_id, conn.address)
     return submission_id, False
 
@@ -477,7 +477,7 @@ def stop(
     *,
     poll_s: float = 0.5,
     auth_token: str | None = None,
-    _conn: _Conn | None = None,
+    _conn: Conn | None = None,
 ) -> str:
     """Request the job to stop and wait up to ``wait_s`` for a terminal status.
 
@@ -493,7 +493,7 @@ def stop(
     started and immediately stopped (-> STOPPED); if it never gets scheduled it
     turns FAILED after ``RAY_JOB_START_TIMEOUT_SECONDS`` (default 15 min).
     """
-    conn = _conn or _Conn(address, auth_token)
+    conn = _conn or Conn(address, auth_token)
     status = conn.status(job_id)
     if status in TERMINAL_STATUSES:
         return status
@@ -518,7 +518,7 @@ def stop(
 
 def run_jobs(address: str, content_hash: str, *, auth_token: str | None = None, timeout_s: float = 5.0) -> list[dict]:
     """All attempts ``trajsft-<hash>-a<n>`` on a cluster, oldest attempt first."""
-    conn = _Conn(address, auth_token, timeout=timeout_s)
+    conn = Conn(address, auth_token, timeout=timeout_s)
     conn.check()
     prefix = f"{SUBMISSION_PREFIX}{content_hash}-a"
     out = []
@@ -532,4 +532,4 @@ def run_jobs(address: str, content_hash: str, *, auth_token: str | None = None, 
 
 
 def job_logs(address: str, job_id: str, *, auth_token: str | None = None) -> str:
-    return _Conn(address, auth_token).job_logs(job_id)
+    return Conn(address, auth_token).job_logs(job_id)

@@ -14,7 +14,7 @@ from typing import Any
 from .. import gce, storage
 from ..errors import one_line
 from .jobs import (
-    ACTIVE_STATUSES, SUBMISSION_PREFIX, _Conn, ClusterUnauthorized, ClusterUnreachable,
+    ACTIVE_STATUSES, SUBMISSION_PREFIX, Conn, ClusterUnauthorized, ClusterUnreachable,
     RayJobsError,
 )
 
@@ -22,7 +22,7 @@ from .jobs import (
 # --------------------------------------------------------------------------- cluster info
 
 
-def _cluster_resources(conn: _Conn) -> tuple[dict[str, float], dict[str, float]]:
+def _cluster_resources(conn: Conn) -> tuple[dict[str, float], dict[str, float]]:
     """(total, available) logical resources, via the dashboard (no driver)."""
     total: dict[str, float] = {}
     used: dict[str, float] = {}
@@ -65,7 +65,7 @@ def cluster_summary(address: str, *, auth_token: str | None = None, timeout_s: f
         "tpu": {},
     }
     try:
-        conn = _Conn(address, auth_token, timeout=timeout_s)
+        conn = Conn(address, auth_token, timeout=timeout_s)
         out["address"] = conn.address
         out["ray_version"] = conn.check().get("ray_version")
         out["reachable"] = True
@@ -100,7 +100,7 @@ def nodes_on_this_machine(address: str, auth_token: str | None = None, timeout_s
     import socket
 
     try:
-        data = _Conn(address, auth_token, timeout=timeout_s).get("/nodes?view=hostNameList", timeout=timeout_s)
+        data = Conn(address, auth_token, timeout=timeout_s).get("/nodes?view=hostNameList", timeout=timeout_s)
     except (RayJobsError, ValueError, OSError):
         return None
     payload = data.get("data") or {} if isinstance(data, dict) else {}
@@ -225,7 +225,7 @@ def _probe_cache() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "trajsft" / "cluster-probe.json"
 
 
-def cluster_probe(conn: _Conn, session: str, timeout_s: float = 30.0) -> dict | None:
+def cluster_probe(conn: Conn, session: str, timeout_s: float = 30.0) -> dict | None:
     """What the head says of itself, read by a probe job of a few seconds (tagged with :data:`PROBE_METADATA`) once
     per head session (cached here): ``python`` (the image's Python: what the driver and the hosts run), ``zone``
     and ``project`` (the head VM's, from its GCE metadata server; None off GCE). None if it told nothing."""
@@ -243,9 +243,9 @@ def cluster_probe(conn: _Conn, session: str, timeout_s: float = 30.0) -> dict | 
     code = base64.b64encode(_PROBE_CODE.encode()).decode()
     body = {"entrypoint": f"python -c 'exec(__import__(\"base64\").b64decode(\"{code}\"))'",
             "submission_id": sid, "metadata": dict(PROBE_METADATA)}
-    from .jobs import _http, TERMINAL_STATUSES
+    from .jobs import http_request, TERMINAL_STATUSES
 
-    r = _http(conn.address, "POST", "/api/jobs/", conn.headers, timeout=min(timeout_s, 15.0), json=body)
+    r = http_request(conn.address, "POST", "/api/jobs/", conn.headers, timeout=min(timeout_s, 15.0), json=body)
     if r.status_code != 200:
         raise RayJobsError(f"the probe job was refused: HTTP {r.status_code}: {r.text[:200]}")
     deadline = time.monotonic() + timeout_s
@@ -297,7 +297,7 @@ def _check_cluster(address: str, auth_token: str | None, timeout_s: float, wait_
                    zone: str | None = None) -> list[str]:
     problems: list[str] = []
     try:
-        conn = _Conn(address, auth_token, timeout=timeout_s)
+        conn = Conn(address, auth_token, timeout=timeout_s)
         version = conn.check()  # the first thing asked: nothing else of a head on another Ray needs to answer
     except ClusterUnauthorized as e:
         return [one_line(f"unauthorized: {e}")]

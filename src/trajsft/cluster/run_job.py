@@ -11,9 +11,9 @@ import threading
 from collections.abc import Iterable, Mapping
 from typing import Any, Callable
 
-from .follow import _LogWriter, follow
+from .follow import LogWriter, follow
 from .jobs import (
-    MAX_ATTEMPTS, STOP_WAIT_S, _Conn, FollowInterrupted, JobAlreadyTerminal, JobFailed, JobInterrupted,
+    MAX_ATTEMPTS, STOP_WAIT_S, Conn, FollowInterrupted, JobAlreadyTerminal, JobFailed, JobInterrupted,
     JobNotFound, JobResult, RayJobsError, stop, submission_id, submit_or_attach,
 )
 from .secrets import SECRET_NAME_RE
@@ -83,7 +83,7 @@ def run_job(
     raised.  Otherwise returns :class:`JobResult` on SUCCEEDED or raises
     :class:`JobFailed`.
     """
-    conn = _Conn(address, auth_token)
+    conn = Conn(address, auth_token)
     conn.check()
     if isinstance(env_vars, Mapping):
         redact = dict(env_vars)
@@ -172,7 +172,7 @@ def run_job(
                 # Best effort: write the tail of the log (stop messages etc.).
                 with contextlib.suppress(Exception):
                     info = conn.job_info(current)
-                    w = _LogWriter(log_path, f"{current}@{info.start_time or 0}", redact)
+                    w = LogWriter(log_path, f"{current}@{info.start_time or 0}", redact)
                     try:
                         w.feed(0, conn.job_logs(current))
                         w.finish()

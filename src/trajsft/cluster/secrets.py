@@ -123,7 +123,7 @@ _main()
 '''
 
 
-def _collect_secrets(
+def collect_secrets(
     env_vars: Mapping[str, str] | Iterable[str] | None,
     runtime_env: dict,
 ) -> dict[str, str]:
@@ -154,7 +154,7 @@ def _collect_secrets(
     return out
 
 
-def _assert_not_leaked(secrets: Mapping[str, str], **places: str) -> None:
+def assert_not_leaked(secrets: Mapping[str, str], **places: str) -> None:
     for name, value in secrets.items():
         if not value:
             continue
@@ -167,7 +167,7 @@ def _assert_not_leaked(secrets: Mapping[str, str], **places: str) -> None:
 
 
 @contextlib.contextmanager
-def _secret_bundle(values: Mapping[str, str]):
+def secret_bundle(values: Mapping[str, str]):
     """Yield (module_name, dir) of a temporary package holding secrets.json."""
     tmp = tempfile.mkdtemp(prefix="trajsft-sec-")  # 0700, outside any workdir
     try:
@@ -187,7 +187,7 @@ def _secret_bundle(values: Mapping[str, str]):
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _scrub(text: str, secret_values: Mapping[str, str]) -> str:
+def scrub(text: str, secret_values: Mapping[str, str]) -> str:
     for name, value in secret_values.items():
         if value:
             text = text.replace(value, f"<redacted:{name}>")

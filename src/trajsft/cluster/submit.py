@@ -282,7 +282,7 @@ def job_env(ray: dict) -> dict:
 def _setup_fingerprint(address: str, renv: dict) -> str:
     """What a configuration error of this job depends on: its runtime env, the cluster's Ray version, our code."""
     try:
-        ray_version = cluster_jobs._Conn(address).check().get("ray_version")
+        ray_version = cluster_jobs.Conn(address).check().get("ray_version")
     except cluster_jobs.RayJobsError as e:
         raise DataError(f"Ray: {e}") from None
     return setup_failure.fingerprint(renv, ray_version, REPO_DIR / "src")
@@ -290,7 +290,7 @@ def _setup_fingerprint(address: str, renv: dict) -> str:
 
 def _configuration_error(address: str, job_id: str) -> str | None:
     """The one-line cause when the failed job never got to train (:mod:`trajsft.cluster.setup_failure`)."""
-    conn = cluster_jobs._Conn(address)
+    conn = cluster_jobs.Conn(address)
     try:
         return setup_failure.from_failed_job(conn.job_info(job_id), conn.job_logs(job_id))
     except cluster_jobs.RayJobsError:

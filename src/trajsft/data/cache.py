@@ -54,7 +54,9 @@ def resolve_tokenizer(ref: str) -> str:
 # --------------------------------------------------------------------------------------
 
 
-def _chat_format(chat_template: Optional[str], messages_field: str = "messages") -> dict:
+def chat_format(chat_template: Optional[str], messages_field: str = "messages") -> dict:
+    """``ChatLmDatasetFormat``: packed chats, loss on the assistant turns only, our template (the train_lm
+    config's data format and the cache build's)."""
     fmt = dict(CHAT_FORMAT)
     fmt["messages_field"] = messages_field
     if chat_template is not None:
@@ -64,7 +66,7 @@ def _chat_format(chat_template: Optional[str], messages_field: str = "messages")
     return fmt
 
 
-def _split_finished(split_dir: str) -> bool:
+def split_finished(split_dir: str) -> bool:
     """True if ``split_dir`` holds a finished Levanter cache (ledger says is_finished)."""
     ledger = os.path.join(split_dir, "shard_ledger.json")
     try:
@@ -74,7 +76,7 @@ def _split_finished(split_dir: str) -> bool:
 
 
 def _cache_complete(cache_dir: str, splits: Iterable[str]) -> bool:
-    return all(_split_finished(os.path.join(cache_dir, s)) for s in splits)
+    return all(split_finished(os.path.join(cache_dir, s)) for s in splits)
 
 
 def _cleanup_stale_builds(parent: str, base: str) -> None:
@@ -381,7 +383,7 @@ def chat_cache_stats(cache_dir: str, seq_len: Optional[int] = None) -> dict:
     out: dict[str, Any] = {"cache_dir": cache_dir}
     for split in _SPLITS:
         d = os.path.join(cache_dir, split)
-        if _split_finished(d):
+        if split_finished(d):
             out[split] = _split_stats(d, seq_len)
         elif split == "train":
             raise FileNotFoundError(f"no finished Levanter cache at {d}")

@@ -18,7 +18,7 @@ log = logging.getLogger("trajsft")
 
 
 # ---- download ---------------------------------------------------------------------------
-def _split_of(rel: Path) -> str:
+def split_of(rel: Path) -> str:
     """HF split of a parquet file: ``data/train-00000-of-00002.parquet`` -> train."""
     stem = rel.name.split(".", 1)[0]
     head = re.split(r"[-_]", stem, maxsplit=1)[0]
@@ -34,7 +34,7 @@ def _parquet_files(root: Path) -> tuple[list[Path], list[str]]:
     """(train split files, other splits' files). Only the train split is used: other splits
     (``test-*``, ``validation-*``) are listed in the download manifest and not downloaded."""
     files = sorted(p for p in root.glob("**/*.parquet") if not any(x.startswith(".") for x in p.relative_to(root).parts))
-    train = [f for f in files if _split_of(f.relative_to(root)) == "train"]
+    train = [f for f in files if split_of(f.relative_to(root)) == "train"]
     other = [str(f.relative_to(root)) for f in files if f not in train]
     if not train:
         found = f" (found only other splits: {', '.join(other)})" if other else ""

@@ -12,7 +12,7 @@ from ..errors import DataError, one_line
 from ..io import is_remote, write_text
 from ..plan.config import Plan
 from . import transform
-from .download import _split_of
+from .download import split_of
 
 log = logging.getLogger("trajsft")
 
@@ -27,7 +27,7 @@ def _iter_rows(raw_location: str, batch_rows: int = READ_BATCH_ROWS):
 
     root = raw_location.rstrip("/")
     # the raw snapshot holds only the train split (download); the filter guards older snapshots
-    files = [f for f in io.glob(root + "/**/*.parquet") if _split_of(Path(f[len(root) + 1:])) == "train"]
+    files = [f for f in io.glob(root + "/**/*.parquet") if split_of(Path(f[len(root) + 1:])) == "train"]
     if not files:
         raise DataError(f"{raw_location}: no parquet files")
     for f in files:

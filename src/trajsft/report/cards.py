@@ -85,9 +85,9 @@ def seq_len_advice(lengths: list[int], seq_len: int, native: int | None) -> str 
     if now["tokens"] == 0:
         return None
     cut = 1 - alt["tokens"] / now["tokens"]
-    return (f"seq_len {int(seq_len):,} loses {_fmt_pct(now['tokens_share'])} of tokens to truncation; "
-            f"{int(native):,} (the student's native length) would lose {_fmt_pct(alt['tokens_share'])} "
-            f"({_fmt_pct(cut)} less): consider training.seq_len: {int(native)} (the reference default stays {int(seq_len):,})")
+    return (f"seq_len {int(seq_len):,} loses {fmt_pct(now['tokens_share'])} of tokens to truncation; "
+            f"{int(native):,} (the student's native length) would lose {fmt_pct(alt['tokens_share'])} "
+            f"({fmt_pct(cut)} less): consider training.seq_len: {int(native)} (the reference default stays {int(seq_len):,})")
 
 
 # ---- cards ---------------------------------------------------------------------------------
@@ -190,7 +190,7 @@ def dataset_card(shards_manifest: Mapping, tokenized_manifest: Mapping | None = 
     if tokenized_manifest is not None:
         card["tokens"] = _token_section(tokenized_manifest, seq_len)
         if seq_len:
-            card["seq_len_advice"] = seq_len_advice(_lengths(tokenized_manifest), seq_len, native_seq_len)
+            card["seq_len_advice"] = seq_len_advice(chat_lengths(tokenized_manifest), seq_len, native_seq_len)
         checks["tokenized_teacher"] = tokenized_manifest.get("teacher", m["teacher"]) == m["teacher"]
         per_split = card["tokens"]["per_split"]
         win = tokenized_manifest.get("window") or {}
@@ -225,7 +225,7 @@ def window_summary(window: Mapping) -> dict | None:
     return out
 
 
-def _fmt_window(win: Mapping | None, key: str) -> str:
+def fmt_window(win: Mapping | None, key: str) -> str:
     if not win:
         return "–"
     return f"{win[key]['chats']:,} ({win[key]['tokens']:,} tok)"
@@ -370,15 +370,15 @@ def write_card(card: Mapping, path: str | os.PathLike) -> None:
     write_json(path, card)
 
 
-def _fmt_int(n) -> str:
+def fmt_int(n) -> str:
     return "–" if n is None else f"{int(n):,}"
 
 
-def _fmt_pct(x) -> str:
+def fmt_pct(x) -> str:
     return "–" if x is None else f"{100 * x:.1f}%"
 
 
-def _fmt_num(x, nd: int = 1) -> str:
+def fmt_num(x, nd: int = 1) -> str:
     if x is None:
         return "–"
     if isinstance(x, int) or (float(x) == int(x) and abs(x) >= 100):
@@ -386,7 +386,7 @@ def _fmt_num(x, nd: int = 1) -> str:
     return f"{x:,.{nd}f}"
 
 
-def _lengths(tok_manifest: Mapping | None, key: str = "lengths") -> list[int]:
+def chat_lengths(tok_manifest: Mapping | None, key: str = "lengths") -> list[int]:
     out: list[int] = []
     stats = (tok_manifest or {}).get("stats") or {}
     for split in SPLITS:

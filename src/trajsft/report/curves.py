@@ -111,9 +111,9 @@ def plot_curves(metrics: Mapping, out_png: str | os.PathLike, title: str) -> dic
 
     Works with train loss only, eval only, or no metrics at all (a placeholder figure saying so).
     Writes atomically; returns :func:`summary`."""
-    from .plots import _plt, save_figure
+    from .plots import pyplot, save_figure
 
-    plt = _plt()
+    plt = pyplot()
     s = series(metrics)
     fig, (ax, ax_lr) = plt.subplots(2, 1, figsize=(11, 7.5), sharex=True, gridspec_kw={"height_ratios": [3, 1]})
     fig.suptitle(title, fontsize=13)

@@ -167,9 +167,9 @@ def render_text(doc: Mapping) -> str:
 def plot_heatmap(doc: Mapping, out_png: str) -> str:
     import numpy as np
 
-    from .plots import _plt, save_figure
+    from .plots import pyplot, save_figure
 
-    plt = _plt()
+    plt = pyplot()
     rows, cols = doc["rows"], doc["columns"]
     grid = np.array([[doc["cells"][r][c]["loss"] if doc["cells"][r][c]["loss"] is not None else np.nan
                       for c in cols] for r in rows], dtype=float)

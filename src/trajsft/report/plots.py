@@ -9,11 +9,11 @@ from typing import Mapping
 import numpy as np
 
 from ..io import atomic_path
-from .cards import SPLITS, _fmt_int, _fmt_num, _fmt_pct, _fmt_window, _lengths, beyond, distribution
+from .cards import SPLITS, fmt_int, fmt_num, fmt_pct, fmt_window, chat_lengths, beyond, distribution
 
 
 # ---- plots ---------------------------------------------------------------------------------
-def _plt():
+def pyplot():
     import matplotlib
 
     matplotlib.use("Agg", force=True)
@@ -24,7 +24,7 @@ def _plt():
 
 def save_figure(fig, out_png: str | os.PathLike, dpi: int = 100) -> str:
     """Write a figure to ``out_png`` atomically (temp file in the same dir + ``os.replace``)."""
-    plt = _plt()
+    plt = pyplot()
     try:
         with atomic_path(out_png) as tmp:
             fig.savefig(tmp, format="png", dpi=dpi, metadata={"Software": None})
@@ -84,8 +84,8 @@ def _token_hist(ax, lengths: list[int], seq_len: int | None, title: str = "token
     if seq_len:
         b = beyond(lengths, seq_len)
         ax.axvline(seq_len, color="tab:red", lw=1.5,
-                   label=f"seq_len {seq_len:,}: {_fmt_pct(b['chats_share'])} of chats, "
-                         f"{_fmt_pct(b['tokens_share'])} of tokens beyond")
+                   label=f"seq_len {seq_len:,}: {fmt_pct(b['chats_share'])} of chats, "
+                         f"{fmt_pct(b['tokens_share'])} of tokens beyond")
         ax.legend(fontsize=8, frameon=False, loc="upper left")
     d = distribution(lengths)
     ax.set_title(f"{title} (median {d['median']:,.0f}, p90 {d['p90']:,.0f}, max {d['max']:,})", fontsize=10)
@@ -98,7 +98,7 @@ def plot_card(card: Mapping, shards_manifest: Mapping, tokenized_manifest: Mappi
               out_png: str | os.PathLike) -> str:
     """One PNG for a teacher card: rows kept/skipped by reason, turns, tool calls, tokens per
     trajectory (log-x when wide, red line at ``seq_len``), assistant-token share, key numbers."""
-    plt = _plt()
+    plt = pyplot()
     fig, axes = plt.subplots(2, 3, figsize=(17, 9))
     fig.suptitle(f"dataset card: {card['name']}  ({card.get('shards')}"
                  + (f", {card['tokenized']}" if card.get("tokenized") else "") + ")", fontsize=13)
@@ -124,17 +124,17 @@ def plot_card(card: Mapping, shards_manifest: Mapping, tokenized_manifest: Mappi
     _int_hist(axes[0, 2], [int(t["tool_calls"]) for t in trajs if t.get("tool_calls") is not None],
               "tool calls per trajectory", "tool calls", "tab:orange")
 
-    lengths = _lengths(tokenized_manifest)
+    lengths = chat_lengths(tokenized_manifest)
     _token_hist(axes[1, 0], lengths, card.get("seq_len"))
 
     # assistant-token share per trajectory
     ax = axes[1, 1]
-    asst = _lengths(tokenized_manifest, "assistant_lengths")
+    asst = chat_lengths(tokenized_manifest, "assistant_lengths")
     if lengths and len(asst) == len(lengths):
         shares = [a / n for a, n in zip(asst, lengths) if n]
         ax.hist(shares, bins=[i / 40 for i in range(41)], color="tab:cyan", edgecolor="white", linewidth=0.5)
         overall = card["tokens"]["assistant_share"]
-        ax.axvline(overall, color="k", lw=1.5, label=f"all tokens: {_fmt_pct(overall)}")
+        ax.axvline(overall, color="k", lw=1.5, label=f"all tokens: {fmt_pct(overall)}")
         ax.legend(fontsize=8, frameon=False)
         ax.set_xlim(0, 1)
         ax.set_title("assistant-token share (loss tokens / tokens) per trajectory", fontsize=10)
@@ -151,23 +151,23 @@ def plot_card(card: Mapping, shards_manifest: Mapping, tokenized_manifest: Mappi
     bsl = tok.get("beyond_seq_len") or {}
     tr = card["trajectories"]
     lines = [
-        ("rows in", _fmt_int(card["rows_in"])),
+        ("rows in", fmt_int(card["rows_in"])),
         ("kept train / validation", f"{card['kept']['train']:,} / {card['kept']['validation']:,}"),
-        ("skipped", f"{card['skipped_total']:,} ({_fmt_pct(card['skipped_total'] / card['rows_in'] if card['rows_in'] else None)})"),
-        ("resolved rate", _fmt_pct(card.get("resolved_rate"))),
-        ("turns mean / median / p90", f"{_fmt_num(tr['turns']['mean'])} / {_fmt_num(tr['turns']['median'])} / {_fmt_num(tr['turns']['p90'])}"),
-        ("tool calls mean / p90", f"{_fmt_num(tr['tool_calls']['mean'])} / {_fmt_num(tr['tool_calls']['p90'])}"),
-        ("tokens (all splits)", _fmt_int(tok.get("total"))),
-        ("tokens / traj. mean", _fmt_num((tok.get("per_trajectory") or {}).get("mean"), 0)),
-        ("seq_len", _fmt_int(card.get("seq_len"))),
-        ("chats beyond seq_len", _fmt_pct(bsl.get("chats_share"))),
-        ("tokens beyond seq_len", _fmt_pct(bsl.get("tokens_share"))),
-        ("assistant-token share", _fmt_pct(tok.get("assistant_share"))),
-        (f"long chats ({(card.get('window') or {}).get('long_chats', '–')}): truncated", _fmt_window(card.get("window"), "truncated")),
-        ("dropped: longer than seq_len", _fmt_window(card.get("window"), "dropped_longer_than_seq_len")),
-        ("dropped: no loss token in window", _fmt_window(card.get("window"), "dropped_empty_window")),
+        ("skipped", f"{card['skipped_total']:,} ({fmt_pct(card['skipped_total'] / card['rows_in'] if card['rows_in'] else None)})"),
+        ("resolved rate", fmt_pct(card.get("resolved_rate"))),
+        ("turns mean / median / p90", f"{fmt_num(tr['turns']['mean'])} / {fmt_num(tr['turns']['median'])} / {fmt_num(tr['turns']['p90'])}"),
+        ("tool calls mean / p90", f"{fmt_num(tr['tool_calls']['mean'])} / {fmt_num(tr['tool_calls']['p90'])}"),
+        ("tokens (all splits)", fmt_int(tok.get("total"))),
+        ("tokens / traj. mean", fmt_num((tok.get("per_trajectory") or {}).get("mean"), 0)),
+        ("seq_len", fmt_int(card.get("seq_len"))),
+        ("chats beyond seq_len", fmt_pct(bsl.get("chats_share"))),
+        ("tokens beyond seq_len", fmt_pct(bsl.get("tokens_share"))),
+        ("assistant-token share", fmt_pct(tok.get("assistant_share"))),
+        (f"long chats ({(card.get('window') or {}).get('long_chats', '–')}): truncated", fmt_window(card.get("window"), "truncated")),
+        ("dropped: longer than seq_len", fmt_window(card.get("window"), "dropped_longer_than_seq_len")),
+        ("dropped: no loss token in window", fmt_window(card.get("window"), "dropped_empty_window")),
     ]
-    lines += [(f"event: {k}", _fmt_int(v)) for k, v in card.get("events", {}).items()]
+    lines += [(f"event: {k}", fmt_int(v)) for k, v in card.get("events", {}).items()]
     bad = [k for k, v in (card.get("checks") or {}).items() if not v]
     lines.append(("consistency checks", "all ok" if not bad else "FAILED: " + ", ".join(bad)))
     for i, (k, v) in enumerate(lines):
@@ -188,7 +188,7 @@ def plot_mixture(card: Mapping, manifests: Mapping[str, tuple[Mapping, Mapping |
     """One PNG for a mixture card: weights vs natural token shares, rows per teacher, and overlaid
     histograms (share of each teacher's trajectories) of tokens and turns per trajectory."""
 
-    plt = _plt()
+    plt = pyplot()
     manifests = manifests or {}
     teachers = sorted(card["weights"])
     comp = card["composition"]
@@ -228,7 +228,7 @@ def plot_mixture(card: Mapping, manifests: Mapping[str, tuple[Mapping, Mapping |
 
     # tokens per trajectory, per teacher
     ax = axes[1, 0]
-    all_lengths = {t: _lengths(manifests.get(t, ({}, None))[1]) for t in teachers}
+    all_lengths = {t: chat_lengths(manifests.get(t, ({}, None))[1]) for t in teachers}
     if any(all_lengths.values()):
         flat = [n for v in all_lengths.values() for n in v]
         lo, hi = max(1, min(flat)), max(max(flat), card.get("seq_len") or 0)

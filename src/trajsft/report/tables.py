@@ -5,14 +5,14 @@ from __future__ import annotations
 import html as _html
 from typing import Mapping
 
-from .cards import _fmt_int, _fmt_num, _fmt_pct, _fmt_window
+from .cards import fmt_int, fmt_num, fmt_pct, fmt_window
 
 
 # ---- comparison table ----------------------------------------------------------------------
 def _dist_cell(d: Mapping | None, nd: int = 1) -> str:
     if not d or not d.get("n"):
         return "–"
-    return " / ".join(_fmt_num(d.get(k), nd) for k in ("mean", "median", "p90", "max"))
+    return " / ".join(fmt_num(d.get(k), nd) for k in ("mean", "median", "p90", "max"))
 
 
 def table_rows(cards: Mapping[str, Mapping]) -> tuple[list[str], list[tuple[str, list[str]]]]:
@@ -36,26 +36,26 @@ def table_rows(cards: Mapping[str, Mapping]) -> tuple[list[str], list[tuple[str,
     rows: list[tuple[str, list[str]]] = [
         ("kind", col(lambda c: c["kind"] if c["kind"] == "teacher" else
                      "mixture: " + ", ".join(f"{t} {w:.2f}" for t, w in sorted(c["weights"].items())))),
-        ("rows in", col(lambda c: _fmt_int(c["rows_in"]))),
+        ("rows in", col(lambda c: fmt_int(c["rows_in"]))),
         ("kept (train / validation)", col(lambda c: f"{c['kept']['train']:,} / {c['kept']['validation']:,}")),
-        ("skipped", col(lambda c: f"{c['skipped_total']:,} ({_fmt_pct(c['skipped_total'] / c['rows_in'])})")),
+        ("skipped", col(lambda c: f"{c['skipped_total']:,} ({fmt_pct(c['skipped_total'] / c['rows_in'])})")),
     ]
-    rows += [(f"skipped: {r}", col(lambda c, r=r: _fmt_int(c["skipped"].get(r, 0)))) for r in reasons]
-    rows += [(f"event: {e}", col(lambda c, e=e: _fmt_int(c["events"].get(e, 0)))) for e in event_keys]
+    rows += [(f"skipped: {r}", col(lambda c, r=r: fmt_int(c["skipped"].get(r, 0)))) for r in reasons]
+    rows += [(f"event: {e}", col(lambda c, e=e: fmt_int(c["events"].get(e, 0)))) for e in event_keys]
     rows += [
-        ("resolved rate", col(lambda c: _fmt_pct(c.get("resolved_rate")))),
+        ("resolved rate", col(lambda c: fmt_pct(c.get("resolved_rate")))),
         ("turns / traj. (mean / median / p90 / max)", col(lambda c: _dist_cell(c["trajectories"]["turns"]))),
         ("tool calls / traj. (mean / median / p90 / max)", col(lambda c: _dist_cell(c["trajectories"]["tool_calls"]))),
         ("tokens / traj. (mean / median / p90 / max)", col(lambda c: _dist_cell(tok(c).get("per_trajectory"), 0))),
-        ("tokens (all splits)", col(lambda c: _fmt_int(tok(c).get("total")))),
-        ("seq_len", col(lambda c: _fmt_int(c.get("seq_len")))),
-        ("chats beyond seq_len", col(lambda c: _fmt_pct(tok(c)["beyond_seq_len"]["chats_share"]))),
-        ("tokens beyond seq_len", col(lambda c: _fmt_pct(tok(c)["beyond_seq_len"]["tokens_share"]))),
-        ("assistant-token share", col(lambda c: _fmt_pct(tok(c).get("assistant_share")))),
+        ("tokens (all splits)", col(lambda c: fmt_int(tok(c).get("total")))),
+        ("seq_len", col(lambda c: fmt_int(c.get("seq_len")))),
+        ("chats beyond seq_len", col(lambda c: fmt_pct(tok(c)["beyond_seq_len"]["chats_share"]))),
+        ("tokens beyond seq_len", col(lambda c: fmt_pct(tok(c)["beyond_seq_len"]["tokens_share"]))),
+        ("assistant-token share", col(lambda c: fmt_pct(tok(c).get("assistant_share")))),
         ("long chats", col(lambda c: c["window"]["long_chats"])),
-        ("truncated to seq_len (chats, tokens cut)", col(lambda c: _fmt_window(c["window"], "truncated"))),
-        ("dropped: longer than seq_len", col(lambda c: _fmt_window(c["window"], "dropped_longer_than_seq_len"))),
-        ("dropped: no loss token in window", col(lambda c: _fmt_window(c["window"], "dropped_empty_window"))),
+        ("truncated to seq_len (chats, tokens cut)", col(lambda c: fmt_window(c["window"], "truncated"))),
+        ("dropped: longer than seq_len", col(lambda c: fmt_window(c["window"], "dropped_longer_than_seq_len"))),
+        ("dropped: no loss token in window", col(lambda c: fmt_window(c["window"], "dropped_empty_window"))),
         ("consistency checks", col(lambda c: "ok" if c.get("ok", True) else
                                    "FAILED: " + ", ".join(k for k, v in c["checks"].items() if not v))),
     ]

@@ -30,7 +30,7 @@ def eval_config(train_cfg: Mapping, columns: Mapping[str, str], tokenizer: str,
     stay the target's. No tracker: results are returned, not logged to W&B; Levanter's own log goes
     to ``log_dir`` as ``eval-<run id>.log`` (never into the run's training log).
     """
-    cfg = copy.deepcopy(levanter_config._plain(train_cfg))
+    cfg = copy.deepcopy(levanter_config.plain_data(train_cfg))
     data = cfg["data"]
     fmt = data["configs"][next(iter(data["configs"]))]["format"] if "configs" in data else data["format"]
     cfg["data"] = {

@@ -17,13 +17,13 @@ import uuid
 from typing import Mapping, Optional
 
 from ..errors import TrainingFailed
-from .launch import EXPORT_CHILD, _exit_reason, _run_subprocess, levanter_env
-from .metrics import _LAUNCH_MARK
+from .launch import EXPORT_CHILD, exit_reason, run_subprocess, levanter_env
+from .metrics import LAUNCH_MARK
 from ..io import is_remote, read_json, write_json
-from .levanter_config import _plain, resolve_hub_refs, write_config
+from .levanter_config import plain_data, resolve_hub_refs, write_config
 
 
-def _chat_template_of(cfg: dict) -> Optional[str]:
+def chat_template_of(cfg: dict) -> Optional[str]:
     data = cfg["data"]
     if data.get("chat_template"):
         return data["chat_template"]
@@ -34,7 +34,7 @@ def _chat_template_of(cfg: dict) -> Optional[str]:
     return None
 
 
-def _write_chat_template(export_dir: str, template: str) -> None:
+def write_chat_template(export_dir: str, template: str) -> None:
     """Make the export's tokenizer carry the template we trained with (Levanter saves the base
     tokenizer's own template)."""
     with open(os.path.join(export_dir, "chat_template.jinja"), "w") as f:
@@ -62,7 +62,7 @@ def export_hf(
     The model / tokenizer / reference / dtype come from the same train_lm config, so the export
     matches what the ``hf_save_path`` hook would have written. Written to a temporary sibling and
     renamed into place (local paths)."""
-    cfg = resolve_hub_refs(_plain(config_dict))
+    cfg = resolve_hub_refs(plain_data(config_dict))
     work = cwd or os.path.dirname(os.path.abspath(output_dir))
     os.makedirs(work, exist_ok=True)
     tag = uuid.uuid4().hex[:8]
@@ -76,15 +76,15 @@ def export_hf(
         json.dump({"config_path": cfg_path, "checkpoint_path": checkpoint_path, "output_dir": tmp_out}, f)
     try:
         cmd = [*EXPORT_CHILD, spec_path]
-        rc = _run_subprocess(
+        rc = run_subprocess(
             cmd,
             log_path or os.path.join(work, "export_hf.log"),
             levanter_env(None, env),
             work,
-            f"{_LAUNCH_MARK} export {checkpoint_path} -> {output_dir} at {_dt.datetime.now().isoformat()}",
+            f"{LAUNCH_MARK} export {checkpoint_path} -> {output_dir} at {_dt.datetime.now().isoformat()}",
         )
         if rc != 0:
-            why = _exit_reason(rc).replace("train_lm", "the HF export", 1)
+            why = exit_reason(rc).replace("train_lm", "the HF export", 1)
             raise TrainingFailed(f"HF export of {checkpoint_path} failed: {why}; see {log_path}")
         if not remote:
             if os.path.lexists(output_dir):

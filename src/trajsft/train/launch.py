@@ -106,7 +106,7 @@ TRAIN_CHILD = [sys.executable, "-m", "trajsft.train.train_lm_main"]
 EXPORT_CHILD = [sys.executable, "-m", "trajsft.train.hf_export"]
 
 
-def _run_subprocess(cmd: list[str], log_path: str, env: dict, cwd: str, header: str, timeout=None) -> int:
+def run_subprocess(cmd: list[str], log_path: str, env: dict, cwd: str, header: str, timeout=None) -> int:
     os.makedirs(os.path.dirname(os.path.abspath(log_path)), exist_ok=True)
     with open(log_path, "a", buffering=1) as log:
         log.write(f"{header}\n")
@@ -135,7 +135,7 @@ def _run_subprocess(cmd: list[str], log_path: str, env: dict, cwd: str, header: 
 
 
 
-def _exit_reason(rc: Optional[int]) -> str:
+def exit_reason(rc: Optional[int]) -> str:
     if rc is not None and rc < 0:
         name = signal.Signals(-rc).name if -rc in {int(x) for x in signal.Signals} else "?"
         hint = "; out of memory?" if -rc == signal.SIGKILL else ""

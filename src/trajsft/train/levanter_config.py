@@ -34,7 +34,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
-from ..data.cache import _chat_format, resolve_tokenizer
+from ..data.cache import chat_format, resolve_tokenizer
 from ..io import is_remote, write_text
 from ..plan.specs import StudentSpec, TargetSpec, TrainingSpec
 
@@ -109,14 +109,6 @@ def resolve_hub_refs(cfg: dict) -> dict:
 # --------------------------------------------------------------------------------------
 # the sections
 # --------------------------------------------------------------------------------------
-
-
-def chat_format(chat_template: str) -> dict:
-    """``ChatLmDatasetFormat``: packed chats, loss on the assistant turns only, our template.
-
-    The template must be in the *format*: ``data.chat_template`` is also set, but this Levanter version
-    ignores it for chat caches."""
-    return _chat_format(chat_template)
 
 
 def source_config(teacher: str, source: DataSource, chat_template: str) -> dict:
@@ -314,14 +306,14 @@ def write_config(config: Mapping, path: str) -> str:
     """Dump a config dict as YAML (atomically) for ``--config_path``; returns ``path``."""
     import yaml
 
-    text = yaml.safe_dump(_plain(config), sort_keys=False, default_flow_style=False, width=10_000)
+    text = yaml.safe_dump(plain_data(config), sort_keys=False, default_flow_style=False, width=10_000)
     write_text(path, text)
     return path
 
 
-def _plain(x):
+def plain_data(x):
     if isinstance(x, Mapping):
-        return {str(k): _plain(v) for k, v in x.items()}
+        return {str(k): plain_data(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
-        return [_plain(v) for v in x]
+        return [plain_data(v) for v in x]
     return x

@@ -10,7 +10,7 @@ import re
 from typing import Optional
 
 
-_LAUNCH_MARK = "[trajsft.levanter_run] launch"
+LAUNCH_MARK = "[trajsft.levanter_run] launch"
 
 
 _JSON_LOGGER_RE = re.compile(r"levanter\.json_logger .*?:: (\{.*\})\s*$")
@@ -34,8 +34,8 @@ def read_metrics(log_path: str) -> dict:
         return {"steps": steps, "summary": summary, "launches": launches}
     with open(log_path, errors="replace") as f:
         for line in f:
-            if line.startswith(_LAUNCH_MARK):
-                kind = line[len(_LAUNCH_MARK) :].split()[0] if line[len(_LAUNCH_MARK) :].strip() else ""
+            if line.startswith(LAUNCH_MARK):
+                kind = line[len(LAUNCH_MARK) :].split()[0] if line[len(LAUNCH_MARK) :].strip() else ""
                 cur = {"kind": kind, "resumed_from_step": None, "first_step": None, "last_step": None}
                 launches.append(cur)
                 continue
@@ -63,11 +63,11 @@ def read_metrics(log_path: str) -> dict:
     return {"steps": steps, "summary": summary, "launches": launches}
 
 
-def _loss_history(metrics: dict) -> list:
+def loss_history(metrics: dict) -> list:
     return [[s, float(m["train/loss"])] for s, m in sorted(metrics["steps"].items()) if "train/loss" in m]
 
 
-def _eval_losses(metrics: dict) -> dict:
+def eval_losses(metrics: dict) -> dict:
     out = {}
     for s, m in sorted(metrics["steps"].items()):
         for k, v in m.items():

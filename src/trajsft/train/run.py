@@ -22,14 +22,14 @@ import datetime as _dt
 import os
 from typing import Mapping, Optional
 
-from ..data.cache import _split_finished
+from ..data.cache import split_finished
 from ..errors import JobEnvironmentError, SingleProcessOnPod, TrainingFailed
 from ..io import is_remote, write_json
 from .checkpoints import hf_export_complete, latest_checkpoint
-from .hf_export import _chat_template_of, _write_chat_template, export_hf
-from .launch import TRAIN_CHILD, _exit_reason, _run_subprocess, levanter_env
-from .levanter_config import _plain, resolve_hub_refs, write_config
-from .metrics import _eval_losses, _LAUNCH_MARK, _loss_history, read_metrics
+from .hf_export import chat_template_of, write_chat_template, export_hf
+from .launch import TRAIN_CHILD, exit_reason, run_subprocess, levanter_env
+from .levanter_config import plain_data, resolve_hub_refs, write_config
+from .metrics import eval_losses, LAUNCH_MARK, loss_history, read_metrics
 from . import tracking
 
 
@@ -53,7 +53,7 @@ def _run_lock(run_dir: str):
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def _ensure_reference_checkpoint(cfg: dict) -> None:
+def ensure_reference_checkpoint(cfg: dict) -> None:
     """For random-init models Levanter's HF export still needs ``reference_checkpoint`` (it copies
     ``architectures`` from its config.json, going to the Hub if it is not a local dir). Create a
     minimal local one if the configured local path has none."""
@@ -77,7 +77,7 @@ def _check_caches(cfg: dict) -> None:
     entries = list(data["configs"].values()) if "configs" in data else [data]
     for e in entries:
         d = os.path.join(e["cache_dir"], "train")
-        if not _split_finished(d) and not e.get("train_urls"):
+        if not split_finished(d) and not e.get("train_urls"):
             raise FileNotFoundError(
                 f"no finished Levanter cache at {d} (and no train_urls to build one); run build_chat_cache first"
             )
@@ -112,7 +112,7 @@ class PreparedRun:
 def prepare_run(config_dict: Mapping, run_dir: str, log_dir: Optional[str] = None) -> PreparedRun:
     """Normalise a train_lm config for a launch whose local files (logs, W&B, generated tiny-model
     reference) live in ``run_dir``; checkpoints and HF exports go where the config says."""
-    cfg = copy.deepcopy(_plain(config_dict))
+    cfg = copy.deepcopy(plain_data(config_dict))
     tr = cfg["trainer"]
     run_dir = os.path.abspath(run_dir)
     os.makedirs(run_dir, exist_ok=True)
@@ -144,7 +144,7 @@ def collect_result(run: PreparedRun, log_path: str, ckpt: dict, *, launched: boo
     lev_metrics = read_metrics(run.levanter_log)
     if len(lev_metrics["steps"]) >= len(metrics["steps"]):
         metrics["steps"] = lev_metrics["steps"]
-    history = _loss_history(metrics)
+    history = loss_history(metrics)
     final_loss = None
     for s, loss in history:
         if s == run.num_steps - 1:
@@ -165,7 +165,7 @@ def collect_result(run: PreparedRun, log_path: str, ckpt: dict, *, launched: boo
         "resumed_from_step": resumed_from,
         "launched": launched,
         "returncode": returncode,
-        "eval_loss": _eval_losses(metrics),
+        "eval_loss": eval_losses(metrics),
         "loss_history": history,
         "config_path": config_path,
         "log_path": log_path,
@@ -180,7 +180,7 @@ def launch_cause(log_path: str) -> Optional[str]:
             text = f.read()
     except OSError:
         return None
-    line = tracking.line_of(text.rsplit(_LAUNCH_MARK, 1)[-1])
+    line = tracking.line_of(text.rsplit(LAUNCH_MARK, 1)[-1])
     return f"W&B: {line}" if line else None
 
 
@@ -244,7 +244,7 @@ def run_training(
 
     with _run_lock(run_dir):
         config_path = write_config(resolve_hub_refs(cfg), os.path.join(run_dir, _CONFIG_FILE))
-        _ensure_reference_checkpoint(cfg)
+        ensure_reference_checkpoint(cfg)
 
         ckpt = latest_checkpoint(ckpt_dir)
         launched = False
@@ -253,10 +253,10 @@ def run_training(
             _check_caches(cfg)
             launched = True
             header = (
-                f"{_LAUNCH_MARK} train_lm id={tr['id']} at {_dt.datetime.now().isoformat()} "
+                f"{LAUNCH_MARK} train_lm id={tr['id']} at {_dt.datetime.now().isoformat()} "
                 f"(latest checkpoint: {ckpt['path'] if ckpt else None})"
             )
-            rc = _run_subprocess(
+            rc = run_subprocess(
                 [*TRAIN_CHILD, "--config_path", config_path],
                 log_path,
                 levanter_env(run_dir, {**tracking.child_env(cfg), **(env or {})}),
@@ -270,7 +270,7 @@ def run_training(
             if ckpt is None or ckpt["completed_steps"] < N:
                 got = ckpt["completed_steps"] if ckpt else 0
                 why = (
-                    _exit_reason(rc)
+                    exit_reason(rc)
                     if rc != 0
                     else "train_lm exited 0 before num_train_steps (data exhausted? check epochs / num_train_steps)"
                 )
@@ -281,9 +281,9 @@ def run_training(
         if not hf_export_complete(final_hf):
             export_hf(cfg, ckpt["path"], final_hf, env=env, log_path=log_path, cwd=run_dir)
         if export_chat_template and not is_remote(final_hf):
-            tmpl = _chat_template_of(cfg)
+            tmpl = chat_template_of(cfg)
             if tmpl:
-                _write_chat_template(final_hf, tmpl)
+                write_chat_template(final_hf, tmpl)
 
         result = collect_result(run, log_path, ckpt, launched=launched, returncode=rc, config_path=config_path)
         write_json(os.path.join(run_dir, _RESULT_FILE), result, indent=1, sort_keys=False, end="")
