@@ -145,7 +145,7 @@ def _ray_cfg(root: str, address: str) -> dict:
 
 def test_a_ray_job_is_never_handed_a_path_its_hosts_cannot_read(tmp_path, monkeypatch):
     from trajsft.cluster import preflight as cluster_preflight, run_job, submit
-    from trajsft.errors import DataError
+    from trajsft.errors import ConfigError
 
     def never(*a, **k):
         raise AssertionError("submitted")
@@ -163,7 +163,7 @@ def test_a_ray_job_is_never_handed_a_path_its_hosts_cannot_read(tmp_path, monkey
                               hash="1234567890")
         plan = SimpleNamespace(cfg=_ray_cfg(root, address))
         lev = {"data": {"configs": {"demo": {"cache_dir": cache_dir}}}}
-        with pytest.raises(DataError) as e:
+        with pytest.raises(ConfigError) as e:
             submit.train_on_ray(plan, "demo", lev, {"run": run, "log": str(tmp_path / "log")}, 0)
         return str(e.value)
 

@@ -30,8 +30,12 @@ class DataError(RuntimeError):
 
 
 class TrainingFailed(RuntimeError):
-    """Training failed: train_lm killed by a signal or exiting non-zero, a run already locked, an
-    export that did not complete."""
+    """Training failed: train_lm killed by a signal or exiting non-zero, a run already locked or still running, a
+    Ray job that failed or ended without its result, an export that did not complete."""
+
+
+class SnakemakeStopping(RuntimeError):
+    """Snakemake got SIGINT/SIGTERM and is shutting down: a retry it starts meanwhile starts no new training."""
 
 
 class HostLost(RuntimeError):
@@ -46,6 +50,10 @@ class SingleProcessOnPod(RuntimeError):
 
 class ClusterError(RuntimeError):
     """The Ray cluster or a job on it: unreachable, unauthorized, a job failed or was stopped."""
+
+
+# what a rule job reports in one line (and exit 1) beside the user errors of data and config
+RULE_JOB_ERRORS = (TrainingFailed, SnakemakeStopping, ClusterError)
 
 
 class SliceLimitExceeded(ClusterError):

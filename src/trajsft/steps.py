@@ -20,6 +20,7 @@ from typing import Callable
 
 from . import io, storage
 from .data import transform
+from .errors import RULE_JOB_ERRORS
 from .io import is_remote, write_json
 from .runtime import signals
 from .plan.config import Plan
@@ -87,7 +88,7 @@ def run_rule(snakemake) -> None:
     detach = step == "train" and cfg.get("executor") == "ray"  # the Ray job lives on: a rerun re-attaches
     signals.watch_snakemake(on_gone=train_step.detach_from_ray_job if detach else None, log_path=log_path)
     # the matrix reads every row's provenance: a run deleted by hand is the user's to rebuild
-    user_errors = (*transform.USER_ERRORS, FileNotFoundError) if step == "eval_matrix" else transform.USER_ERRORS
+    user_errors = (*transform.USER_ERRORS, *RULE_JOB_ERRORS) + ((FileNotFoundError,) if step == "eval_matrix" else ())
     started = time.time()
     try:
         result = _run_step(job, snakemake)

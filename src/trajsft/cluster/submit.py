@@ -20,7 +20,7 @@ import os
 import shlex
 
 from .. import io, storage
-from ..errors import ConfigError, DataError, JobEnvironmentError, PreflightError
+from ..errors import ClusterError, ConfigError, JobEnvironmentError, PreflightError, TrainingFailed
 from ..io import is_remote, join
 from ..plan.config import REPO_DIR, Plan
 from ..train import checkpoints
@@ -191,16 +191,16 @@ def job_paths(run_dir: str, lev: dict) -> dict[str, str]:
 
 
 def refuse_foreign_paths(cfg: dict, paths: dict[str, str]) -> None:
-    """One line (DataError) if a path is not under the current storage root, or is local while the
+    """One line (ConfigError) if a path is not under the current storage root, or is local while the
     cluster is not on this machine: a job is never handed a path its hosts cannot read."""
     root = storage.absolute(cfg["storage_root"]).rstrip("/")
     address = ray_settings(cfg)["address"]
     for field, p in paths.items():
         if p != root and not p.startswith(root + "/"):
-            raise DataError(f"refusing to submit: {field} {p} is not under storage_root {cfg['storage_root']} (an "
+            raise ConfigError(f"refusing to submit: {field} {p} is not under storage_root {cfg['storage_root']} (an "
                             "artifact of another root: rerun its rule, it copies or rebuilds the payload there)")
         if not is_remote(p) and not on_this_machine(address):
-            raise DataError(f"refusing to submit: {field} {p} is a local path the hosts of {address} cannot read")
+            raise ConfigError(f"refusing to submit: {field} {p} is a local path the hosts of {address} cannot read")
 
 
 def check_or_raise(cfg: dict) -> None:
@@ -284,7 +284,7 @@ def _setup_fingerprint(address: str, renv: dict) -> str:
     try:
         ray_version = cluster_jobs.Conn(address).check().get("ray_version")
     except cluster_jobs.RayJobsError as e:
-        raise DataError(f"Ray: {e}") from None
+        raise ClusterError(f"Ray: {e}") from None
     return setup_failure.fingerprint(renv, ray_version, REPO_DIR / "src")
 
 
@@ -354,18 +354,18 @@ def train_on_ray(plan: Plan, target: str, lev: dict, paths: dict, attempt: int) 
             rec = setup_failure.write(run_dir, cause=cause, fingerprint=_setup_fingerprint(ray["address"], renv),
                                       job_id=e.job_id)
             raise JobEnvironmentError(setup_failure.line(rec)) from None
-        raise DataError(f"{e} (a Snakemake retry resumes from the latest checkpoint in {run_dir})") from None
+        raise TrainingFailed(f"{e} (a Snakemake retry resumes from the latest checkpoint in {run_dir})") from None
     except cluster_jobs.JobInterrupted as e:
-        raise DataError(f"interrupted: {e}") from None
+        raise TrainingFailed(f"interrupted: {e}") from None
     except cluster_jobs.RayJobsError as e:
-        raise DataError(f"Ray: {e}") from None
+        raise ClusterError(f"Ray: {e}") from None
     log.info("Ray job %s %s (attached=%s)", res.job_id, res.status, res.attached)
     try:
         result = json.loads(io.read_bytes(join(run_dir, "training_result.json")))
     except FileNotFoundError:
-        raise DataError(f"Ray job {res.job_id} SUCCEEDED but wrote no {run_dir}/training_result.json") from None
+        raise TrainingFailed(f"Ray job {res.job_id} SUCCEEDED but wrote no {run_dir}/training_result.json") from None
     if not checkpoints.hf_export_complete(result.get("hf_export") or ""):
-        raise DataError(f"Ray job {res.job_id} SUCCEEDED but the final HF export {result.get('hf_export')} is incomplete")
+        raise TrainingFailed(f"Ray job {res.job_id} SUCCEEDED but the final HF export {result.get('hf_export')} is incomplete")
     result["ray_job_id"] = res.job_id
     result["ray_attached"] = res.attached
     return result

@@ -11,7 +11,7 @@ from pathlib import Path
 from .. import io, storage
 from ..data import template
 from ..data.tokenize import cache_dir
-from ..errors import DataError, JobEnvironmentError, TrainingFailed
+from ..errors import DataError, JobEnvironmentError, SnakemakeStopping, TrainingFailed
 from ..io import is_remote, join, write_json
 from ..runtime import provenance
 from ..plan import schedule
@@ -180,10 +180,10 @@ def train(plan: Plan, target: str, done_path: str | None = None, *, on_ray=None)
     from ..runtime.signals import snakemake_is_stopping
 
     if snakemake_is_stopping():
-        raise DataError("Snakemake is shutting down (got SIGINT/SIGTERM): not starting another training attempt")
+        raise SnakemakeStopping("Snakemake is shutting down (got SIGINT/SIGTERM): not starting another training attempt")
     running = provenance.running_attempt(p["run_dir"])
     if running and executor != "ray":
-        raise DataError(f"attempt {running['attempt']} of {run.name} is still running (pid {running['pid']}, started "
+        raise TrainingFailed(f"attempt {running['attempt']} of {run.name} is still running (pid {running['pid']}, started "
                         f"{running['started']}): wait for it to end, or stop it with kill {running['pid']}")
     attempt = provenance.record_attempt(p["run_dir"], executor=executor)
     _CURRENT.update(run_dir=p["run_dir"], attempt=attempt["attempt"])
@@ -204,7 +204,7 @@ def train(plan: Plan, target: str, done_path: str | None = None, *, on_ray=None)
         raise
     except TrainingFailed as e:  # one line (killed by a signal, exit code, lock held)
         provenance.finish_attempt(p["run_dir"], attempt["attempt"], "failed", error=str(e)[:500])
-        raise DataError(str(e)) from None
+        raise
     except BaseException as e:
         provenance.finish_attempt(p["run_dir"], attempt["attempt"], "failed", error=f"{type(e).__name__}: {e}"[:500])
         raise
@@ -212,7 +212,7 @@ def train(plan: Plan, target: str, done_path: str | None = None, *, on_ray=None)
                               resumed_from_step=result.get("resumed_from_step"), ray_job_id=result.get("ray_job_id"))
     hf = result.get("hf_export")
     if not hf or not io.exists(join(hf, "config.json")):
-        raise DataError(f"training of {target} ended without a final HF export at {hf}")
+        raise TrainingFailed(f"training of {target} ended without a final HF export at {hf}")
     done = {
         "target": target,
         "hash": run.hash,
