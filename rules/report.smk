@@ -1,6 +1,6 @@
 # Report rules: dataset cards, the teacher comparison table and training curves.
 # Logic lives in trajsft.report (build: helpers and entry points; cards, plots, tables, curves),
-# run via scripts/rule.py (trajsft.steps.REPORT_RULES).
+# run via scripts/rule.py (trajsft.rule_job.REPORT_RULES).
 # `snakemake --report report.html` includes every output marked report(...) below.
 #
 # Needs from rules/common.smk: PLAN, STATE_DIR. For `rule all`: REPORT_OUTPUTS.

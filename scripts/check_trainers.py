@@ -89,7 +89,7 @@ def export_and_cache(work: Path, key: str, teacher_over: dict | None, tokenizer:
     plan = C.Plan(C.load(None, over), base_dir=C.REPO_DIR, state_dir=str(work / key / "state"))
     names = {a.kind: a.name for a in plan.chain("demo")}
     download.download(plan, names["raw"])
-    shard.shards(plan, names["shards"])
+    shard.shard(plan, names["shards"])
     res = export.export(plan, "demo")
     out = Path(plan.target("demo")["export"].location)
     shards = Path(plan.get("shards", names["shards"]).location)

@@ -159,7 +159,7 @@ def test_real_demo_manifest(tmp_path):
                   state_dir=str(tmp_path / "state"))
     names = {a.kind: a.name for a in plan.chain("demo")}
     download.download(plan, names["raw"])
-    m = shard.shards(plan, names["shards"])
+    m = shard.shard(plan, names["shards"])
     c = cards.dataset_card(m, None, 1024)
     assert (c["rows_in"], c["kept"], c["kept_total"]) == (m["rows_in"], m["kept"], m["kept_total"])
     assert c["skipped"] == m["skipped"] and c["skipped_total"] == m["skipped_total"]

@@ -274,7 +274,7 @@ def test_mixture_export_has_every_teacher_and_the_weights(tmp_path):
     build_shards(plan)
     names = {a.kind: a.name for a in plan.chain("demo2")}
     download.download(plan, names["raw"])
-    shard.shards(plan, names["shards"])
+    shard.shard(plan, names["shards"])
     res = export.export(plan, "mix-demo")
     out = Path(plan.target("mix-demo")["export"].location)
     info = json.loads((out / "llamafactory" / "dataset_info.json").read_text())

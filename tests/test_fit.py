@@ -222,9 +222,9 @@ def test_analytic_flops_agree_with_xla_on_the_unscanned_model(tmp_path):
     """XLA's cost analysis counts a scanned layer stack once; unscanned and without remat it counts every
     FLOP of the step, which the analytic full-attention count must match (plus elementwise work)."""
     plan = C.Plan(C.load(), base_dir=C.REPO_DIR)
-    from trajsft.train.step import levanter_config
+    from trajsft.train.target import train_lm_config_for
 
-    lev = levanter_config(plan, "demo", accelerator="tpu", untokenized_ok=True)
+    lev = train_lm_config_for(plan, "demo", accelerator="tpu", untokenized_ok=True)
     req = F.levanter_request(plan, F.Setting("demo", "v5p-8", 4), lev)
     req.update(attn_backend="VANILLA", model_overrides={"scan_layers": False, "gradient_checkpointing": False})
     (tmp_path / "req.json").write_text(json.dumps(req))

@@ -71,7 +71,7 @@ def make_plan(tmp_path, dataset, rows, **transform) -> C.Plan:
 def run_data_steps(plan) -> tuple[dict, dict]:
     names = {a.kind: a.name for a in plan.chain("demo")}
     raw = download.download(plan, names["raw"])
-    return raw, shard.shards(plan, names["shards"])
+    return raw, shard.shard(plan, names["shards"])
 
 
 def read_shards(plan) -> list[dict]:
@@ -125,7 +125,7 @@ def test_strict_fails_on_an_already_built_shard_set(tmp_path):
     run_data_steps(make_plan(tmp_path, tmp_path / "ds", len(where)))  # built without strict
     plan = make_plan(tmp_path, tmp_path / "ds", len(where), strict=True)
     with pytest.raises(T.BadRow, match="more bad row"):
-        shard.shards(plan, plan.chain("demo")[1].name)
+        shard.shard(plan, plan.chain("demo")[1].name)
 
 
 @pytest.mark.parametrize("kind", sorted(H.FILE_KINDS))

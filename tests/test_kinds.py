@@ -38,6 +38,9 @@ def test_every_kind_has_a_rule_a_step_function_a_format_and_a_plan_path(kind, pl
     body = rules[kind.rule]
     assert f'job_step("{kind.rule}")' in body and '"../scripts/rule.py"' in body, body
     assert callable(kind.step_function())
+    # a rule spells its output (readable in the rule, as snakemake-workflows do): it is where the plan says
+    out = "checkpoints/{target}/done" if kind.rule == "train" else f'f"{{STATE_DIR}}/{kind.name}/{{{{'
+    assert out in body.split("log:")[0], (kind.rule, body)
     assert BY_RULE[kind.rule] is kind and kind.rule in ST.STEPS
     assert isinstance(kind.format, int) and kind.format >= 1
     arts = [a for (k, _), a in plan.artifacts.items() if k == kind.name]
@@ -48,6 +51,11 @@ def test_every_kind_has_a_rule_a_step_function_a_format_and_a_plan_path(kind, pl
         assert a.manifest.startswith(f"{plan.state_dir}/{kind.name}/")
         assert set(kind.checked_settings(a.spec)) == set(kind.checked)
     assert set(kind.downstream) <= set(KINDS)
+    if kind.of_target:  # a per-target kind: each target's record holds its one artifact of the kind
+        held = {(plan.target(t)[kind.of_target].kind, plan.target(t)[kind.of_target].name) for t in plan.targets}
+        assert held == {(k, n) for (k, n) in plan.artifacts if k == kind.name}
+        t = next(iter(plan.targets))
+        assert ST.resolve(plan, kind.rule, t).artifact is plan.target(t)[kind.of_target]
 
 
 def test_kinds_are_what_specs_hash_into_and_listed_once_in_src():
@@ -75,3 +83,16 @@ def test_the_layout_page_names_each_kinds_rule_and_directory():
     page = (REPO / "docs/development-and-layout.md").read_text()
     for kind in REGISTRY:
         assert re.search(rf"^\| `{kind.rule}` \| `{kind.name}/`", page, re.M), kind
+
+
+def test_a_step_function_is_named_as_its_rule_and_step_means_one_thing():
+    """A step's code is the function its rule is named for; no module of ours is named "step" but the record's."""
+    from trajsft import rule_job
+
+    refs = {k.rule: k.function for k in REGISTRY} | {"check_fit": rule_job.FIT, "eval_matrix": rule_job.EVAL}
+    assert set(refs) == set(ST.STEPS)
+    for rule, ref in refs.items():
+        assert ref.split(":")[1] == rule, ref
+        assert callable(rule_job._function(ref))
+    modules = [p.relative_to(REPO / "src").as_posix() for p in (REPO / "src/trajsft").rglob("*.py")]
+    assert [m for m in modules if re.search(r"(^|/|_)steps?(_|\.py$)", m)] == ["trajsft/plan/step.py"], modules

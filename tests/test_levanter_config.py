@@ -1,5 +1,5 @@
 """The Levanter config of a training run: where each spec field of a target lands
-(``trajsft.train.step.levanter_config``, the plan-to-config mapping), and that each section is what
+(``trajsft.train.target.levanter_config``, the plan-to-config mapping), and that each section is what
 Levanter's own config dataclasses decode (``trajsft.train.levanter_config``), with no unknown or
 misspelled key, and the whole dict round-trips through ``TrainLmConfig`` without losing a value."""
 
@@ -17,7 +17,7 @@ from trajsft.plan.kinds import KINDS
 from trajsft.plan import config as C
 from trajsft.plan import specs as S
 from trajsft.train import levanter_config
-from trajsft.train import step as train_step
+from trajsft.train import target as train_target
 
 REV = "b968826d9c46dd6066d109eabc6255188de91218"  # the pinned Qwen/Qwen3-8B revision of config.yaml
 PACKED = 1000  # every teacher's packed sequences (fake manifests)
@@ -25,10 +25,10 @@ ABSENT = object()
 
 
 def plan_config(overrides: dict, target: str, monkeypatch) -> dict:
-    monkeypatch.setattr(train_step, "train_data", lambda plan, name: {
+    monkeypatch.setattr(train_target, "train_data", lambda plan, name: {
         "cache_dir": f"/cache/{name}", "packed_sequences": PACKED, "tokens_in_window": 10})
     p = C.Plan(C.load(None, copy.deepcopy(overrides)), base_dir=C.REPO_DIR)
-    return train_step.levanter_config(p, target)
+    return train_target.train_lm_config_for(p, target)
 
 
 def at(cfg: dict, key: str):

@@ -208,8 +208,8 @@ def test_the_train_rule_process_does_not_import_jax(tmp_path):
     rule's modules never import jax or Levanter."""
     code = (
         "import json, sys\n"
-        "from trajsft.steps import run_rule\n"
-        "from trajsft.train import step, run, checkpoints\n"
+        "from trajsft.rule_job import run_rule\n"
+        "from trajsft.train import target, run, checkpoints\n"
         f"p = {str(tmp_path)!r} + '/step-3'\n"
         "import os; os.makedirs(p)\n"
         "open(p + '/metadata.json', 'w').write(json.dumps({'step': 3, 'timestamp': '2025-01-01T00:00:01'}))\n"

@@ -56,7 +56,7 @@ def hub(monkeypatch, tmp_path):
 def build(cfg: dict):
     p = C.Plan(C.load(None, copy.deepcopy(cfg)), base_dir=C.REPO_DIR)
     art = p.model("demo")
-    return p, art, storage.build(p, art, lambda: model_snapshot.snapshot(p, art.name))
+    return p, art, storage.build(p, art, lambda: model_snapshot.download_model(p, art.name))
 
 
 def test_snapshot_from_the_hub_is_verified_sealed_and_reused(hub, tmp_path):
@@ -96,7 +96,7 @@ def test_a_corrupt_download_is_refused_in_one_line_and_never_sealed(hub, tmp_pat
     p = C.Plan(C.load(None, student_config(tmp_path / "root")), base_dir=C.REPO_DIR)
     art = p.model("demo")
     with pytest.raises(DataError) as e:
-        storage.build(p, art, lambda: model_snapshot.snapshot(p, art.name))
+        storage.build(p, art, lambda: model_snapshot.download_model(p, art.name))
     msg = str(e.value)
     assert "\n" not in msg and msg.startswith(f"{REPO_ID}@{SHA}: model.safetensors downloaded as") and "the Hub says" in msg
     assert storage.read_seal(art.location) is None
@@ -125,7 +125,7 @@ def test_hub_problems_are_one_line(hub, tmp_path, case, expect, monkeypatch):
     p = C.Plan(C.load(None, student_config(tmp_path / "root", revision)), base_dir=C.REPO_DIR)
     art = p.model("demo")
     with pytest.raises(DataError) as e:
-        model_snapshot.snapshot(p, art.name)
+        model_snapshot.download_model(p, art.name)
     assert expect in str(e.value) and "\n" not in str(e.value) and str(e.value).startswith(f"{REPO_ID}@{revision}")
 
 
@@ -138,7 +138,7 @@ def test_a_disk_too_small_is_one_line_before_any_download(hub, tmp_path, monkeyp
     p = C.Plan(C.load(None, student_config(tmp_path / "root")), base_dir=C.REPO_DIR)
     art = p.model("demo")
     with pytest.raises(DataError) as e:
-        model_snapshot.snapshot(p, art.name)
+        model_snapshot.download_model(p, art.name)
     msg = str(e.value)
     size = sum(len(b) for rel, b in tiny_hf_model.files().items() if model_snapshot.wanted(rel))
     # the cache and the local root share this disk here: both copies counted, the figures in the line

@@ -45,7 +45,7 @@ from trajsft.train import metrics, tracking
 from trajsft.train import run as train_run
 from trajsft.plan import config as C
 from trajsft.cluster import jobs as cluster_jobs
-from trajsft.train.step import levanter_config
+from trajsft.train.target import train_lm_config_for
 from trajsft.cluster.entrypoint import _absolute_local_refs
 
 pytestmark = pytest.mark.integration
@@ -367,7 +367,7 @@ def test_old_shape_pinned_to_the_slice_head_fails_fast(data, cluster, tmp_path, 
     plan = C.Plan(C.load([C.DEFAULT_CONFIG, str(good / "cluster.yaml"), str(good / "overrides.yaml")]),
                   base_dir=C.REPO_DIR)
     cfg = tmp_path / "levanter_config.json"
-    cfg.write_text(json.dumps(levanter_config(plan, "demo")))
+    cfg.write_text(json.dumps(train_lm_config_for(plan, "demo")))
     # the old entrypoint ran trajsft's local training (run_training) as the one process of the job
     entry = ("python -c 'import json, sys; from trajsft.train import run as train_run; "
              "train_run.run_training(json.load(open(sys.argv[1])), sys.argv[2], sys.argv[3])' "

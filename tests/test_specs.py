@@ -328,12 +328,12 @@ def test_eval_matrix_settings_change_no_hash():
 
 # ---- the pinned revisions and the model reach Levanter ----------------------------------------
 def test_revisions_and_dimensions_are_passed_on_to_levanter(monkeypatch):
-    from trajsft.train import step as train_step
+    from trajsft.train import target as train_target
 
     p = C.Plan(C.validate(copy.deepcopy(BASE)), base_dir=C.REPO_DIR)
-    monkeypatch.setattr(train_step, "train_data", lambda plan, name: {
+    monkeypatch.setattr(train_target, "train_data", lambda plan, name: {
         "cache_dir": f"/cache/{name}", "packed_sequences": 1000, "tokens_in_window": 10})
-    lev = train_step.levanter_config(p, "gpt-5-mini")
+    lev = train_target.train_lm_config_for(p, "gpt-5-mini")
     # the pinned checkpoint is read from its snapshot under the storage root (rule download_model), named
     # by the repo and revision it holds; its tokenizer is the checkpoint's own: read from there too
     model = p.model("gpt-5-mini")
@@ -349,7 +349,7 @@ def test_revisions_and_dimensions_are_passed_on_to_levanter(monkeypatch):
     assert tok.spec["tokenizer"] == model.location and tok.inputs["tokenizer"] == {"hub": "Qwen/Qwen3-8B",
                                                                                   "revision": QWEN3_8B_REV}
 
-    demo = train_step.levanter_config(p, "demo")
+    demo = train_target.train_lm_config_for(p, "demo")
     assert "initialize_from_hf" not in demo
     for k, v in BASE["students"]["tiny"]["model"].items():
         assert demo["model"][k] == v
@@ -359,13 +359,13 @@ def test_revisions_and_dimensions_are_passed_on_to_levanter(monkeypatch):
 def levanter(cfg, target, monkeypatch) -> str:
     import json
 
-    from trajsft.train import step as train_step
+    from trajsft.train import target as train_target
 
-    monkeypatch.setattr(train_step, "train_data", lambda plan, name: {
+    monkeypatch.setattr(train_target, "train_data", lambda plan, name: {
         "cache_dir": f"/cache/{name.rsplit('-', 1)[0]}", "packed_sequences": 1000, "tokens_in_window": 10})
     p = C.Plan(C.validate(cfg), base_dir=C.REPO_DIR)
     run = p.target(target)["run"]
-    return json.dumps(train_step.levanter_config(p, target), sort_keys=True).replace(run.hash, "<hash>")
+    return json.dumps(train_target.train_lm_config_for(p, target), sort_keys=True).replace(run.hash, "<hash>")
 
 
 RUN_FIELDS = sorted(k for k in PERTURB if declared(*k) & {"checkpoints"} and k[0] != "Ref"

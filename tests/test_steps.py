@@ -30,7 +30,7 @@ def name(plan, kind, teacher="demo"):
 
 def build_shards(plan) -> tuple[dict, Path]:
     download.download(plan, name(plan, "raw"))
-    res = shard.shards(plan, name(plan, "shards"))
+    res = shard.shard(plan, name(plan, "shards"))
     return res, Path(plan.get("shards", name(plan, "shards")).location)
 
 
@@ -57,7 +57,7 @@ def test_strict_mode_fails_on_first_bad_row(tmp_path):
     plan = make_plan(tmp_path, transform={"strict": True})
     download.download(plan, name(plan, "raw"))
     with pytest.raises(Exception) as e:
-        shard.shards(plan, name(plan, "shards"))
+        shard.shard(plan, name(plan, "shards"))
     assert "\n" not in str(e.value)
     assert str(e.value).startswith("data/train-00000-of-00002.parquet row 0 (traj_id=")
     assert "field messages" in str(e.value) and "not valid JSON" in str(e.value)
@@ -70,7 +70,7 @@ def test_missing_messages_column(tmp_path):
     plan = make_plan(tmp_path, teachers={"demo": {"dataset": str(tmp_path / "ds"), "rows": 1}})
     download.download(plan, name(plan, "raw"))
     with pytest.raises(DataError, match=r"data/train-00000-of-00001.parquet: missing column 'messages'"):
-        shard.shards(plan, name(plan, "shards"))
+        shard.shard(plan, name(plan, "shards"))
 
 
 def test_hub_download_pins_revision_and_keeps_token_secret(tmp_path, monkeypatch, caplog):

@@ -107,7 +107,7 @@ def _run(tmp_path, long_chats: str, seq_len: int = 96):
         "heldout_fraction": 0.0, "long_chats": long_chats}, "training": {"seq_len": seq_len}}})
     names = {a.kind: a.name for a in plan.chain("demo")}
     download.download(plan, names["raw"])
-    shards = shard.shards(plan, names["shards"])
+    shards = shard.shard(plan, names["shards"])
     Path(plan.get("shards", names["shards"]).manifest).parent.mkdir(parents=True, exist_ok=True)
     Path(plan.get("shards", names["shards"]).manifest).write_text(json.dumps(shards))
     return plan, tokenize.tokenize(plan, names["tokenized"])

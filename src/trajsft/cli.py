@@ -55,7 +55,7 @@ def cmd_logs(args) -> int:
     import time
 
     from .observe import status
-    from .train.step import run_paths
+    from .train.target import run_paths
 
     plan = _load(args)
     [t] = _targets(plan, [args.target])
@@ -225,7 +225,7 @@ def cmd_plan(args) -> int:
         }
         if args.explain:
             from .fit import check as fit
-            from .train.step import explain
+            from .train.target import explain
 
             entry["training"] = explain(plan, t)
             entry["fit"] = fit.cached_summary(plan, t, entry["training"]["steps"])
@@ -295,7 +295,7 @@ def cmd_eval(args) -> int:
                                 f"(snakemake {art.manifest})")
     logs.setup(None, plan.cfg.get("log_level", "INFO"))
     out = {k: str(Path(args.out, f"matrix.{k}")) for k in ("json", "png", "html")}
-    doc = matrix.build(plan, out)
+    doc = matrix.eval_matrix(plan, out)
     if args.json:
         print(json.dumps(doc, indent=2))
     else:
@@ -307,14 +307,14 @@ def cmd_eval(args) -> int:
 def cmd_fit(args) -> int:
     """Compile each target's train step for its TPU slice here (libtpu, no TPU): fit, HBM, FLOPs, hours."""
     from .fit import check as fit
-    from .train.step import explain, levanter_config
+    from .train.target import explain, train_lm_config_for
 
     plan = _load(args)
     names = _targets(plan, args.targets or list(plan.cfg["default_targets"]))
     out, rc = [], 0
     for t in names:
         try:
-            lev = levanter_config(plan, t, accelerator="tpu", untokenized_ok=True)
+            lev = train_lm_config_for(plan, t, accelerator="tpu", untokenized_ok=True)
             s = fit.check(plan, t, lev, explain(plan, t)["steps"], tpu_type=args.tpu_type, mfu=args.mfu,
                           suggest_on_failure=not args.no_suggest)
         except (DataError, ValueError) as e:

@@ -66,7 +66,7 @@ def skipped_path(plan: Plan, name: str) -> Path:
     return Path(plan.get("shards", name).manifest).parent / "skipped.jsonl"
 
 
-def shards(plan: Plan, name: str) -> dict:
+def shard(plan: Plan, name: str) -> dict:
     """Validated jsonl.gz shards of a raw snapshot, streamed: parquet record batches in, shards
     (cut at ``transform.SHARD_TOKENS`` estimated tokens) out as they fill."""
     art = plan.get("shards", name)

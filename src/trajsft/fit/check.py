@@ -104,7 +104,7 @@ def vocab_size(plan: Plan, target: str) -> int:
 
 def levanter_request(plan: Plan, setting: Setting, lev: dict) -> dict:
     """The compile request: the train rule's train_lm config ``lev`` for a TPU (``accelerator: tpu``; from
-    :func:`trajsft.train.step.levanter_config`) at the setting's batch size, and the slice."""
+    :func:`trajsft.train.target.train_lm_config_for`) at the setting's batch size, and the slice."""
     lev = copy.deepcopy(lev)
     lev["trainer"]["train_batch_size"] = int(setting.batch_size)
     sl = slices.parse(setting.tpu_type)
@@ -141,7 +141,7 @@ def cached(plan: Plan, target: str, tpu_type: Optional[str] = None) -> Optional[
 
 def cached_summary(plan: Plan, target: str, steps: Optional[int], tpu_type: Optional[str] = None) -> Optional[dict]:
     """The summary of the cached compile of a target on its slice (None: not checked yet, or no slice);
-    ``steps``: the run's step count when known (``trajsft.train.step.explain``)."""
+    ``steps``: the run's step count when known (``trajsft.train.target.explain``)."""
     raw = cached(plan, target, tpu_type)
     if raw is None:
         return None
@@ -358,7 +358,7 @@ def check(plan: Plan, target: str, lev: dict, steps: Optional[int], *, tpu_type:
           mfu: Optional[float] = None, suggest_on_failure: bool = True) -> dict:
     """Compile (or read back) the target's step on its slice; the summary, with ``suggestion`` when it does not fit.
 
-    ``lev``: the target's train_lm config for a TPU (:func:`trajsft.train.step.levanter_config` with
+    ``lev``: the target's train_lm config for a TPU (:func:`trajsft.train.target.train_lm_config_for` with
     ``accelerator="tpu"``), ``steps`` its step count when known: the caller's, so this module never imports the
     train step (which imports the Ray submission, which runs this check)."""
     mfu = DEFAULT_MFU if mfu is None else float(mfu)

@@ -97,7 +97,7 @@ def gather(plan: C.Plan, target: str, query_ray: bool = True) -> Facts:
     """Everything status needs to know about ``target``, reading only what its state needs: nothing
     about training for a finished run, the resume checkpoint only for a resumable state."""
     from .. import storage
-    from ..train.step import run_paths, run_wandb_url, wandb_url
+    from ..train.target import run_paths, run_wandb_url, wandb_url
 
     p = run_paths(plan, target)
     run, run_dir = p["run"], p["run_dir"]
@@ -140,7 +140,7 @@ def target_status(plan: C.Plan, target: str, query_ray: bool = True) -> dict:
     tpu_type = (plan.cfg.get("ray") or {}).get("tpu_type")
     if plan.cfg["executor"] == "ray" and tpu_type:  # the cached fit check of the profile's slice (trajsft fit)
         from ..fit import check as fit
-        from ..train.step import explain
+        from ..train.target import explain
 
         r["fit"] = fit.short(fit.cached_summary(plan, target, explain(plan, target)["steps"]), tpu_type)
     return r

@@ -6,7 +6,7 @@ from it, the function its rule job runs, the settings that are not hashed but mu
 reused, and what its seal covers. Everything else reads these records: the hashes
 (:class:`trajsft.plan.config.Plan`, :mod:`trajsft.plan.specs`), the typed step of a rule job
 (:mod:`trajsft.plan.step`), payload reuse (:mod:`trajsft.storage`), the rules' parameters (``rules/common.smk``)
-and the rule job's dispatch (:func:`trajsft.steps.run_rule`). ``tests/test_kinds.py`` checks that every kind has a
+and the rule job's dispatch (:func:`trajsft.rule_job.run_rule`). ``tests/test_kinds.py`` checks that every kind has a
 rule, a step function, a format version and a plan path.
 """
 
@@ -28,7 +28,9 @@ class Kind:
     # triggers): name -> its value from the artifact's spec
     checked: Mapping[str, Callable[[dict], Any]] = field(default_factory=dict)
     sealed: tuple[str, ...] | None = None  # what the payload's seal covers (prefixes), None: every object
-    per_target: bool = False  # one artifact per target (named by it), not one per content shared by targets
+    # one artifact per target, held under this key of the target's record (``plan.target(name)[of_target]``),
+    # not one per content shared by targets
+    of_target: str | None = None
 
     def checked_settings(self, spec: Mapping) -> dict:
         return {k: value(spec) for k, value in self.checked.items()}
@@ -41,18 +43,18 @@ class Kind:
 REGISTRY = (
     Kind("raw", rule="download", format=2, function="trajsft.data.download:download",
          downstream=("shards", "tokenized", "checkpoints", "exports"), checked={"rows": lambda s: int(s["rows"])}),
-    Kind("shards", rule="shard", format=3, function="trajsft.data.shard:shards",
+    Kind("shards", rule="shard", format=3, function="trajsft.data.shard:shard",
          downstream=("tokenized", "checkpoints", "exports"),
          checked={"strict": lambda s: bool(s["transform"].get("strict"))}),
     Kind("tokenized", rule="tokenize", format=3, function="trajsft.data.tokenize:tokenize",
          downstream=("checkpoints",)),
-    Kind("models", rule="download_model", format=1, function="trajsft.train.model_snapshot:snapshot",
+    Kind("models", rule="download_model", format=1, function="trajsft.train.model_snapshot:download_model",
          downstream=("checkpoints",)),
     # a training run's seal covers its weights only (trainer checkpoints, HF exports): its records (attempts,
     # provenance, result, logs) change with every attempt and are written again where it runs
-    Kind("checkpoints", rule="train", format=1, function="trajsft.train.step:train",
-         sealed=("checkpoints/", "hf/"), per_target=True),
-    Kind("exports", rule="export", format=2, function="trajsft.data.export:export", per_target=True),
+    Kind("checkpoints", rule="train", format=1, function="trajsft.train.target:train",
+         sealed=("checkpoints/", "hf/"), of_target="run"),
+    Kind("exports", rule="export", format=2, function="trajsft.data.export:export", of_target="export"),
 )
 KINDS: dict[str, Kind] = {k.name: k for k in REGISTRY}
 BY_RULE: dict[str, Kind] = {k.rule: k for k in REGISTRY}

@@ -16,7 +16,7 @@ training on the concatenated teachers; the weights decide each teacher's share o
 teacher's own passes are ``steps * batch * weight / its packed sequences`` (``explain``).
 ``max_steps`` overrides both.
 
-Pure functions on plain data; ``train.step`` and ``trajsft plan --explain`` use them.
+Pure functions on plain data; ``train.target`` and ``trajsft plan --explain`` use them.
 """
 
 from __future__ import annotations

@@ -35,11 +35,12 @@ class Step:
     @property
     def artifact(self) -> Artifact | None:
         """The artifact this step writes (check_fit and eval_matrix write a summary and the matrix: no artifact)."""
-        if self.step in ("train", "export"):
-            return self.plan.target(self.name)["run" if self.step == "train" else "export"]
-        if self.step in ("check_fit", "eval_matrix"):
+        kind = BY_RULE.get(self.step)
+        if kind is None:
             return None
-        return self.plan.get(BY_RULE[self.step].name, self.name)
+        if kind.of_target:
+            return self.plan.target(self.name)[kind.of_target]
+        return self.plan.get(kind.name, self.name)
 
 
 def resolve(plan: Plan, step: str, name: str = "") -> Step:
@@ -47,16 +48,17 @@ def resolve(plan: Plan, step: str, name: str = "") -> Step:
     if step not in STEPS:
         raise ValueError(f"unknown step {step!r} (steps: {', '.join(STEPS)})")
     cells = {}
-    if step in ("train", "check_fit", "export"):
+    kind = BY_RULE.get(step)
+    if step == "check_fit" or (kind and kind.of_target):  # check_fit reads what its target's run would
         target = plan.target(name)
         targets = {name: target}
-        roots = [target["export" if step == "export" else "run"]]
+        roots = [target[kind.of_target if kind else "run"]]
     elif step == "eval_matrix":
         targets = {r: plan.target(r) for r in plan.eval_rows()}
         cells = dict(plan.eval_cells)
         roots = [t["run"] for t in targets.values()] + list(cells.values())
     else:
-        targets, roots = {}, [plan.get(BY_RULE[step].name, name)]
+        targets, roots = {}, [plan.get(kind.name, name)]
     keep: dict = {}
 
     def visit(a):

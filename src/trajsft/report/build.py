@@ -1,5 +1,5 @@
 """The report rules' side of the cards: Snakemake helpers (``rules/report.smk``) and the entry points
-``trajsft.steps.run_rule`` calls (one card with its figure, the comparison table)."""
+``trajsft.rule_job.run_rule`` calls (one card with its figure, the comparison table)."""
 
 from __future__ import annotations
 
@@ -58,7 +58,7 @@ def card_params(plan, target: str) -> dict:
     }
 
 
-# ---- Snakemake entry points (trajsft.steps.REPORT_RULES) ---------------------------------------
+# ---- Snakemake entry points (trajsft.rule_job.REPORT_RULES) ---------------------------------------
 def _pair_manifests(shards_paths: list[str], tokenized_paths: list[str]) -> dict[str, tuple[dict, dict | None]]:
     shards = [read_json(p) for p in shards_paths]
     toks = [read_json(p) for p in tokenized_paths]

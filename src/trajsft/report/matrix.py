@@ -8,7 +8,7 @@ from the target's latest HF export or trainer checkpoint. Output: ``matrix.json`
 ``matrix.png`` and ``matrix.html`` (a table for the report).
 
 ``matrix_spec`` / ``eval_inputs`` / ``model_source`` / ``assemble`` / ``render_html`` /
-``plot_heatmap`` are small and pure (or read files only); ``build`` runs the evaluation.
+``plot_heatmap`` are small and pure (or read files only); ``eval_matrix`` (the rule's step) runs the evaluation.
 """
 
 from __future__ import annotations
@@ -193,7 +193,7 @@ def plot_heatmap(doc: Mapping, out_png: str) -> str:
     return save_figure(fig, out_png)
 
 
-def build(plan: Plan, out: Mapping[str, str]) -> dict:
+def eval_matrix(plan: Plan, out: Mapping[str, str]) -> dict:
     """Evaluate every row's model on every column and write ``out["json"|"png"|"html"]``."""
     from ..train import eval as train_eval
     from ..data.tokenize import tokenized_cache_dir

@@ -23,7 +23,7 @@ whole dict through ``TrainLmConfig``:
 What the specs hash (:class:`~trajsft.plan.specs.TrainingSpec`, :class:`~trajsft.plan.specs.StudentSpec`,
 the target's teacher weights) comes from the :class:`~trajsft.plan.specs.TargetSpec`; everything else
 (ids and paths, the tokenized data, the step count, cosmetic W&B and checkpoint settings) from a
-:class:`RunInputs`. The plan-to-inputs side is :func:`trajsft.train.step.levanter_config`.
+:class:`RunInputs`. The plan-to-inputs side is :func:`trajsft.train.target.train_lm_config_for`.
 ``write_config`` dumps a config as YAML; ``resolve_hub_refs`` pins Hub references to local snapshots.
 """
 

@@ -146,7 +146,7 @@ def _from_local(src: Path, where: str) -> tuple[Path, dict[str, dict]]:
     return src, {rel: _digests(src / rel) for rel in rels}
 
 
-def snapshot(plan: Plan, name: str) -> dict:
+def download_model(plan: Plan, name: str) -> dict:
     """The checkpoint of models/``name`` copied to its location, every file verified; the step's result."""
     art = plan.get("models", name)
     spec = art.spec

@@ -223,7 +223,7 @@ def run_training(
        interrupted (KeyboardInterrupt / timeout) it terminates the child. ``run_dir`` must be
        local (logs, lock file, W&B dir); checkpoints / HF exports may be on gs://.
     3. Afterwards it requires a trainer checkpoint at the final step (guaranteed by the keep
-       policy of ``levanter_config``) and ensures a complete HF export at ``<hf_dir>/step-{N-1}``;
+       policy of ``train_lm_config_for``) and ensures a complete HF export at ``<hf_dir>/step-{N-1}``;
        if it is missing / incomplete (e.g. killed during the export) it is re-exported from the
        final checkpoint (``export_hf``). With ``export_chat_template`` the export's tokenizer gets
        the training chat template.

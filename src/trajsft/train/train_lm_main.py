@@ -2,7 +2,7 @@
 
 Levanter 1.2.dev1644 runs the forced end-of-training hooks (eval, HF export, checkpointer, ...) in
 ``Trainer.train`` and, whenever ``config.epoch > 0``, a second time in ``train_lm.main`` on the same
-final step. ``levanter_config`` sets ``epoch`` for every single-teacher target (the data is cycled),
+final step. ``train_lm_config_for`` sets ``epoch`` for every single-teacher target (the data is cycled),
 so the final HF export (a full model) was written twice and eval ran twice more. And when the last
 step falls on a hook's period (e.g. eval every 5 steps, 25 steps), ``Trainer.train`` ran that hook
 once as scheduled and again in the forced run. Levanter has no switch for this; our thin layer is a

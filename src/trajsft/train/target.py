@@ -1,4 +1,4 @@
-"""Step ``train`` and the plan-to-Levanter-config inputs (``levanter_config``). Imports neither jax nor
+"""Step ``train`` and the plan-to-Levanter-config inputs (``train_lm_config_for``). Imports neither jax nor
 Levanter: ``train_lm`` runs in a child process (local) or on the cluster's hosts (Ray)."""
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def compilation_cache_dir(cfg: dict) -> str:
     return join(root if is_remote(root) else os.path.abspath(root), "jax-compilation-cache")
 
 
-def levanter_config(plan: Plan, target: str, *, accelerator: str | None = None,
+def train_lm_config_for(plan: Plan, target: str, *, accelerator: str | None = None,
                     untokenized_ok: bool = False) -> dict:
     """The full train_lm config of a target (plain dict): its specs mapped by
     :func:`trajsft.train.levanter_config.train_lm_config`, with the step count from the tokenized manifests.
@@ -166,12 +166,12 @@ def link_rule_log(plan: Plan, target: str, rule_log: str) -> str:
 
 def train(plan: Plan, target: str, done_path: str | None = None, *, on_ray=None) -> dict:
     """Train ``target`` once more (a new attempt of its run), locally in a child process, or with the ``ray``
-    executor through ``on_ray(plan, target, levanter_config, run_paths, attempt)`` (the caller passes
+    executor through ``on_ray(plan, target, lev, run_paths, attempt)`` (the caller passes
     :func:`trajsft.cluster.submit.train_on_ray`: the cluster layer sits above this one)."""
     p = run_paths(plan, target)
     run = p["run"]
     os.makedirs(p["state_dir"], exist_ok=True)
-    lev = levanter_config(plan, target)
+    lev = train_lm_config_for(plan, target)
     provenance.write(p["run_dir"], {"target": target, "run": run.name, "hash": run.hash, "hash_inputs": run.inputs,
                                      "config": plan.cfg, "levanter": lev})
     executor = plan.cfg["executor"]

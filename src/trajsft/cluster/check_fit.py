@@ -2,7 +2,7 @@
 for the profile's TPU slice on this machine (libtpu), as a job of its own that Snakemake runs while the data
 rules run, so the compile is off the critical path and cached by the time the train rule submits.
 
-The train_lm config is the train rule's own (:func:`trajsft.train.step.levanter_config` for a TPU); a
+The train_lm config is the train rule's own (:func:`trajsft.train.target.train_lm_config_for` for a TPU); a
 teacher not tokenized yet gets a placeholder source, which decides no shape of the step. A step that does
 not fit or does not compile fails the job in one line naming HBM and the knobs (the train rule is then
 never run: nothing is submitted); without libtpu the job says so in one line and the run goes on.
@@ -14,15 +14,15 @@ import logging
 
 from ..fit import check
 from ..plan.config import Plan
-from ..train.step import explain, levanter_config
+from ..train.target import explain, train_lm_config_for
 from .submit import fit_check
 
 log = logging.getLogger("trajsft")
 
 
-def fit(plan: Plan, target: str) -> dict:
+def check_fit(plan: Plan, target: str) -> dict:
     """The fit summary of ``target`` on the profile's slice (``{"skipped": why}`` without libtpu)."""
-    lev = levanter_config(plan, target, accelerator="tpu", untokenized_ok=True)
+    lev = train_lm_config_for(plan, target, accelerator="tpu", untokenized_ok=True)
     summary = fit_check(plan, target, lev, explain(plan, target)["steps"])
     if "skipped" not in summary:
         for line in check.render(summary):

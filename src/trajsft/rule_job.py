@@ -1,7 +1,7 @@
 """The rule-job harness: every rule's script (``scripts/rule.py``) calls :func:`run_rule`, which runs the job's
 step with logging, stop handling, user errors as one line and the artifact's manifest. An artifact's step
 function comes from its kind's record (:data:`trajsft.plan.kinds.REGISTRY`); the two steps that write no artifact
-are ``cluster.fit_step.fit`` (rule check_fit) and ``report.matrix.build`` (rule eval_matrix), and the report rules
+are ``cluster.check_fit.check_fit`` (rule check_fit) and ``report.matrix.eval_matrix`` (rule eval_matrix), and the report rules
 run their own entries (:data:`REPORT_RULES`)."""
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ log = logging.getLogger("trajsft")
 
 
 # ---- rule entry point -------------------------------------------------------------------
-FIT = "trajsft.cluster.fit_step:fit"  # rule check_fit: no artifact, the summary is the output
-EVAL = "trajsft.report.matrix:build"  # rule eval_matrix: the matrix files are the outputs
+FIT = "trajsft.cluster.check_fit:check_fit"  # rule check_fit: no artifact, the summary is the output
+EVAL = "trajsft.report.matrix:eval_matrix"  # rule eval_matrix: the matrix files are the outputs
 # the report rules get no Step: their entries read the job's inputs and params
 REPORT_RULES = {"report_card": "trajsft.report.build:rule_card", "report_table": "trajsft.report.build:rule_table",
                 "report_curves": "trajsft.report.curves:rule_curves"}
@@ -79,14 +79,14 @@ def run_rule(snakemake) -> None:
     label = f"trajsft {step} {name}".rstrip()
     log_path = snakemake.log[0] if snakemake.log else None
     if step == "train":
-        from .train import step as train_step  # never jax/levanter: train_lm runs in a child
+        from .train import target as train_target  # never jax/levanter: train_lm runs in a child
     if step == "train" and log_path:
-        log_path = train_step.link_rule_log(plan, name, log_path)
+        log_path = train_target.link_rule_log(plan, name, log_path)
     logs.setup(log_path, cfg.get("log_level", "INFO"))
     # die with our Snakemake run (even after `kill -9` of Snakemake), cleaning up like on SIGTERM
     signals.install_stop_handler()
     detach = step == "train" and cfg.get("executor") == "ray"  # the Ray job lives on: a rerun re-attaches
-    signals.watch_snakemake(on_gone=train_step.detach_from_ray_job if detach else None, log_path=log_path)
+    signals.watch_snakemake(on_gone=train_target.detach_from_ray_job if detach else None, log_path=log_path)
     # the matrix reads every row's provenance: a run deleted by hand is the user's to rebuild
     user_errors = (*transform.USER_ERRORS, *RULE_JOB_ERRORS) + ((FileNotFoundError,) if step == "eval_matrix" else ())
     started = time.time()
