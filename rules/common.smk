@@ -13,10 +13,8 @@ min_version("9.0")
 one_line_stops()  # a WorkflowStop below is reported as its message alone, exit 1
 
 # the train rule runs Levanter on this machine's CPUs, or, with a Ray profile, only a light submitter that
-# follows the job (so that every target of a `--cores 4` profile can be submitted at once)
+# follows the job (its resources: KINDS["checkpoints"].on_cluster)
 TRAIN_LOCAL = config["executor"] != "ray"
-TRAIN_THREADS = 2 if TRAIN_LOCAL else 1
-TRAIN_MEM_MB = 16000 if TRAIN_LOCAL else 1000
 # a Ray profile compiles the train step for its TPU slice before submitting (rule check_fit)
 FIT_CHECK = not TRAIN_LOCAL and bool((config.get("ray") or {}).get("fit_check", True))
 
@@ -61,11 +59,36 @@ def done_targets(targets):
     return [PLAN.done_path(PLAN.target(t)["name"]) for t in targets]
 
 
+def planned(kind, wildcards):
+    """The `kind` artifact that a job writes, named by the `name` wildcard, or its target's
+    own (a per-target kind, trajsft.plan.kinds.Kind.of_target)."""
+    of_target = KINDS[kind].of_target
+    if of_target:
+        return PLAN.target(wildcards.target)[of_target]
+    return PLAN.get(kind, wildcards.name)
+
+
+def job_resources(kind):
+    """The rule's threads and memory, from the kind's record (its on_cluster share on a Ray profile)."""
+    k = KINDS[kind]
+    return k.on_cluster if k.on_cluster and not TRAIN_LOCAL else k.resources
+
+
 def artifact_inputs(kind):
     """Input function: the manifests of every artifact this `kind` artifact is built from (its deps)."""
 
     def inner(wildcards):
-        return [PLAN.get(*dep).manifest for dep in PLAN.get(kind, wildcards.name).deps]
+        return [PLAN.get(*dep).manifest for dep in planned(kind, wildcards).deps]
+
+    return inner
+
+
+def artifact_name(kind):
+    """Params function: the artifact's content-addressed name (a rerun trigger: a changed hashed
+    setting names another artifact)."""
+
+    def inner(wildcards):
+        return planned(kind, wildcards).name
 
     return inner
 
@@ -75,7 +98,7 @@ def payload_location(kind):
     trigger: a manifest written for another root is not done for this one)."""
 
     def inner(wildcards):
-        return PLAN.get(kind, wildcards.name).location
+        return planned(kind, wildcards).location
 
     return inner
 
@@ -86,7 +109,7 @@ def checked_setting(kind, key):
     """
 
     def inner(wildcards):
-        return KINDS[kind].checked[key](PLAN.get(kind, wildcards.name).spec)
+        return KINDS[kind].checked[key](planned(kind, wildcards).spec)
 
     return inner
 
@@ -136,17 +159,6 @@ def fit_versions():
     from trajsft.fit.check import versions
 
     return versions()
-
-
-def export_inputs(wildcards):
-    """Input function (export): the shard manifests of the target's teachers."""
-    return [
-        PLAN.get(*dep).manifest for dep in PLAN.target(wildcards.target)["export"].deps
-    ]
-
-
-def run_name(wildcards):
-    return PLAN.target(wildcards.target)["run"].name
 
 
 def eval_matrix_inputs(wildcards):

@@ -5,9 +5,9 @@ rule download:
         "logs/download/{name}.log",
     benchmark:
         "benchmarks/download/{name}.tsv"
-    threads: 1  # network-bound: parquet pages from the Hub
+    threads: job_resources("raw").threads
     resources:
-        mem_mb=4000,
+        mem_mb=job_resources("raw").mem_mb,
     params:
         # not hashed, but checked: a changed `rows:` re-runs the download (params rerun trigger)
         rows=checked_setting("raw", "rows"),
@@ -28,9 +28,9 @@ rule shard:
         "logs/shard/{name}.log",
     benchmark:
         "benchmarks/shard/{name}.tsv"
-    threads: 1
+    threads: job_resources("shards").threads
     resources:
-        mem_mb=4000,
+        mem_mb=job_resources("shards").mem_mb,
     params:
         # not hashed (a successful shard set is the same), but switching strict on must rerun the
         # rule so that it fails on the bad rows of an already built shard set
@@ -50,9 +50,9 @@ rule tokenize:
         "logs/tokenize/{name}.log",
     benchmark:
         "benchmarks/tokenize/{name}.tsv"
-    threads: 2  # the tokenizer workers share the job's cores
+    threads: job_resources("tokenized").threads
     resources:
-        mem_mb=8000,
+        mem_mb=job_resources("tokenized").mem_mb,
     params:
         location=payload_location("tokenized"),
         step=job_step("tokenize"),

@@ -6,19 +6,19 @@
 
 rule export:
     input:
-        export_inputs,
+        artifact_inputs("exports"),
     output:
         f"{STATE_DIR}/exports/{{target}}/manifest.json",
     log:
         "logs/export/{target}.log",
     benchmark:
         "benchmarks/export/{target}.tsv"
-    threads: 1
+    threads: job_resources("exports").threads
     resources:
-        mem_mb=4000,
+        mem_mb=job_resources("exports").mem_mb,
     params:
-        name=lambda wildcards: PLAN.target(wildcards.target)["export"].name,
-        location=lambda wildcards: PLAN.target(wildcards.target)["export"].location,
+        name=artifact_name("exports"),
+        location=payload_location("exports"),
         step=job_step("export"),
     script:
         "../scripts/rule.py"

@@ -7,9 +7,9 @@ rule download_model:
         "logs/download_model/{name}.log",
     benchmark:
         "benchmarks/download_model/{name}.tsv"
-    threads: 1  # network-bound: safetensors from the Hub
+    threads: job_resources("models").threads
     resources:
-        mem_mb=4000,
+        mem_mb=job_resources("models").mem_mb,
     params:
         location=payload_location("models"),
         step=job_step("download_model"),
@@ -32,7 +32,7 @@ rule check_fit:
         mem_mb=6000,
     params:
         # rerun triggers: a new run (any hashed setting), another slice, another compiler
-        run=run_name,
+        run=artifact_name("checkpoints"),
         tpu_type=(config.get("ray") or {}).get("tpu_type"),
         versions=lambda wildcards: fit_versions(),
         step=job_step("check_fit"),
@@ -59,12 +59,12 @@ rule train:
         "logs/train/{target}.log",
     benchmark:
         "benchmarks/train/{target}.tsv"
-    threads: TRAIN_THREADS
+    threads: job_resources("checkpoints").threads
     resources:
-        mem_mb=TRAIN_MEM_MB,
+        mem_mb=job_resources("checkpoints").mem_mb,
     params:
-        run=run_name,
-        location=lambda wildcards: PLAN.target(wildcards.target)["run"].location,
+        run=artifact_name("checkpoints"),
+        location=payload_location("checkpoints"),
         step=job_step("train"),
     script:
         "../scripts/rule.py"

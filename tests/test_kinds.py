@@ -37,6 +37,7 @@ def test_every_kind_has_a_rule_a_step_function_a_format_and_a_plan_path(kind, pl
     assert kind.rule in rules, f"no rule {kind.rule} in rules/*.smk"
     body = rules[kind.rule]
     assert f'job_step("{kind.rule}")' in body and '"../scripts/rule.py"' in body, body
+    assert body.count(f'job_resources("{kind.name}")') == 2, body  # threads and mem_mb from the record
     assert callable(kind.step_function())
     # a rule spells its output (readable in the rule, as snakemake-workflows do): it is where the plan says
     out = "checkpoints/{target}/done" if kind.rule == "train" else f'f"{{STATE_DIR}}/{kind.name}/{{{{'

@@ -90,6 +90,32 @@ def test_every_rule_declares_threads_resources_and_heavy_ones_a_benchmark():
         assert rules[heavy].benchmark is not None, heavy
 
 
+def rule_resources(config: dict) -> dict[str, tuple[int, int]]:
+    """Each rule's (threads, mem_mb) as Snakemake reads them from the workflow with ``config``."""
+    from snakemake.api import SnakemakeApi
+    from snakemake.settings.types import ConfigSettings, ResourceSettings, StorageSettings, WorkflowSettings
+
+    with SnakemakeApi() as api:
+        wf = api.workflow(resource_settings=ResourceSettings(cores=2), config_settings=ConfigSettings(config=config),
+                          storage_settings=StorageSettings(), workflow_settings=WorkflowSettings(),
+                          snakefile=REPO / "Snakefile", workdir=REPO)
+        return {r.name: (r.resources["_cores"].value, r.resources["mem_mb"].value) for r in wf._workflow.rules
+                if not r.norun}
+
+
+def test_an_artifact_rule_asks_for_what_its_kind_record_says():
+    """Threads and memory of a kind's rule come from its record (trajsft.plan.kinds); on a Ray profile the
+    train job only submits and follows, so it takes the record's on_cluster share."""
+    from trajsft.plan.kinds import REGISTRY
+
+    local, ray = rule_resources({}), rule_resources({"executor": "ray"})
+    for kind in REGISTRY:
+        assert local[kind.rule] == (kind.resources.threads, kind.resources.mem_mb), kind.name
+        share = kind.on_cluster or kind.resources
+        assert ray[kind.rule] == (share.threads, share.mem_mb), kind.name
+    assert local["train"] == (2, 16000) and ray["train"] == (1, 1000)
+
+
 def test_snakefmt_formatted():
     snakefmt = Path(sys.executable).parent / "snakefmt"
     p = subprocess.run([str(snakefmt), "--check", "Snakefile", "rules"], cwd=REPO, capture_output=True, text=True)

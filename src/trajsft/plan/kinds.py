@@ -3,7 +3,7 @@
 A kind's record says where its artifacts live (``name``: the directory under ``results/`` and under the
 storage root: a noun), which rule writes them (a verb, also the name of the rule job's step), the format version hashed into each of them, the kinds built
 from it, the function its rule job runs, the settings that are not hashed but must match for a payload to be
-reused, and what its seal covers. Everything else reads these records: the hashes
+reused, what its seal covers and what its rule job asks Snakemake for. Everything else reads these records: the hashes
 (:class:`trajsft.plan.config.Plan`, :mod:`trajsft.plan.specs`), the typed step of a rule job
 (:mod:`trajsft.plan.step`), payload reuse (:mod:`trajsft.storage`), the rules' parameters (``rules/common.smk``)
 and the rule job's dispatch (:func:`trajsft.rule_job.run_rule`). ``tests/test_kinds.py`` checks that every kind has a
@@ -15,6 +15,14 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
+
+
+@dataclass(frozen=True)
+class Resources:
+    """What a rule job of the kind asks Snakemake for (its ``threads:`` and ``resources: mem_mb``)."""
+
+    threads: int = 1
+    mem_mb: int = 4000
 
 
 @dataclass(frozen=True)
@@ -31,6 +39,9 @@ class Kind:
     # one artifact per target, held under this key of the target's record (``plan.target(name)[of_target]``),
     # not one per content shared by targets
     of_target: str | None = None
+    resources: Resources = Resources()  # the rule job's threads and memory on this machine
+    # the rule job's share when its step runs on a Ray cluster (it only submits and follows); None: as above
+    on_cluster: Resources | None = None
 
     def checked_settings(self, spec: Mapping) -> dict:
         return {k: value(spec) for k, value in self.checked.items()}
@@ -42,19 +53,24 @@ class Kind:
 
 REGISTRY = (
     Kind("raw", rule="download", format=2, function="trajsft.data.download:download",
-         downstream=("shards", "tokenized", "checkpoints", "exports"), checked={"rows": lambda s: int(s["rows"])}),
+         downstream=("shards", "tokenized", "checkpoints", "exports"), checked={"rows": lambda s: int(s["rows"])},
+         resources=Resources(threads=1, mem_mb=4000)),  # network-bound: parquet pages from the Hub
     Kind("shards", rule="shard", format=3, function="trajsft.data.shard:shard",
          downstream=("tokenized", "checkpoints", "exports"),
-         checked={"strict": lambda s: bool(s["transform"].get("strict"))}),
+         checked={"strict": lambda s: bool(s["transform"].get("strict"))}, resources=Resources(threads=1, mem_mb=4000)),
     Kind("tokenized", rule="tokenize", format=3, function="trajsft.data.tokenize:tokenize",
-         downstream=("checkpoints",)),
+         downstream=("checkpoints",), resources=Resources(threads=2, mem_mb=8000)),  # tokenizer workers share the cores
     Kind("models", rule="download_model", format=1, function="trajsft.train.model_snapshot:download_model",
-         downstream=("checkpoints",)),
+         downstream=("checkpoints",), resources=Resources(threads=1, mem_mb=4000)),  # network-bound: safetensors
     # a training run's seal covers its weights only (trainer checkpoints, HF exports): its records (attempts,
     # provenance, result, logs) change with every attempt and are written again where it runs
     Kind("checkpoints", rule="train", format=1, function="trajsft.train.target:train",
-         sealed=("checkpoints/", "hf/"), of_target="run"),
-    Kind("exports", rule="export", format=2, function="trajsft.data.export:export", of_target="export"),
+         sealed=("checkpoints/", "hf/"), of_target="run",
+         # Levanter on this machine's CPUs, or, on a Ray profile, a light submitter that follows the job (so that
+         # every target of a `--cores 4` profile can be submitted at once)
+         resources=Resources(threads=2, mem_mb=16000), on_cluster=Resources(threads=1, mem_mb=1000)),
+    Kind("exports", rule="export", format=2, function="trajsft.data.export:export", of_target="export",
+         resources=Resources(threads=1, mem_mb=4000)),
 )
 KINDS: dict[str, Kind] = {k.name: k for k in REGISTRY}
 BY_RULE: dict[str, Kind] = {k.rule: k for k in REGISTRY}
