@@ -42,7 +42,9 @@ from gcs_fixtures import GcsEmulator, start_gcs
 from ray_fixtures import MARKER_ENV, TEST_HEAD_ENV, RayHead, _free_port_range, _free_ports, start_ray_head
 
 CHIPS_PER_HOST = 4
-HOST_TYPES = {"v5p-8": 1, "v5p-16": 2, "v5p-32": 4}  # hosts per slice (4 chips each)
+# hosts per slice (4 chips each); a v4-8 is the one-host slice a test adds beside the shape's (no job of another
+# test's type lands on it, and the shape's slices stay up)
+HOST_TYPES = {"v5p-8": 1, "v5p-16": 2, "v5p-32": 4, "v4-8": 1}
 
 
 @dataclass

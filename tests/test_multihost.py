@@ -118,11 +118,25 @@ def test_trains_on_every_host_and_matches_a_single_process(data, cluster, tmp_pa
     # this run's own secret values: the cluster is the session's, and a job another test stopped before its
     # driver ran keeps its bundle in the KV store until Ray collects it (minutes later)
     hf, wk = f"{HF}-{os.urandom(4).hex()}", f"{WK}_{os.urandom(4).hex()}"  # W&B's SDK reads after a dash as the key
+    run_dir = Path(plan_of(wd, prof)["checkpoint_dir"])
     t0 = time.time()
-    snakemake(wd, prof, cluster.head, timeout=1200, HF_TOKEN=hf, WANDB_API_KEY=wk)
-    wall = time.time() - t0
+    p = subprocess.Popen(sm_cmd(wd, prof), stdout=open(wd / "snakemake.log", "w"), stderr=subprocess.STDOUT,
+                         env=sm_env(cluster.head, HF_TOKEN=hf, WANDB_API_KEY=wk), start_new_session=True, cwd=REPO)
+    try:
+        # the same config in one process with the same 8 devices, trained while the job sets up and trains (its
+        # Ray processes mostly wait): written at submission, it is the job's own
+        wait_for(lambda: (run_dir / "levanter_config.json").exists(), 600, "the job's levanter_config.json", p)
+        reference: dict = {}
+        ref_thread = threading.Thread(target=single_process_run, args=(run_dir, tmp_path, reference), daemon=True)
+        ref_thread.start()
+        assert p.wait(timeout=1200) == 0, (wd / "snakemake.log").read_text()[-4000:]
+        wall = time.time() - t0
+        ref_thread.join(timeout=600)
+    finally:
+        if p.poll() is None:
+            kill_group(p)
     done = json.loads((wd / "checkpoints/demo/done").read_text())
-    run_dir = Path(done["checkpoint_dir"])
+    assert Path(done["checkpoint_dir"]) == run_dir
     assert done["steps"] == 6 and checkpoints.hf_export_complete(done["hf_export"])
     [job] = jobs(cluster.head, h)
     assert job["status"] == "SUCCEEDED" and job["entrypoint"].find("trajsft.cluster.entrypoint") >= 0
@@ -163,18 +177,9 @@ def test_trains_on_every_host_and_matches_a_single_process(data, cluster, tmp_pa
     assert cluster.kv_keys_holding([hf, wk]) == []
     assert cluster.files_holding([hf, wk]) == []
 
-    # the same config in one process with the same 8 devices: the same loss
-    cfg = json.loads((run_dir / "levanter_config.json").read_text())
-    _absolute_local_refs(cfg)  # the tokenizer ships with the job's working dir: here, the repo
-    single = tmp_path / "single"
-    cfg["trainer"]["checkpointer"]["base_path"] = str(single / "checkpoints")
-    cfg["hf_save_path"] = str(single / "hf")
-    cfg["trainer"]["require_accelerator"] = False
-    for t in cfg["trainer"].get("tracker") or []:
-        if t.get("type") == "wandb":
-            t["mode"] = "disabled"
-    ref = train_run.run_training(cfg, str(single), str(single / "train.log"),
-                          env={"JAX_PLATFORMS": "cpu", "JAX_NUM_CPU_DEVICES": "8"})
+    # the single process trained the same config: the same loss
+    assert "result" in reference, reference.get("error", "the single-process reference did not finish")
+    ref = reference["result"]
     multi = dict(result["loss_history"])
     single_ = dict(ref["loss_history"])
     assert sorted(multi) == sorted(single_) == list(range(6))
@@ -185,6 +190,29 @@ def test_trains_on_every_host_and_matches_a_single_process(data, cluster, tmp_pa
         assert math.isclose(multi[step], single_[step], rel_tol=1e-3), (step, multi[step], single_[step])
     assert math.isclose(done["final_loss"], ref["final_loss"], rel_tol=1e-3), (done["final_loss"], ref["final_loss"])
     print(f"\n2-host run: {wall:.0f}s wall, final loss {done['final_loss']:.6f}; single process {ref['final_loss']:.6f}")
+
+
+def single_process_run(run_dir: Path, tmp_path: Path, out: dict) -> None:
+    """The job's own train_lm config (``levanter_config.json`` in its run dir) trained in one process with the
+    slice's 8 devices on CPU: ``out["result"]`` is run_training's result (``out["error"]`` what went wrong)."""
+    try:
+        out["result"] = _single_process_run(run_dir, tmp_path)
+    except BaseException as e:  # noqa: BLE001 - reported by the test's assertion, in its thread's stead
+        out["error"] = f"the single-process reference failed: {type(e).__name__}: {e}"
+
+
+def _single_process_run(run_dir: Path, tmp_path: Path) -> dict:
+    cfg = json.loads((run_dir / "levanter_config.json").read_text())
+    _absolute_local_refs(cfg)  # the tokenizer ships with the job's working dir: here, the repo
+    single = tmp_path / "single"
+    cfg["trainer"]["checkpointer"]["base_path"] = str(single / "checkpoints")
+    cfg["hf_save_path"] = str(single / "hf")
+    cfg["trainer"]["require_accelerator"] = False
+    for t in cfg["trainer"].get("tracker") or []:
+        if t.get("type") == "wandb":
+            t["mode"] = "disabled"
+    return train_run.run_training(cfg, str(single), str(single / "train.log"),
+                                  env={"JAX_PLATFORMS": "cpu", "JAX_NUM_CPU_DEVICES": "8"})
 
 
 def _wait_running(run_dir: Path, after: int, proc, timeout=600) -> dict:

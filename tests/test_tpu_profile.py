@@ -295,37 +295,50 @@ def test_stopped_job_is_retried_then_a_kill9ed_snakemake_reattaches_to_the_retry
     assert [a["outcome"] for a in attempts(run_dir)] == ["failed", "detached", "succeeded"], attempts(run_dir)
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
-def test_signal_to_snakemake_stops_the_ray_job(data, ray_head, sig):
-    wd = workdir(data, f"sig{int(sig)}")
-    prof = profile(wd.parent / "sigint-profile", ray_head.address, data[1],
-                        {"teachers": {"demo": {"training": {"max_steps": 180 + int(sig)}}}})  # own run per signal
-    h = run_hash(wd, prof)
-    p = _start(wd, prof, ray_head, wd / "snakemake.log")
-    job = _running_job(ray_head, h, p)
-    os.kill(p.pid, sig)  # to Snakemake's own pid only, not its process group
-    p.wait(timeout=300)
-    wait_for(lambda: [j["status"] for j in jobs(ray_head, h)] == ["STOPPED"], 120, "the Ray job to be STOPPED")
-    assert not (wd / "checkpoints/demo/done").exists()
-    assert job["submission_id"] == f"trajsft-{h}-a0"
-    row = status(wd, prof, ray_head)
-    assert (row["state"], row["cause"], row["attempt"]) == ("failed", "stopped", 1)
-    assert row["next"].startswith(("resume from step", "start from step 0"))
+def test_sigint_and_sigterm_to_snakemake_stop_their_ray_jobs(data, ray_head):
+    """SIGINT to one Snakemake and SIGTERM to another stop each one's Ray job. The two run at once, one per
+    v5p-8 slice of the cluster (one job start-up for both signals), each with its own run and workdir."""
+    runs = {}
+    try:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            wd = workdir(data, f"sig{int(sig)}")
+            prof = profile(wd.parent / f"sig{int(sig)}-profile", ray_head.address, data[1],
+                           {"teachers": {"demo": {"training": {"max_steps": 180 + int(sig)}}}})  # own run per signal
+            h = run_hash(wd, prof)
+            runs[sig] = (wd, prof, h, _start(wd, prof, ray_head, wd / "snakemake.log"))
+        started = {sig: _running_job(ray_head, h, p) for sig, (_, _, h, p) in runs.items()}
+        for sig, (_, _, _, p) in runs.items():
+            os.kill(p.pid, sig)  # to Snakemake's own pid only, not its process group
+        for _, _, _, p in runs.values():
+            p.wait(timeout=300)
+    finally:
+        for _, _, _, p in runs.values():
+            if p.poll() is None:
+                kill_group(p)
+    for sig, (wd, prof, h, p) in runs.items():
+        wait_for(lambda: [j["status"] for j in jobs(ray_head, h)] == ["STOPPED"], 120,
+                 f"the Ray job of the {sig.name} run to be STOPPED")
+        assert not (wd / "checkpoints/demo/done").exists(), sig.name
+        assert started[sig]["submission_id"] == f"trajsft-{h}-a0"
+        row = status(wd, prof, ray_head)
+        assert (row["state"], row["cause"], row["attempt"]) == ("failed", "stopped", 1), (sig.name, row)
+        assert row["next"].startswith(("resume from step", "start from step 0")), (sig.name, row)
 
 
 def test_a_host_image_missing_a_package_fails_in_one_line_and_is_submitted_once(data, slices, tmp_path):
-    """The only v5p-8 slice runs an image whose Python lacks one package the lock pins (wandb): the job fails
-    before training, every Snakemake attempt answers the same line naming the host and the package, and one
-    Ray job was submitted; status says so. After the image is fixed, `trajsft retry` and the next run trains."""
+    """The only slice of the profile's type (a v4-8 added beside the shape's slices, which stay up) runs an image
+    whose Python lacks one package the lock pins (wandb): the job fails before training, every Snakemake attempt
+    answers the same line naming the host and the package, and one Ray job was submitted; status says so. After
+    the image is fixed, `trajsft retry` and the next run trains."""
     wd = workdir(data, "image")
     prof = profile(wd.parent / "image-profile", slices.address, data[1],
-                   {"teachers": {"demo": {"training": {"batch_size": 8, "max_steps": 2}}}})
+                   {"teachers": {"demo": {"training": {"batch_size": 8, "max_steps": 2}}},
+                    "ray": {**SLICE["ray"], "tpu_type": "v4-8"}})
     h = run_hash(wd, prof)
     image = host_image_without(tmp_path / "image", "wandb")
-    for name in slices.complete_slices("v5p-8"):
-        slices.kill_slice(name)
+    assert slices.complete_slices("v4-8") == []
     broken = slices.new_slice_name()
-    slices.add_slice(broken, "v5p-8", python=image)
+    slices.add_slice(broken, "v4-8", python=image)
     p = snakemake(wd, prof, slices.head, check=False)
     assert p.returncode != 0
     said = [ln for ln in p.stderr.splitlines() if ln.startswith("trajsft train demo: configuration error:")]
@@ -350,7 +363,7 @@ def test_a_host_image_missing_a_package_fails_in_one_line_and_is_submitted_once(
 
     # the image is fixed (a slice of our own image); nothing the fingerprint sees changed: `trajsft retry`
     slices.kill_slice(broken)
-    slices.add_slice(slices.new_slice_name(), "v5p-8")
+    slices.add_slice(slices.new_slice_name(), "v4-8")
     r = trajsft(wd, slices.head, "retry", "demo", "--profile", str(prof))
     assert r.returncode == 0 and f"cleared the configuration error of Ray job trajsft-{h}-a0" in r.stdout, r.stderr
     snakemake(wd, prof, slices.head)
