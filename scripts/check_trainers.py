@@ -80,6 +80,7 @@ def export_and_cache(work: Path, key: str, teacher_over: dict | None, tokenizer:
     """Download -> shard -> export one target (the demo config; ``teacher_over`` replaces the demo
     teacher's dataset), and trajsft's chat cache of its shards with the real Qwen3 tokenizer."""
     from trajsft.data import cache, download, export, shard
+    from trajsft.plan import step_configs
     from trajsft.data.template import load_template
     from trajsft.plan import config as C
 
@@ -88,8 +89,8 @@ def export_and_cache(work: Path, key: str, teacher_over: dict | None, tokenizer:
         over["teachers"] = {"demo": teacher_over}
     plan = C.Plan(C.load(None, over), base_dir=C.REPO_DIR, state_dir=str(work / key / "state"))
     names = {a.kind: a.name for a in plan.chain("demo")}
-    download.download(plan, names["raw"])
-    shard.shard(plan, names["shards"])
+    download.download(step_configs.download(plan, names["raw"]))
+    shard.shard(step_configs.shard(plan, names["shards"]))
     res = export.export(plan, "demo")
     out = Path(plan.target("demo")["export"].location)
     shards = Path(plan.get("shards", names["shards"]).location)

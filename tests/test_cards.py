@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from trajsft.plan import step_configs
 from trajsft.report import cards
 from trajsft.report import plots
 from trajsft.report import tables
@@ -158,8 +159,8 @@ def test_real_demo_manifest(tmp_path):
     plan = C.Plan(C.load(None, {"storage_root": str(tmp_path / "store")}), base_dir=C.REPO_DIR,
                   state_dir=str(tmp_path / "state"))
     names = {a.kind: a.name for a in plan.chain("demo")}
-    download.download(plan, names["raw"])
-    m = shard.shard(plan, names["shards"])
+    download.download(step_configs.download(plan, names["raw"]))
+    m = shard.shard(step_configs.shard(plan, names["shards"]))
     c = cards.dataset_card(m, None, 1024)
     assert (c["rows_in"], c["kept"], c["kept_total"]) == (m["rows_in"], m["kept"], m["kept_total"])
     assert c["skipped"] == m["skipped"] and c["skipped_total"] == m["skipped_total"]

@@ -22,6 +22,7 @@ import pytest
 import yaml
 
 from pipeline_utils import REPO, SNAKEMAKE, wait_for
+from trajsft.plan import step_configs
 from trajsft.plan import config as C
 from trajsft.runtime import signals
 
@@ -206,7 +207,7 @@ def test_download_stages_under_storage_root_and_removes_stale_staging(tmp_path, 
     monkeypatch.chdir(tmp_path)
     plan = C.Plan(C.load(None, {"storage_root": str(tmp_path / "store")}), base_dir=C.REPO_DIR)
     [raw] = [a for a in plan.chain("demo") if a.kind == "raw"]
-    staging = download.staging_root(plan)
+    staging = step_configs.download(plan, raw.name).staging
     assert staging == tmp_path / "store" / "raw" / ".staging"
     killed = staging / f"{raw.name}.{dead_run_id()}"  # what a killed download leaves
     (killed / "data").mkdir(parents=True)
@@ -216,7 +217,7 @@ def test_download_stages_under_storage_root_and_removes_stale_staging(tmp_path, 
         running = staging / f"other.{signals.run_id(psutil.Process(live.pid))}"
         running.mkdir()
         before = set(os.listdir(tempfile.gettempdir()))
-        res = download.download(plan, raw.name)
+        res = download.download(step_configs.download(plan, raw.name))
         assert not killed.exists() and running.exists()  # only dead downloads are removed
         assert set(os.listdir(staging)) == {running.name}
     finally:

@@ -20,6 +20,7 @@ import pytest
 
 import hostile_corpus as H
 from test_steps import build_shards, make_plan
+from trajsft.plan import step_configs
 from trajsft.plan.kinds import KINDS
 from trajsft.plan import config as C
 from trajsft.data import export
@@ -273,8 +274,8 @@ def test_mixture_export_has_every_teacher_and_the_weights(tmp_path):
     plan = make_plan(tmp_path, teachers={"demo2": demo}, mixtures={"mix-demo": {"teachers": {"demo": 3, "demo2": 1}, "student": "tiny"}})
     build_shards(plan)
     names = {a.kind: a.name for a in plan.chain("demo2")}
-    download.download(plan, names["raw"])
-    shard.shard(plan, names["shards"])
+    download.download(step_configs.download(plan, names["raw"]))
+    shard.shard(step_configs.shard(plan, names["shards"]))
     res = export.export(plan, "mix-demo")
     out = Path(plan.target("mix-demo")["export"].location)
     info = json.loads((out / "llamafactory" / "dataset_info.json").read_text())

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 import hostile_corpus as H
+from trajsft.plan import step_configs
 from trajsft.plan import config as C
 from trajsft.data import download
 from trajsft.data import shard
@@ -70,8 +71,8 @@ def make_plan(tmp_path, dataset, rows, **transform) -> C.Plan:
 
 def run_data_steps(plan) -> tuple[dict, dict]:
     names = {a.kind: a.name for a in plan.chain("demo")}
-    raw = download.download(plan, names["raw"])
-    return raw, shard.shard(plan, names["shards"])
+    raw = download.download(step_configs.download(plan, names["raw"]))
+    return raw, shard.shard(step_configs.shard(plan, names["shards"]))
 
 
 def read_shards(plan) -> list[dict]:
@@ -86,7 +87,7 @@ def test_corpus_through_the_real_data_steps(tmp_path):
     _, m = run_data_steps(plan)
     assert m["rows_in"] == len(where) == m["kept_total"] + m["skipped_total"]
     assert sum(m["skipped"].values()) == m["skipped_total"]
-    listed = [json.loads(x) for x in shard.skipped_path(plan, plan.chain("demo")[1].name).read_text().splitlines()]
+    listed = [json.loads(x) for x in step_configs.shard(plan, plan.chain("demo")[1].name).skipped_list.read_text().splitlines()]
     assert len(listed) == m["skipped_total"] > 20  # every skipped row, not only the first 20
     assert len(m["skipped_examples"]) == 20
     expected = {kind: out for kind, (_, out) in H.ROW_KINDS.items()}
@@ -125,7 +126,7 @@ def test_strict_fails_on_an_already_built_shard_set(tmp_path):
     run_data_steps(make_plan(tmp_path, tmp_path / "ds", len(where)))  # built without strict
     plan = make_plan(tmp_path, tmp_path / "ds", len(where), strict=True)
     with pytest.raises(T.BadRow, match="more bad row"):
-        shard.shard(plan, plan.chain("demo")[1].name)
+        shard.shard(step_configs.shard(plan, plan.chain("demo")[1].name))
 
 
 @pytest.mark.parametrize("kind", sorted(H.FILE_KINDS))

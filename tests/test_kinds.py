@@ -87,7 +87,8 @@ def test_the_layout_page_names_each_kinds_rule_and_directory():
 
 
 def test_a_step_function_is_named_as_its_rule_and_step_means_one_thing():
-    """A step's code is the function its rule is named for; no module of ours is named "step" but the record's."""
+    """A step's code is the function its rule is named for; no module of ours is named "step" but the record's
+    and its configs'."""
     from trajsft import rule_job
 
     refs = {k.rule: k.function for k in REGISTRY} | {"check_fit": rule_job.FIT, "eval_matrix": rule_job.EVAL}
@@ -96,4 +97,24 @@ def test_a_step_function_is_named_as_its_rule_and_step_means_one_thing():
         assert ref.split(":")[1] == rule, ref
         assert callable(rule_job._function(ref))
     modules = [p.relative_to(REPO / "src").as_posix() for p in (REPO / "src/trajsft").rglob("*.py")]
-    assert [m for m in modules if re.search(r"(^|/|_)steps?(_|\.py$)", m)] == ["trajsft/plan/step.py"], modules
+    named = sorted(m for m in modules if re.search(r"(^|/|_)steps?(_|\.py$)", m))
+    assert named == ["trajsft/plan/step.py", "trajsft/plan/step_configs.py"], named  # the record, the configs
+
+
+def test_a_kind_with_a_config_resolver_hands_its_step_that_config_alone(plan):
+    """The data steps take their typed config (trajsft.plan.step_configs), not the plan: the step function's one
+    parameter is the config class its resolver returns."""
+    import inspect
+
+    from trajsft.plan import kinds, step_configs
+
+    with_config = [k for k in REGISTRY if k.config]
+    assert {k.rule for k in with_config} >= {"download", "shard", "tokenize"}
+    for kind in with_config:
+        resolver = kinds._ref(kind.config)
+        returns = inspect.signature(resolver).return_annotation
+        [param] = inspect.signature(kind.step_function()).parameters.values()
+        assert param.annotation == returns and hasattr(step_configs, returns), (kind.name, param, returns)
+    art = next(a for (k, _), a in plan.artifacts.items() if k == "raw")
+    cfg = step_configs.download(plan, art.name)
+    assert (cfg.name, cfg.location, cfg.rows) == (art.name, art.location, int(art.spec["rows"]))

@@ -11,6 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from trajsft.plan import step_configs
 from trajsft.plan import config as C
 from trajsft.data import download
 from trajsft.data import shard
@@ -29,8 +30,8 @@ def name(plan, kind, teacher="demo"):
 
 
 def build_shards(plan) -> tuple[dict, Path]:
-    download.download(plan, name(plan, "raw"))
-    res = shard.shard(plan, name(plan, "shards"))
+    download.download(step_configs.download(plan, name(plan, "raw")))
+    res = shard.shard(step_configs.shard(plan, name(plan, "shards")))
     return res, Path(plan.get("shards", name(plan, "shards")).location)
 
 
@@ -48,16 +49,16 @@ def test_shards_are_byte_identical_across_runs(tmp_path):
 def test_row_count_mismatch_is_one_line(tmp_path):
     plan = make_plan(tmp_path, teachers={"demo": {"rows": 61}})
     with pytest.raises(DataError) as e:
-        download.download(plan, name(plan, "raw"))
+        download.download(step_configs.download(plan, name(plan, "raw")))
     assert str(e.value) == ("demo: demo/dataset@local has 60 rows, config says 61 (teachers.demo.rows): "
                             "wrong revision or changed dataset")
 
 
 def test_strict_mode_fails_on_first_bad_row(tmp_path):
     plan = make_plan(tmp_path, transform={"strict": True})
-    download.download(plan, name(plan, "raw"))
+    download.download(step_configs.download(plan, name(plan, "raw")))
     with pytest.raises(Exception) as e:
-        shard.shard(plan, name(plan, "shards"))
+        shard.shard(step_configs.shard(plan, name(plan, "shards")))
     assert "\n" not in str(e.value)
     assert str(e.value).startswith("data/train-00000-of-00002.parquet row 0 (traj_id=")
     assert "field messages" in str(e.value) and "not valid JSON" in str(e.value)
@@ -68,9 +69,9 @@ def test_missing_messages_column(tmp_path):
     ds.mkdir(parents=True)
     pq.write_table(pa.table({"traj_id": ["a"], "text": ["x"]}), ds / "train-00000-of-00001.parquet")
     plan = make_plan(tmp_path, teachers={"demo": {"dataset": str(tmp_path / "ds"), "rows": 1}})
-    download.download(plan, name(plan, "raw"))
+    download.download(step_configs.download(plan, name(plan, "raw")))
     with pytest.raises(DataError, match=r"data/train-00000-of-00001.parquet: missing column 'messages'"):
-        shard.shard(plan, name(plan, "shards"))
+        shard.shard(step_configs.shard(plan, name(plan, "shards")))
 
 
 def test_hub_download_pins_revision_and_keeps_token_secret(tmp_path, monkeypatch, caplog):
@@ -100,7 +101,7 @@ def test_hub_download_pins_revision_and_keeps_token_secret(tmp_path, monkeypatch
     monkeypatch.setenv("HF_TOKEN", secret)
     plan = make_plan(tmp_path, teachers={"gpt-5-mini": {"rows": 60}})
     with caplog.at_level(logging.DEBUG):
-        res = download.download(plan, name(plan, "raw", "gpt-5-mini"))
+        res = download.download(step_configs.download(plan, name(plan, "raw", "gpt-5-mini")))
     assert calls["info"] == ("AlienKevin/SWE-smith-rs-gpt-5-mini-trajectories", "de3bb10")
     assert calls["snapshot"][:3] == ("AlienKevin/SWE-smith-rs-gpt-5-mini-trajectories", "dataset", "de3bb10" + "0" * 33)
     assert calls["snapshot"][3] == secret and calls["api_token"] == secret
@@ -130,7 +131,7 @@ def test_hub_errors_are_one_line(tmp_path, monkeypatch):
     monkeypatch.delenv("HF_TOKEN", raising=False)
     plan = make_plan(tmp_path)
     with pytest.raises(DataError) as e:
-        download.download(plan, name(plan, "raw", "minimax-m2.5"))
+        download.download(step_configs.download(plan, name(plan, "raw", "minimax-m2.5")))
     assert str(e.value) == ("AlienKevin/SWE-smith-rs-minimax-m2.5-trajectories@dfd98db: Hugging Face Hub answered "
                             "HTTP 401 (set HF_TOKEN for gated/private repos)")
 
@@ -150,6 +151,33 @@ def test_missing_local_dataset_names_the_path_and_never_asks_the_hub(tmp_path, m
     monkeypatch.setattr(huggingface_hub, "HfApi", None)  # any Hub call would fail loudly
     plan = make_plan(tmp_path, teachers={"demo": {"dataset": dataset}})
     with pytest.raises(DataError) as e:
-        download.download(plan, name(plan, "raw"))
+        download.download(step_configs.download(plan, name(plan, "raw")))
     assert str(e.value).startswith("demo: local dataset ")
     assert str(e.value).endswith(f"{dataset.lstrip('./') if not dataset.startswith('/') else dataset} does not exist (teachers.demo.dataset)")
+
+
+def test_each_data_step_runs_alone_on_a_config_built_by_hand(tmp_path):
+    """No plan: download, shard and tokenize each take their typed config (trajsft.plan.step_configs), with
+    every input and output location in it, and nothing else."""
+    from trajsft.data import tokenize
+    from trajsft.plan.step_configs import DownloadConfig, ShardConfig, TokenizeConfig
+
+    store = tmp_path / "store"
+    got = download.download(DownloadConfig(
+        name="demo-raw", teacher="demo", dataset=str(DEMO), revision="local", rows=60,
+        location=str(store / "raw/demo-raw"), local_dataset=DEMO, base_dir=C.REPO_DIR,
+        staging=store / "raw/.staging"))
+    assert got["rows"] == 60 and got["resolved_revision"] == "local"
+    assert got["files"] and all((store / "raw/demo-raw" / rel).is_file() for rel in got["files"])
+    plan = make_plan(tmp_path / "p")  # only for the demo teacher's transform settings, as the config gives them
+    transform = plan.get("shards", name(plan, "shards")).spec["transform"]
+    shards = shard.shard(ShardConfig(
+        name="demo-shards", teacher="demo", transform=transform, raw_location=str(store / "raw/demo-raw"),
+        location=str(store / "shards/demo-shards"), skipped_list=tmp_path / "state/skipped.jsonl"))
+    assert shards["kept"]["train"] > 0 and (tmp_path / "state/skipped.jsonl").exists()
+    tok = tokenize.tokenize(TokenizeConfig(
+        name="demo-tok", teacher="demo", tokenizer=str(C.REPO_DIR / "demo/tokenizer"), seq_len=1024,
+        long_chats="truncate", shards_location=str(store / "shards/demo-shards"), shard_files=shards["files"],
+        location=str(store / "tokenized/demo-tok")))
+    assert tok["stats"]["train"]["chats"] <= shards["kept"]["train"] and tok["cache_dir"].startswith(str(store))
+    assert tok["window"]["seq_len"] == 1024

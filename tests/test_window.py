@@ -15,6 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from trajsft.plan import step_configs
 from trajsft.report import cards
 from trajsft.plan import config as C
 from trajsft.data import cache as data_cache
@@ -106,11 +107,11 @@ def _run(tmp_path, long_chats: str, seq_len: int = 96):
     plan = _plan(tmp_path / long_chats, teachers={"demo": {"dataset": str(ds), "rows": 6, "transform": {
         "heldout_fraction": 0.0, "long_chats": long_chats}, "training": {"seq_len": seq_len}}})
     names = {a.kind: a.name for a in plan.chain("demo")}
-    download.download(plan, names["raw"])
-    shards = shard.shard(plan, names["shards"])
+    download.download(step_configs.download(plan, names["raw"]))
+    shards = shard.shard(step_configs.shard(plan, names["shards"]))
     Path(plan.get("shards", names["shards"]).manifest).parent.mkdir(parents=True, exist_ok=True)
     Path(plan.get("shards", names["shards"]).manifest).write_text(json.dumps(shards))
-    return plan, tokenize.tokenize(plan, names["tokenized"])
+    return plan, tokenize.tokenize(step_configs.tokenize(plan, names["tokenized"]))
 
 
 @pytest.mark.integration

@@ -211,7 +211,7 @@ from pathlib import Path
 
 import pyarrow as pa, pyarrow.parquet as pq
 from trajsft.data import download, shard
-from trajsft.plan import config as C
+from trajsft.plan import config as C, step_configs
 copies, root, demo = int(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
 (root / "ds/data").mkdir(parents=True)
 base = pa.concat_tables([pq.read_table(f) for f in sorted((demo / "data").glob("*.parquet"))])
@@ -223,8 +223,8 @@ del parts, base
 over = {"storage_root": str(root / "store"), "teachers": {"demo": {"dataset": str(root / "ds"), "rows": 60 * copies}}}
 plan = C.Plan(C.load(None, over), base_dir=C.REPO_DIR, state_dir=str(root / "state"))
 names = {a.kind: a.name for a in plan.chain("demo")}
-download.download(plan, names["raw"])
-res = shard.shards(plan, names["shards"])
+download.download(step_configs.download(plan, names["raw"]))
+res = shard.shard(step_configs.shard(plan, names["shards"]))
 # VmHWM, not ru_maxrss: a forked child inherits its parent's ru_maxrss across exec
 hwm = next(int(x.split()[1]) for x in open("/proc/self/status") if x.startswith("VmHWM:"))
 print(json.dumps({"rows": 60 * copies, "kept": res["kept_total"], "peak_rss_bytes": hwm * 1024}))

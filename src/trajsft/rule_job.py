@@ -24,6 +24,7 @@ from .errors import RULE_JOB_ERRORS
 from .io import is_remote, write_json
 from .runtime import signals
 from .plan.config import Plan
+from .plan import step_configs
 from .plan.kinds import BY_RULE
 
 
@@ -47,11 +48,10 @@ def _function(ref: str) -> Callable:
 
 def _shards_skipped_listing(plan: Plan, name: str) -> None:
     """A shard set found sealed (here or under another root): its skipped rows next to its manifest."""
-    from .data.shard import skipped_path
-
-    src = io.join(plan.get("shards", name).location, "skipped.jsonl")
-    if str(skipped_path(plan, name)) != src:
-        io.write_bytes(skipped_path(plan, name), io.read_bytes(src))
+    cfg = step_configs.shard(plan, name)
+    src = io.join(cfg.location, "skipped.jsonl")
+    if str(cfg.skipped_list) != src:
+        io.write_bytes(cfg.skipped_list, io.read_bytes(src))
 
 
 def _cpu_seconds() -> float:
@@ -145,7 +145,7 @@ def _run_step(job, snakemake) -> dict | None:
             from .cluster.submit import train_on_ray as on_ray
         train = kind.step_function()
         return storage.train(plan, job.artifact, lambda: train(plan, name, done_path=snakemake.output[0], on_ray=on_ray))
-    result = storage.build(plan, job.artifact, lambda: kind.step_function()(plan, name))
+    result = storage.build(plan, job.artifact, lambda: kind.run(plan, name))
     if step == "shard" and result["payload_from"] != "built":
         _shards_skipped_listing(plan, name)
     if step == "export":  # every row the sharegpt export could not hold, next to the manifest (like shard's)

@@ -12,7 +12,7 @@ from pathlib import Path
 from .. import io
 from ..errors import DataError, one_line
 from ..io import is_remote
-from ..plan.config import STATE_DIR, Plan
+from ..plan.step_configs import DownloadConfig
 
 log = logging.getLogger("trajsft")
 
@@ -81,16 +81,6 @@ def _hf_snapshot(dataset: str, revision: str, dest: Path) -> str:
     return sha
 
 
-STAGING = ".staging"  # <storage_root>/raw/.staging/<raw name>.<pid>-<start>: a download in progress
-
-
-def staging_root(plan: Plan) -> Path:
-    """Downloads are staged under the storage root (a local dir in the workdir for gs:// roots),
-    never in the system temp dir, and renamed into place when complete."""
-    root = plan.root if not is_remote(plan.root) else STATE_DIR
-    return Path(root, "raw", STAGING)
-
-
 def remove_stale_staging(root: Path) -> list[Path]:
     """Remove staging dirs whose download process is gone (killed downloads)."""
     from ..runtime.signals import process_of
@@ -104,21 +94,17 @@ def remove_stale_staging(root: Path) -> list[Path]:
     return removed
 
 
-def download(plan: Plan, name: str) -> dict:
+def download(cfg: DownloadConfig) -> dict:
     from ..runtime.signals import own_run_id
 
-    art = plan.get("raw", name)
-    spec = art.spec
-    local = plan.local_path(spec["dataset"])
-    ds = spec["dataset"]
-    if local is None and (spec["revision"] == "local" or ds.startswith(("/", ".", "~")) or ds.count("/") != 1):
+    local, ds = cfg.local_dataset, cfg.dataset
+    if local is None and (cfg.revision == "local" or ds.startswith(("/", ".", "~")) or ds.count("/") != 1):
         # a path, not a Hub id "owner/name": never fall through to the Hub
-        path = ds if os.path.isabs(ds) else plan.base_dir / ds
-        raise DataError(f"{spec['teacher']}: local dataset {path} does not exist (teachers.{spec['teacher']}.dataset)")
-    sroot = staging_root(plan)
-    for d in remove_stale_staging(sroot):
+        path = ds if os.path.isabs(ds) else cfg.base_dir / ds
+        raise DataError(f"{cfg.teacher}: local dataset {path} does not exist (teachers.{cfg.teacher}.dataset)")
+    for d in remove_stale_staging(cfg.staging):
         log.info("removed the staging dir of a killed download: %s", d)
-    tmp = sroot / f"{art.name}.{own_run_id()}"
+    tmp = cfg.staging / f"{cfg.name}.{own_run_id()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)  # normal permissions (umask), unlike a mkdtemp dir
     try:
@@ -133,30 +119,30 @@ def download(plan: Plan, name: str) -> dict:
                 shutil.copy2(f, dst)
             resolved = "local"
         else:
-            log.info("downloading %s at revision %s", spec["dataset"], spec["revision"])
-            resolved = _hf_snapshot(spec["dataset"], spec["revision"], tmp)
+            log.info("downloading %s at revision %s", cfg.dataset, cfg.revision)
+            resolved = _hf_snapshot(cfg.dataset, cfg.revision, tmp)
         files, other = _parquet_files(local if local is not None else tmp)
         if local is None:
             for rel in other:  # only the train split is used
                 (tmp / rel).unlink()
         files = [tmp / f.relative_to(local) for f in files] if local is not None else files
         for rel in other:
-            log.warning("%s: split file %s is not used (trajsft trains on the train split only)", spec["teacher"], rel)
+            log.warning("%s: split file %s is not used (trajsft trains on the train split only)", cfg.teacher, rel)
         counts = {str(f.relative_to(tmp)): _num_rows(f, str(f.relative_to(tmp))) for f in files}
         rows = sum(counts.values())
-        if rows != spec["rows"]:
+        if rows != cfg.rows:
             raise DataError(
-                f"{spec['teacher']}: {spec['dataset']}@{spec['revision']} has {rows} rows, config says {spec['rows']} "
-                f"(teachers.{spec['teacher']}.rows): wrong revision or changed dataset"
+                f"{cfg.teacher}: {cfg.dataset}@{cfg.revision} has {rows} rows, config says {cfg.rows} "
+                f"(teachers.{cfg.teacher}.rows): wrong revision or changed dataset"
             )
-        if is_remote(art.location):
-            io.put_tree(tmp, art.location)
+        if is_remote(cfg.location):
+            io.put_tree(tmp, cfg.location)
         else:
-            dest = Path(art.location)
+            dest = Path(cfg.location)
             if dest.exists():
                 shutil.rmtree(dest)
             os.replace(tmp, dest)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return {"rows": rows, "files": counts, "ignored_split_files": other, "resolved_revision": resolved,
-            "dataset": spec["dataset"], "revision": spec["revision"]}
+            "dataset": cfg.dataset, "revision": cfg.revision}

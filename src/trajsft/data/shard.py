@@ -10,7 +10,7 @@ from pathlib import Path
 from .. import io
 from ..errors import DataError, one_line
 from ..io import is_remote, write_text
-from ..plan.config import Plan
+from ..plan.step_configs import ShardConfig
 from . import transform
 from .download import split_of
 
@@ -61,18 +61,10 @@ def _iter_rows(raw_location: str, batch_rows: int = READ_BATCH_ROWS):
                     i += 1
 
 
-def skipped_path(plan: Plan, name: str) -> Path:
-    """Every skipped row of a shard set, one JSON object per line, next to its manifest."""
-    return Path(plan.get("shards", name).manifest).parent / "skipped.jsonl"
-
-
-def shard(plan: Plan, name: str) -> dict:
+def shard(cfg: ShardConfig) -> dict:
     """Validated jsonl.gz shards of a raw snapshot, streamed: parquet record batches in, shards
     (cut at ``transform.SHARD_TOKENS`` estimated tokens) out as they fill."""
-    art = plan.get("shards", name)
-    spec = art.spec
-    raw = plan.get("raw", spec["raw"])
-    writers = {split: transform.ShardWriter(split, lambda fname, data: io.write_bytes(f"{art.location}/{fname}", data))
+    writers = {split: transform.ShardWriter(split, lambda fname, data: io.write_bytes(f"{cfg.location}/{fname}", data))
                for split in ("train", "validation")}
     trajectories, resolved = [], []
 
@@ -82,22 +74,22 @@ def shard(plan: Plan, name: str) -> dict:
         if isinstance(rec.get("resolved"), bool):
             resolved.append(rec["resolved"])
 
-    res = transform.transform_rows(_iter_rows(raw.location), spec["teacher"], spec["transform"], sink=sink)
+    res = transform.transform_rows(_iter_rows(cfg.raw_location), cfg.teacher, cfg.transform, sink=sink)
     listing = "".join(json.dumps(r, ensure_ascii=True, sort_keys=True) + "\n" for r in res.skipped_rows)
-    write_text(skipped_path(plan, name), listing)
-    if str(skipped_path(plan, name)) != io.join(art.location, "skipped.jsonl"):  # in the payload too
-        io.write_bytes(io.join(art.location, "skipped.jsonl"), listing.encode())
-    if spec["transform"].get("strict") and res.strict_error():
-        raise transform.BadRow("strict", f"{res.strict_error()}; every bad row is listed in {skipped_path(plan, name)}")
+    write_text(cfg.skipped_list, listing)
+    if str(cfg.skipped_list) != io.join(cfg.location, "skipped.jsonl"):  # in the payload too
+        io.write_bytes(io.join(cfg.location, "skipped.jsonl"), listing.encode())
+    if cfg.transform.get("strict") and res.strict_error():
+        raise transform.BadRow("strict", f"{res.strict_error()}; every bad row is listed in {cfg.skipped_list}")
     files = {split: w.close() for split, w in writers.items()}
     files = {split: f for split, f in files.items() if f}
     kept = {split: res.kept[split] for split in ("train", "validation")}
     if not kept["train"]:
-        raise DataError(f"{spec['teacher']}: no usable rows (skipped: {dict(res.skipped)})")
+        raise DataError(f"{cfg.teacher}: no usable rows (skipped: {dict(res.skipped)})")
     for reason, n in sorted(res.skipped.items()):
-        log.warning("%s: skipped %d row(s): %s", spec["teacher"], n, reason)
+        log.warning("%s: skipped %d row(s): %s", cfg.teacher, n, reason)
     return {
-        "teacher": spec["teacher"],
+        "teacher": cfg.teacher,
         "rows_in": res.rows_in,
         "kept": kept,
         "kept_total": sum(kept.values()),
@@ -109,6 +101,6 @@ def shard(plan: Plan, name: str) -> dict:
         "resolved_rate": (sum(resolved) / len(resolved)) if resolved else None,
         "files": files,
         "shard_tokens": transform.SHARD_TOKENS,
-        "transform": spec["transform"],
+        "transform": cfg.transform,
         "trajectories": sorted(trajectories, key=lambda t: t["split"] != "train"),
     }

@@ -8,6 +8,7 @@ import os
 from ..errors import DataError
 from ..io import is_remote, join
 from ..plan.config import Plan
+from ..plan.step_configs import TokenizeConfig
 from . import cache as data_cache, template
 
 log = logging.getLogger("trajsft")
@@ -37,7 +38,7 @@ def _traj_ids(urls: list[str]) -> list:
     return [r.get("traj_id") for r in iter_records(urls)]
 
 
-def tokenize(plan: Plan, name: str) -> dict:
+def tokenize(cfg: TokenizeConfig) -> dict:
     """Levanter chat cache of a shard set, in packing order, keeping only chats that train on ``seq_len`` windows.
 
     1. ``cache/``: every chat of the shards, in shard order (``trajsft.data.cache.build_chat_cache``, in this
@@ -52,16 +53,12 @@ def tokenize(plan: Plan, name: str) -> dict:
     """
     from . import packing
 
-    art = plan.get("tokenized", name)
-    spec = art.spec
-    seq_len, policy = int(spec["seq_len"]), spec["long_chats"]
-    shards_art = plan.get("shards", spec["shards"])
-    shards = shards_art.read_manifest()
-    urls = {s: [join(shards_art.location, f) for f in files] for s, files in shards["files"].items()}
-    loc = art.location if is_remote(art.location) else os.path.abspath(art.location)
+    seq_len, policy = cfg.seq_len, cfg.long_chats
+    urls = {s: [join(cfg.shards_location, f) for f in files] for s, files in cfg.shard_files.items()}
+    loc = cfg.location if is_remote(cfg.location) else os.path.abspath(cfg.location)
 
     stats = data_cache.build_chat_cache(urls["train"], urls.get("validation", []), join(loc, "cache"),
-                                        tokenizer=spec["tokenizer"], chat_template=template.load_template(),
+                                        tokenizer=cfg.tokenizer, chat_template=template.load_template(),
                                         seq_len=seq_len)
     window, dropped, orders, bins, report = {"seq_len": seq_len, "long_chats": policy}, [], {}, {}, {}
     for split in ("train", "validation"):
@@ -84,15 +81,15 @@ def tokenize(plan: Plan, name: str) -> dict:
         bins[split] = split_bins
         report[split] = packing.summary(kept_lengths, seq_len)
     for d in dropped:
-        log.warning("%s: dropped %s chat %s (%s, %d tokens; seq_len %d)", spec["teacher"], d["split"], d["traj_id"],
+        log.warning("%s: dropped %s chat %s (%s, %d tokens; seq_len %d)", cfg.teacher, d["split"], d["traj_id"],
                     d["reason"], d["tokens"], seq_len)
     if "train" not in orders:
         c = window["train"]
-        raise DataError(f"{spec['teacher']}: no training chat is left at seq_len {seq_len}: "
+        raise DataError(f"{cfg.teacher}: no training chat is left at seq_len {seq_len}: "
                         f"{c['dropped_empty_window']['chats']} have no assistant token within the first {seq_len} tokens, "
                         f"{c['dropped_longer_than_seq_len']['chats']} are longer (long_chats: {policy})")
     if "validation" in window and "validation" not in orders:
-        log.warning("%s: every validation chat was dropped: no eval loss", spec["teacher"])
+        log.warning("%s: every validation chat was dropped: no eval loss", cfg.teacher)
     final_dir = join(loc, "cache-packed")
     first = stats
     stats = data_cache.reorder_chat_cache(join(loc, "cache"), final_dir, orders, seq_len=seq_len)
@@ -112,10 +109,10 @@ def tokenize(plan: Plan, name: str) -> dict:
         del st["packed_ranges"]
     tr = stats["train"]
     log.info("%s: %d chats, %d tokens, assistant fraction %.3f; %d packed sequences of %d tokens (%.2f%% non-pad; "
-             "next-fit in shard order: %d, lower bound %d)", spec["teacher"], tr["chats"], tr["tokens"],
+             "next-fit in shard order: %d, lower bound %d)", cfg.teacher, tr["chats"], tr["tokens"],
              tr["assistant_fraction"], tr["packed_sequences"], seq_len, 100 * tr["packed_non_pad"],
              report["train"]["next_fit_in_shard_order"]["sequences"], report["train"]["lower_bound"])
-    return {"teacher": spec["teacher"], "cache_dir": final_dir, "tokenizer": spec["tokenizer"],
+    return {"teacher": cfg.teacher, "cache_dir": final_dir, "tokenizer": cfg.tokenizer,
             "template_sha256": template.template_sha256(), "window": window, "dropped": dropped,
             "packing": report, "stats": stats}
 

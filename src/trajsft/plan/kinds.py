@@ -30,7 +30,10 @@ class Kind:
     name: str  # the directory of its artifacts under results/ and under the storage root
     rule: str  # the Snakemake rule that writes an artifact of this kind, and the name of its job's step
     format: int  # hashed into every artifact of the kind: bump it when what a payload holds changes
-    function: str  # "module:function", (plan, name) -> result, that the rule job runs (it imports that module only)
+    function: str  # "module:function" that the rule job runs (it imports that module only)
+    # the step's typed config (trajsft.plan.step_configs), resolved where the job starts; its function then takes
+    # that config alone. None: the function takes (plan, name)
+    config: str | None = None  # "module:function", (plan, name) -> the config
     downstream: tuple[str, ...] = ()  # the kinds built from it, directly or not
     # settings that are not hashed but must match for a built payload to be reused (the rule's params rerun
     # triggers): name -> its value from the artifact's spec
@@ -46,19 +49,32 @@ class Kind:
     def checked_settings(self, spec: Mapping) -> dict:
         return {k: value(spec) for k, value in self.checked.items()}
 
+    def run(self, plan, name: str) -> Any:
+        """The step on one artifact: its function given its typed config (or ``(plan, name)``)."""
+        fn = self.step_function()
+        return fn(_ref(self.config)(plan, name)) if self.config else fn(plan, name)
+
     def step_function(self) -> Callable[..., Any]:
-        module, name = self.function.split(":")
-        return getattr(importlib.import_module(module), name)
+        return _ref(self.function)
+
+
+def _ref(ref: str) -> Callable[..., Any]:
+    """``module:function``, importing only that module."""
+    module, name = ref.split(":")
+    return getattr(importlib.import_module(module), name)
 
 
 REGISTRY = (
     Kind("raw", rule="download", format=2, function="trajsft.data.download:download",
+         config="trajsft.plan.step_configs:download",
          downstream=("shards", "tokenized", "checkpoints", "exports"), checked={"rows": lambda s: int(s["rows"])},
          resources=Resources(threads=1, mem_mb=4000)),  # network-bound: parquet pages from the Hub
     Kind("shards", rule="shard", format=3, function="trajsft.data.shard:shard",
+         config="trajsft.plan.step_configs:shard",
          downstream=("tokenized", "checkpoints", "exports"),
          checked={"strict": lambda s: bool(s["transform"].get("strict"))}, resources=Resources(threads=1, mem_mb=4000)),
     Kind("tokenized", rule="tokenize", format=3, function="trajsft.data.tokenize:tokenize",
+         config="trajsft.plan.step_configs:tokenize",
          downstream=("checkpoints",), resources=Resources(threads=2, mem_mb=8000)),  # tokenizer workers share the cores
     Kind("models", rule="download_model", format=1, function="trajsft.train.model_snapshot:download_model",
          downstream=("checkpoints",), resources=Resources(threads=1, mem_mb=4000)),  # network-bound: safetensors
