@@ -90,12 +90,13 @@ def test_a_step_function_is_named_as_its_rule_and_step_means_one_thing():
     """A step's code is the function its rule is named for; no module of ours is named "step" but the record's
     and its configs'."""
     from trajsft import rule_job
+    from trajsft.plan import kinds
 
     refs = {k.rule: k.function for k in REGISTRY} | {"check_fit": rule_job.FIT, "eval_matrix": rule_job.EVAL}
     assert set(refs) == set(ST.STEPS)
     for rule, ref in refs.items():
         assert ref.split(":")[1] == rule, ref
-        assert callable(rule_job._function(ref))
+        assert callable(kinds.function(ref))
     modules = [p.relative_to(REPO / "src").as_posix() for p in (REPO / "src/trajsft").rglob("*.py")]
     named = sorted(m for m in modules if re.search(r"(^|/|_)steps?(_|\.py$)", m))
     assert named == ["trajsft/plan/step.py", "trajsft/plan/step_configs.py"], named  # the record, the configs
@@ -111,7 +112,7 @@ def test_a_kind_with_a_config_resolver_hands_its_step_that_config_alone(plan):
     with_config = [k for k in REGISTRY if k.config]
     assert {k.rule for k in with_config} >= {"download", "shard", "tokenize"}
     for kind in with_config:
-        resolver = kinds._ref(kind.config)
+        resolver = kinds.function(kind.config)
         returns = inspect.signature(resolver).return_annotation
         [param] = inspect.signature(kind.step_function()).parameters.values()
         assert param.annotation == returns and hasattr(step_configs, returns), (kind.name, param, returns)

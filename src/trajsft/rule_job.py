@@ -7,7 +7,6 @@ run their own entries (:data:`REPORT_RULES`)."""
 from __future__ import annotations
 
 import contextlib
-import importlib
 import json
 import logging
 import resource
@@ -16,7 +15,6 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Callable
 
 from . import io, storage
 from .data import transform
@@ -25,7 +23,7 @@ from .io import is_remote, write_json
 from .runtime import signals
 from .plan.config import Plan
 from .plan import step_configs
-from .plan.kinds import BY_RULE
+from .plan.kinds import BY_RULE, function  # function: "module:function", importing only that module
 
 
 log = logging.getLogger("trajsft")
@@ -38,12 +36,6 @@ EVAL = "trajsft.report.matrix:eval_matrix"  # rule eval_matrix: the matrix files
 # the report rules get no Step: their entries read the job's inputs and params
 REPORT_RULES = {"report_card": "trajsft.report.build:rule_card", "report_table": "trajsft.report.build:rule_table",
                 "report_curves": "trajsft.report.curves:rule_curves"}
-
-
-def _function(ref: str) -> Callable:
-    """``module:function``, importing only that module (a rule job pays no other step's imports)."""
-    module, name = ref.split(":")
-    return getattr(importlib.import_module(module), name)
 
 
 def _shards_skipped_listing(plan: Plan, name: str) -> None:
@@ -71,7 +63,7 @@ def run_rule(snakemake) -> None:
 
     if snakemake.rule in REPORT_RULES:
         logs.setup(snakemake.log[0] if snakemake.log else None, snakemake.config.get("log_level", "INFO"))
-        _function(REPORT_RULES[snakemake.rule])(snakemake)
+        function(REPORT_RULES[snakemake.rule])(snakemake)
         return
     job = snakemake.params.step
     step, name, plan = job.step, job.name, job.plan
@@ -133,11 +125,11 @@ def _run_step(job, snakemake) -> dict | None:
     summary or the matrix."""
     step, name, plan = job.step, job.name, job.plan
     if step == "check_fit":
-        result = _function(FIT)(plan, name)
+        result = function(FIT)(plan, name)
         write_json(snakemake.output[0], result)
         return result
     if step == "eval_matrix":
-        return _function(EVAL)(plan, dict(snakemake.output.items()))
+        return function(EVAL)(plan, dict(snakemake.output.items()))
     kind = BY_RULE[step]
     if step == "train":
         on_ray = None

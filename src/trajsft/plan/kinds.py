@@ -52,14 +52,14 @@ class Kind:
     def run(self, plan, name: str) -> Any:
         """The step on one artifact: its function given its typed config (or ``(plan, name)``)."""
         fn = self.step_function()
-        return fn(_ref(self.config)(plan, name)) if self.config else fn(plan, name)
+        return fn(function(self.config)(plan, name)) if self.config else fn(plan, name)
 
     def step_function(self) -> Callable[..., Any]:
-        return _ref(self.function)
+        return function(self.function)
 
 
-def _ref(ref: str) -> Callable[..., Any]:
-    """``module:function``, importing only that module."""
+def function(ref: str) -> Callable[..., Any]:
+    """``module:function``, importing only that module (a rule job pays no other step's imports)."""
     module, name = ref.split(":")
     return getattr(importlib.import_module(module), name)
 

@@ -29,7 +29,9 @@ class DownloadConfig:
     location: str  # where the payload goes: a local dir or gs://
     local_dataset: Path | None  # the dataset as a local directory when it is one, else None (the Hub)
     base_dir: Path  # what a relative dataset path is relative to
-    staging: Path  # where a download is staged (never the system temp dir), then renamed into place
+    # where a download is staged, then renamed into place: under the storage root (the workdir's results/ for a
+    # gs:// root), never the system temp dir
+    staging: Path
 
 
 @dataclass(frozen=True)
@@ -83,4 +85,3 @@ def tokenize(plan: Plan, name: str) -> TokenizeConfig:
     return TokenizeConfig(name=art.name, teacher=spec["teacher"], tokenizer=spec["tokenizer"],
                           seq_len=int(spec["seq_len"]), long_chats=spec["long_chats"], shards_location=shards.location,
                           shard_files=dict(shards.read_manifest()["files"]), location=art.location)
-
