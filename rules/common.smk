@@ -6,6 +6,7 @@ from snakemake.utils import min_version
 
 from trajsft.logs import WorkflowStop, one_line_stops
 from trajsft.plan.config import STATE_DIR, ConfigError, Plan, validate
+from trajsft.plan import step_configs
 from trajsft.plan.kinds import KINDS
 from trajsft.plan.step import resolve as resolve_step
 
@@ -146,10 +147,10 @@ def train_inputs(wildcards):
     """Input function (train): the tokenized manifests of the target's teachers, the manifest of the
     student's initial weights (init: hf) and, on a Ray profile, the fit check of its slice.
     """
-    model = PLAN.model(wildcards.target)
+    train = step_configs.train(PLAN, wildcards.target)
     return (
-        [a.manifest for a in PLAN.target(wildcards.target)["tokenized"]]
-        + ([model.manifest] if model else [])
+        [a.manifest for a in train.tokenized.values()]
+        + ([train.model.manifest] if train.model else [])
         + ([f"{STATE_DIR}/fit/{wildcards.target}/preflight.json"] if FIT_CHECK else [])
     )
 

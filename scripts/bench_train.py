@@ -69,13 +69,13 @@ def bench_train_overhead(workdir: Optional[str] = None, unpatched: bool = False,
     from trajsft.plan import config as C
     from trajsft.train import launch
     from trajsft.train import levanter_config
-    from trajsft.train import target as train_target
+    from trajsft.plan import step_configs
 
     own = workdir is None  # a temp dir of ours is removed at the end, whatever happens
     wd = Path(workdir or tempfile.mkdtemp(prefix="trajsft-bench-train-"))
     wd.mkdir(parents=True, exist_ok=True)
     try:
-        return _bench_train_overhead(wd, unpatched, log, C, launch, levanter_config, train_target, yaml)
+        return _bench_train_overhead(wd, unpatched, log, C, launch, levanter_config, step_configs, yaml)
     except RuntimeError as e:
         if own:  # the log goes with the dir: keep its tail in the error
             tail = (wd / "bench_train.log").read_text(errors="replace").splitlines()[-20:]
@@ -86,7 +86,7 @@ def bench_train_overhead(workdir: Optional[str] = None, unpatched: bool = False,
             shutil.rmtree(wd, ignore_errors=True)
 
 
-def _bench_train_overhead(wd: Path, unpatched: bool, log, C, launch, levanter_config, train_target, yaml) -> dict:
+def _bench_train_overhead(wd: Path, unpatched: bool, log, C, launch, levanter_config, step_configs, yaml) -> dict:
     logf = wd / "bench_train.log"
     env = dict(os.environ, HF_HUB_OFFLINE="1", WANDB_MODE="offline")
     env.setdefault("RAY_TMPDIR", "/tmp/rt-bench")
@@ -99,7 +99,7 @@ def _bench_train_overhead(wd: Path, unpatched: bool, log, C, launch, levanter_co
     log("train overhead: the train rule (snakemake checkpoints/demo/done)")
     rule = _timed(_snakemake(wd, "checkpoints/demo/done"), env, log=logf)
 
-    run_dir = wd / train_target.run_paths(plan, "demo")["run"].location
+    run_dir = wd / step_configs.train(plan, "demo").run.location
     cfg = yaml.safe_load((run_dir / "levanter_config.yaml").read_text())
 
     def bare(name: str, launcher: list[str]) -> dict:

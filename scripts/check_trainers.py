@@ -91,7 +91,7 @@ def export_and_cache(work: Path, key: str, teacher_over: dict | None, tokenizer:
     names = {a.kind: a.name for a in plan.chain("demo")}
     download.download(step_configs.download(plan, names["raw"]))
     shard.shard(step_configs.shard(plan, names["shards"]))
-    res = export.export(plan, "demo")
+    res = export.export(step_configs.export(plan, "demo"))
     out = Path(plan.target("demo")["export"].location)
     shards = Path(plan.get("shards", names["shards"]).location)
     splits = {s: sorted(shards.glob(f"{s}-*.jsonl.gz")) for s in ("train", "validation")}

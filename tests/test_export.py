@@ -59,7 +59,7 @@ def _shard_records(plan, teacher="demo") -> dict[str, list[dict]]:
 def demo_export(tmp_path_factory):
     plan = make_plan(tmp_path_factory.mktemp("export"))
     build_shards(plan)
-    return plan, export.export(plan, "demo"), Path(plan.target("demo")["export"].location)
+    return plan, export.export(step_configs.export(plan, "demo")), Path(step_configs.export(plan, "demo").location)
 
 
 def test_messages_jsonl_loads_with_datasets_and_equals_the_shards(demo_export):
@@ -276,7 +276,7 @@ def test_mixture_export_has_every_teacher_and_the_weights(tmp_path):
     names = {a.kind: a.name for a in plan.chain("demo2")}
     download.download(step_configs.download(plan, names["raw"]))
     shard.shard(step_configs.shard(plan, names["shards"]))
-    res = export.export(plan, "mix-demo")
+    res = export.export(step_configs.export(plan, "mix-demo"))
     out = Path(plan.target("mix-demo")["export"].location)
     info = json.loads((out / "llamafactory" / "dataset_info.json").read_text())
     assert set(info) == {"demo", "demo_validation", "demo2", "demo2_validation"}

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from fit_fixtures import ALIGNED, fit_cli
+from trajsft.plan import step_configs
 from trajsft.errors import ConfigError
 from trajsft.fit import check as F
 from trajsft.fit import facts, flops, slices
@@ -94,14 +95,14 @@ def test_refusal_is_one_line_naming_hbm_and_the_knobs():
 def test_cache_key_covers_the_run_the_slice_the_batch_and_the_versions():
     plan = C.Plan(C.load(), base_dir=C.REPO_DIR)
     v = {"jax": "0.7.2", "jaxlib": "0.7.2", "libtpu": "0.0.23", "levanter": "1.2.dev1644"}
-    k = F.key(plan, F.Setting("minimax-m2.5", "v5p-32", 16), v)
-    assert k == F.key(plan, F.Setting("minimax-m2.5", "v5p-32", 16), dict(v))
-    assert k != F.key(plan, F.Setting("minimax-m2.5", "v5p-64", 16), v)
-    assert k != F.key(plan, F.Setting("minimax-m2.5", "v5p-32", 32), v)
-    assert k != F.key(plan, F.Setting("minimax-m2.5", "v5p-32", 16), {**v, "libtpu": "0.0.24"})
-    assert k != F.key(plan, F.Setting("gemini-3-flash", "v5p-32", 16), v)
+    k = F.key(step_configs.train(plan, "minimax-m2.5"), F.Setting("minimax-m2.5", "v5p-32", 16), v)
+    assert k == F.key(step_configs.train(plan, "minimax-m2.5"), F.Setting("minimax-m2.5", "v5p-32", 16), dict(v))
+    assert k != F.key(step_configs.train(plan, "minimax-m2.5"), F.Setting("minimax-m2.5", "v5p-64", 16), v)
+    assert k != F.key(step_configs.train(plan, "minimax-m2.5"), F.Setting("minimax-m2.5", "v5p-32", 32), v)
+    assert k != F.key(step_configs.train(plan, "minimax-m2.5"), F.Setting("minimax-m2.5", "v5p-32", 16), {**v, "libtpu": "0.0.24"})
+    assert k != F.key(step_configs.train(plan, "gemini-3-flash"), F.Setting("gemini-3-flash", "v5p-32", 16), v)
     other = C.Plan(C.load([C.DEFAULT_CONFIG], {"training": {"seq_len": 16384}}), base_dir=C.REPO_DIR)
-    assert k != F.key(other, F.Setting("minimax-m2.5", "v5p-32", 16), v)
+    assert k != F.key(step_configs.train(other, "minimax-m2.5"), F.Setting("minimax-m2.5", "v5p-32", 16), v)
 
 
 def test_architecture_facts_are_checked_against_config_json():
@@ -126,8 +127,8 @@ def test_vocab_fact_is_the_real_qwen3_tokenizer_s_length():
     tok = Tokenizer.from_file(str(qwen3_tokenizer.fetch() / "tokenizer.json"))
     plan = C.Plan(C.load(), base_dir=C.REPO_DIR)
     assert plan.specs.students["qwen3-8b"].vocab_size == tok.get_vocab_size(with_added_tokens=True) == 151669
-    assert F.vocab_size(plan, "minimax-m2.5") == 151669
-    assert F.vocab_size(plan, "demo") == 2006  # a local tokenizer is read
+    assert F.vocab_size(step_configs.train(plan, "minimax-m2.5")) == 151669
+    assert F.vocab_size(step_configs.train(plan, "demo")) == 2006  # a local tokenizer is read
 
 
 def test_architecture_facts_of_a_local_checkpoint(tmp_path):
@@ -224,8 +225,8 @@ def test_analytic_flops_agree_with_xla_on_the_unscanned_model(tmp_path):
     plan = C.Plan(C.load(), base_dir=C.REPO_DIR)
     from trajsft.train.target import train_lm_config_for
 
-    lev = train_lm_config_for(plan, "demo", accelerator="tpu", untokenized_ok=True)
-    req = F.levanter_request(plan, F.Setting("demo", "v5p-8", 4), lev)
+    lev = train_lm_config_for(step_configs.train(plan, "demo"), accelerator="tpu", untokenized_ok=True)
+    req = F.levanter_request(step_configs.train(plan, "demo"), F.Setting("demo", "v5p-8", 4), lev)
     req.update(attn_backend="VANILLA", model_overrides={"scan_layers": False, "gradient_checkpointing": False})
     (tmp_path / "req.json").write_text(json.dumps(req))
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"}
@@ -278,17 +279,17 @@ def test_what_would_fit_is_a_few_bounded_compiles(monkeypatch):
     # minimax-m2.5 at batch 64 on a v5p-32: 75 + 40 GiB; batch 32 (75 + 20) is the answer, one compile
     fake = FakeCompiles(state_gib=1200)
     monkeypatch.setattr(F, "compile_setting", fake)
-    s = F.summarize(plan, "minimax-m2.5", fake(plan, F.Setting("minimax-m2.5", "v5p-32", 64)))
+    s = F.summarize(step_configs.train(plan, "minimax-m2.5"), fake(plan, F.Setting("minimax-m2.5", "v5p-32", 64)))
     assert not s["fits"]
-    out = F.suggest(plan, "minimax-m2.5", s, {})
+    out = F.suggest(step_configs.train(plan, "minimax-m2.5"), s, {})
     assert out["batch_size"] == 32 and fake.calls[1:] == [("v5p-32", 32)]
     assert "training.batch_size 32 fits" in F.refusal(s, out)
     # 93.75 GiB of state per chip: no batch fits this slice (halvings down to one sequence per chip), the
     # next slice does (46.9 + 20)
     fake = FakeCompiles(state_gib=1500)
     monkeypatch.setattr(F, "compile_setting", fake)
-    s = F.summarize(plan, "minimax-m2.5", fake(plan, F.Setting("minimax-m2.5", "v5p-32", 64)))
-    out = F.suggest(plan, "minimax-m2.5", s, {})
+    s = F.summarize(step_configs.train(plan, "minimax-m2.5"), fake(plan, F.Setting("minimax-m2.5", "v5p-32", 64)))
+    out = F.suggest(step_configs.train(plan, "minimax-m2.5"), s, {})
     assert fake.calls[1:] == [("v5p-32", 32), ("v5p-32", 16), ("v5p-64", 64)]  # bounded: 3 compiles
     assert out["tpu_type"] == "v5p-64" and "ray.tpu_type v5p-64 fits" in F.refusal(s, out)
 
@@ -305,18 +306,18 @@ def test_preflight_fit_check_switch_missing_libtpu_and_refusal(monkeypatch, capl
 
     calls = []
     lev = {"trainer": {"num_train_steps": 2298}}
-    monkeypatch.setattr(F, "check", lambda plan, target, lev, steps: calls.append((target, steps)) or
+    monkeypatch.setattr(F, "check", lambda cfg, lev, steps: calls.append((cfg.target, steps)) or
                         _summary(batch_size=16))
-    assert submit.fit_or_raise(_ray_plan(fit_check=False), "minimax-m2.5", lev) is None and calls == []
+    assert submit.fit_or_raise(step_configs.train(_ray_plan(fit_check=False), "minimax-m2.5"), lev) is None and calls == []
     with pytest.raises(PreflightError) as e:
-        submit.fit_or_raise(_ray_plan(), "minimax-m2.5", lev)
+        submit.fit_or_raise(step_configs.train(_ray_plan(), "minimax-m2.5"), lev)
     assert calls == [("minimax-m2.5", 2298)] and "\n" not in str(e.value)
     assert "nothing submitted" in str(e.value) and "114.01 GiB of HBM per chip" in str(e.value)
 
-    def no_libtpu(plan, target, lev, steps):
+    def no_libtpu(cfg, lev, steps):
         raise F.LibtpuMissing("libtpu is not installed, so the TPU compiler cannot run here: uv sync --locked")
 
     monkeypatch.setattr(F, "check", no_libtpu)
     with caplog.at_level("WARNING", logger="trajsft"):
-        assert submit.fit_or_raise(_ray_plan(), "minimax-m2.5", lev) is None
+        assert submit.fit_or_raise(step_configs.train(_ray_plan(), "minimax-m2.5"), lev) is None
     assert any("fit check skipped: libtpu is not installed" in r.getMessage() for r in caplog.records)

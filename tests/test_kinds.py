@@ -102,20 +102,22 @@ def test_a_step_function_is_named_as_its_rule_and_step_means_one_thing():
     assert named == ["trajsft/plan/step.py", "trajsft/plan/step_configs.py"], named  # the record, the configs
 
 
-def test_a_kind_with_a_config_resolver_hands_its_step_that_config_alone(plan):
-    """The data steps take their typed config (trajsft.plan.step_configs), not the plan: the step function's one
-    parameter is the config class its resolver returns."""
+def test_every_step_takes_its_typed_config_not_the_plan(plan):
+    """Every step function takes its typed config (trajsft.plan.step_configs), not the plan: its first parameter is
+    the config class its kind's resolver returns, any other has a default (train's done marker and Ray submitter);
+    rule check_fit's step takes its target's training config."""
     import inspect
 
     from trajsft.plan import kinds, step_configs
+    from trajsft.rule_job import FIT
 
-    with_config = [k for k in REGISTRY if k.config]
-    assert {k.rule for k in with_config} >= {"download", "shard", "tokenize"}
-    for kind in with_config:
-        resolver = kinds.function(kind.config)
+    steps = [(kind.step_function(), kinds.function(kind.config)) for kind in REGISTRY]
+    steps.append((kinds.function(FIT), step_configs.train))
+    for fn, resolver in steps:
         returns = inspect.signature(resolver).return_annotation
-        [param] = inspect.signature(kind.step_function()).parameters.values()
-        assert param.annotation == returns and hasattr(step_configs, returns), (kind.name, param, returns)
+        first, *rest = inspect.signature(fn).parameters.values()
+        assert first.annotation == returns and hasattr(step_configs, returns), (fn.__name__, first, returns)
+        assert all(p.default is not inspect.Parameter.empty for p in rest), (fn.__name__, rest)
     art = next(a for (k, _), a in plan.artifacts.items() if k == "raw")
     cfg = step_configs.download(plan, art.name)
     assert (cfg.name, cfg.location, cfg.rows) == (art.name, art.location, int(art.spec["rows"]))

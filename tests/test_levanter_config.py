@@ -13,6 +13,7 @@ import os
 import pytest
 
 from spec_utils import run_inputs, target_spec
+from trajsft.plan import step_configs
 from trajsft.plan.kinds import KINDS
 from trajsft.plan import config as C
 from trajsft.plan import specs as S
@@ -25,10 +26,10 @@ ABSENT = object()
 
 
 def plan_config(overrides: dict, target: str, monkeypatch) -> dict:
-    monkeypatch.setattr(train_target, "train_data", lambda plan, name: {
-        "cache_dir": f"/cache/{name}", "packed_sequences": PACKED, "tokens_in_window": 10})
+    monkeypatch.setattr(train_target, "train_data", lambda tokenized: {
+        "cache_dir": f"/cache/{tokenized.name}", "packed_sequences": PACKED, "tokens_in_window": 10})
     p = C.Plan(C.load(None, copy.deepcopy(overrides)), base_dir=C.REPO_DIR)
-    return train_target.train_lm_config_for(p, target)
+    return train_target.train_lm_config_for(step_configs.train(p, target))
 
 
 def at(cfg: dict, key: str):

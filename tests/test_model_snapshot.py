@@ -17,6 +17,7 @@ from pipeline_utils import plan as plan_cli, run
 from trajsft import storage
 from trajsft.errors import DataError
 from trajsft.plan import config as C
+from trajsft.plan import step_configs
 from trajsft.train import model_snapshot
 
 REPO_ID = "trajsft-test/tiny-qwen3"
@@ -55,8 +56,8 @@ def hub(monkeypatch, tmp_path):
 
 def build(cfg: dict):
     p = C.Plan(C.load(None, copy.deepcopy(cfg)), base_dir=C.REPO_DIR)
-    art = p.model("demo")
-    return p, art, storage.build(p, art, lambda: model_snapshot.download_model(p, art.name))
+    art = step_configs.train(p, "demo").model
+    return p, art, storage.build(p, art, lambda: model_snapshot.download_model(step_configs.download_model(p, art.name)))
 
 
 def test_snapshot_from_the_hub_is_verified_sealed_and_reused(hub, tmp_path):
@@ -94,9 +95,9 @@ def test_a_corrupt_download_is_refused_in_one_line_and_never_sealed(hub, tmp_pat
     weights = tiny_hf_model.files()["model.safetensors"]
     hub.repos[REPO_ID].tamper["model.safetensors"] = weights[:-1] + bytes([weights[-1] ^ 1])  # same size
     p = C.Plan(C.load(None, student_config(tmp_path / "root")), base_dir=C.REPO_DIR)
-    art = p.model("demo")
+    art = step_configs.train(p, "demo").model
     with pytest.raises(DataError) as e:
-        storage.build(p, art, lambda: model_snapshot.download_model(p, art.name))
+        storage.build(p, art, lambda: model_snapshot.download_model(step_configs.download_model(p, art.name)))
     msg = str(e.value)
     assert "\n" not in msg and msg.startswith(f"{REPO_ID}@{SHA}: model.safetensors downloaded as") and "the Hub says" in msg
     assert storage.read_seal(art.location) is None
@@ -123,9 +124,9 @@ def test_hub_problems_are_one_line(hub, tmp_path, case, expect, monkeypatch):
     elif case == "offline":
         hub.stop()
     p = C.Plan(C.load(None, student_config(tmp_path / "root", revision)), base_dir=C.REPO_DIR)
-    art = p.model("demo")
+    art = step_configs.train(p, "demo").model
     with pytest.raises(DataError) as e:
-        model_snapshot.download_model(p, art.name)
+        model_snapshot.download_model(step_configs.download_model(p, art.name))
     assert expect in str(e.value) and "\n" not in str(e.value) and str(e.value).startswith(f"{REPO_ID}@{revision}")
 
 
@@ -136,9 +137,9 @@ def test_a_disk_too_small_is_one_line_before_any_download(hub, tmp_path, monkeyp
     usage = namedtuple("usage", "total used free")
     monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(10 << 30, 9 << 30, 1 << 30))  # 1 GiB free
     p = C.Plan(C.load(None, student_config(tmp_path / "root")), base_dir=C.REPO_DIR)
-    art = p.model("demo")
+    art = step_configs.train(p, "demo").model
     with pytest.raises(DataError) as e:
-        model_snapshot.download_model(p, art.name)
+        model_snapshot.download_model(step_configs.download_model(p, art.name))
     msg = str(e.value)
     size = sum(len(b) for rel, b in tiny_hf_model.files().items() if model_snapshot.wanted(rel))
     # the cache and the local root share this disk here: both copies counted, the figures in the line
@@ -159,7 +160,7 @@ def test_a_local_checkpoint_dir_is_snapshotted_by_content(tmp_path, monkeypatch)
     assert (tmp_path / "root" / "models" / art.name / "model.safetensors").read_bytes() == (src / "model.safetensors").read_bytes()
     # its content is its identity: other bytes, another artifact
     (src / "generation_config.json").write_text("{}\n")
-    assert C.Plan(C.load(None, cfg), base_dir=C.REPO_DIR).model("demo").name != art.name
+    assert step_configs.train(C.Plan(C.load(None, cfg), base_dir=C.REPO_DIR), "demo").model.name != art.name
 
 
 @pytest.mark.integration

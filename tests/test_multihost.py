@@ -39,6 +39,7 @@ from pipeline_utils import REPO, kill_group, wait_for
 from wandb_stub import make_server as wandb_server
 from tpu_utils import (HF, WK, data_rules, jobs, make_profile, plan_of, run_hash, sm_cmd, sm_env, snakemake, status,
                        workdir)
+from trajsft.plan import step_configs
 from trajsft import io
 from trajsft.train import checkpoints
 from trajsft.train import metrics, tracking
@@ -395,7 +396,7 @@ def test_old_shape_pinned_to_the_slice_head_fails_fast(data, cluster, tmp_path, 
     plan = C.Plan(C.load([C.DEFAULT_CONFIG, str(good / "cluster.yaml"), str(good / "overrides.yaml")]),
                   base_dir=C.REPO_DIR)
     cfg = tmp_path / "levanter_config.json"
-    cfg.write_text(json.dumps(train_lm_config_for(plan, "demo")))
+    cfg.write_text(json.dumps(train_lm_config_for(step_configs.train(plan, "demo"))))
     # the old entrypoint ran trajsft's local training (run_training) as the one process of the job
     entry = ("python -c 'import json, sys; from trajsft.train import run as train_run; "
              "train_run.run_training(json.load(open(sys.argv[1])), sys.argv[2], sys.argv[3])' "

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from trajsft.plan import step_configs
 from trajsft.plan.kinds import KINDS
 from trajsft.plan import config as C
 from trajsft.plan import hashing
@@ -119,7 +120,7 @@ def test_plan_cli_prints_locations_without_running(tmp_path):
     assert t["checkpoint_dir"] == C.join("gs://marin-us-east5/trajsft", "checkpoints", names(plan(), "minimax-m2.5")["checkpoints"])
     # upstream first: the student's snapshot holds the tokenizer the tokenized data is made with
     assert [a["kind"] for a in t["artifacts"]] == ["raw", "shards", "models", "tokenized", "checkpoints", "exports"]
-    model = plan().model("minimax-m2.5")  # the initial weights: once, in the bucket
+    model = step_configs.train(plan(), "minimax-m2.5").model  # the initial weights: once, in the bucket
     assert t["init_weights"] == t["artifacts"][2]["location"] == f"gs://marin-us-east5/trajsft/models/{model.name}"
     assert model.name.startswith("Qwen3-8B-")
     export = t["artifacts"][-1]
@@ -151,7 +152,7 @@ def test_student_revision_is_pinned_hashed_and_passed_on():
     tok = next(a for a in p.chain("minimax-m2.5") if a.kind == "tokenized")
     # the tokenize rule loads the student's tokenizer from its checkpoint's models/ snapshot (the same repo and
     # revision): one copy for tokenize and training, no Hub; the rule waits on download_model for it
-    model = p.model("minimax-m2.5")
+    model = step_configs.train(p, "minimax-m2.5").model
     assert tok.spec["tokenizer"] == model.location and (model.kind, model.name) in tok.deps
     assert p.tokenizer_snapshot(p.specs.students["qwen3-8b"]) is model
     from trajsft.train.levanter_config import RunInputs, initialize_from_hf
@@ -159,7 +160,7 @@ def test_student_revision_is_pinned_hashed_and_passed_on():
     run = RunInputs(run_id="r", run_dir="d", tokenizer="t", chat_template="", sources={}, num_train_steps=2)
     # without a snapshot (RunInputs.init_weights): the pinned checkpoint as Levanter's RepoRef
     assert initialize_from_hf(p.specs.students["qwen3-8b"], run) == f"Qwen/Qwen3-8B@{QWEN3_8B_REV}"
-    assert p.model("minimax-m2.5").inputs["hf_checkpoint"] == {"hub": "Qwen/Qwen3-8B", "revision": QWEN3_8B_REV}
+    assert step_configs.train(p, "minimax-m2.5").model.inputs["hf_checkpoint"] == {"hub": "Qwen/Qwen3-8B", "revision": QWEN3_8B_REV}
     # a new revision is a new student: new tokenized cache and checkpoint dir, same shards
     other = plan(students={"qwen3-8b": {"hf_revision": "0" * 40, "tokenizer_revision": "0" * 40}})
     a, b = names(p, "minimax-m2.5"), names(other, "minimax-m2.5")

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from trajsft.plan import step_configs
 from trajsft import cli
 from trajsft.plan import schedule
 from trajsft.train import target as train_target
@@ -107,7 +108,7 @@ def test_train_config_reads_the_packed_count_from_the_manifest(tmp_path, monkeyp
     monkeypatch.chdir(tmp_path)  # manifests under ./results
     p = plan(training={"epochs_of": "rows"})
     _fake_tokenized(p, "minimax-m2.5", packed=1500)
-    lev = train_target.train_lm_config_for(p, "minimax-m2.5")
+    lev = train_target.train_lm_config_for(step_configs.train(p, "minimax-m2.5"))
     t = lev["trainer"]
     assert t["num_train_steps"] == 2298
     assert lev["data"]["cache_dir"].startswith("/caches/minimax-m2.5-")
@@ -117,11 +118,11 @@ def test_train_config_reads_the_packed_count_from_the_manifest(tmp_path, monkeyp
     assert t["jax_compilation_cache_dir"] == str(tmp_path / "results" / "jax-compilation-cache")
     # the reference checkpoint cadence, when asked for
     p = plan(checkpointing={"keep_every_steps": "quarter_epoch", "hf_export_every_steps": "quarter_epoch"})
-    lev = train_target.train_lm_config_for(p, "minimax-m2.5")
+    lev = train_target.train_lm_config_for(step_configs.train(p, "minimax-m2.5"))
     assert lev["trainer"]["checkpointer"]["keep"][0] == {"every": 82, "until": 2296}
     assert lev["hf_save_steps"] == 82
     # explain uses the same numbers
-    e = train_target.explain(p, "minimax-m2.5")
+    e = train_target.explain(step_configs.train(p, "minimax-m2.5"))
     assert e["steps"] == 2298 and e["teachers"]["minimax-m2.5"]["passes"] == pytest.approx(2298 * 16 / 1500)
     assert e["tokens_seen"] == pytest.approx(2298 * 16 / 1500 * 4800)
 
@@ -131,7 +132,7 @@ def test_packed_sequences_steps_and_a_gs_compilation_cache(tmp_path, monkeypatch
     p = plan(training={"epochs_of": "packed_sequences"}, storage_root="gs://marin-us-east5/trajsft",
              wandb={"watch_interval": 5})
     _fake_tokenized(p, "gemini-3-flash", packed=321)
-    lev = train_target.train_lm_config_for(p, "gemini-3-flash")
+    lev = train_target.train_lm_config_for(step_configs.train(p, "gemini-3-flash"))
     assert lev["trainer"]["num_train_steps"] == -(-7 * 321 // 16)
     assert lev["trainer"]["jax_compilation_cache_dir"] == "gs://marin-us-east5/trajsft/jax-compilation-cache"
     assert lev["trainer"]["watch"] == {"interval": 5}
@@ -145,7 +146,7 @@ def test_missing_packed_count_is_one_line(tmp_path, monkeypatch):
     Path(art.manifest).parent.mkdir(parents=True)
     Path(art.manifest).write_text(json.dumps({"cache_dir": "/c", "stats": {"train": {"chats": 1}}}))
     with pytest.raises(Exception, match="has no stats.train.packed_sequences: rebuild it"):
-        train_target.train_lm_config_for(p, "demo")
+        train_target.train_lm_config_for(step_configs.train(p, "demo"))
 
 
 def test_train_config_imports_neither_jax_nor_levanter(tmp_path):
@@ -155,10 +156,11 @@ import json, os, sys
 os.chdir({str(tmp_path)!r})
 sys.path.insert(0, {str(Path(__file__).parent)!r})
 from test_schedule import plan, _fake_tokenized
+from trajsft.plan import step_configs
 from trajsft.train import target as train_target
 p = plan()
 _fake_tokenized(p, "demo", packed=27)
-lev = train_target.train_lm_config_for(p, "demo")
+lev = train_target.train_lm_config_for(step_configs.train(p, "demo"))
 print(json.dumps({{"steps": lev["trainer"]["num_train_steps"],
                   "heavy": sorted(m for m in ("jax", "levanter", "haliax", "equinox") if m in sys.modules)}}))
 """

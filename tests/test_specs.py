@@ -13,6 +13,7 @@ from collections import defaultdict
 import pytest
 import yaml
 
+from trajsft.plan import step_configs
 from trajsft.plan.kinds import KINDS
 from trajsft.plan import config as C
 from trajsft.plan import specs as S
@@ -331,12 +332,12 @@ def test_revisions_and_dimensions_are_passed_on_to_levanter(monkeypatch):
     from trajsft.train import target as train_target
 
     p = C.Plan(C.validate(copy.deepcopy(BASE)), base_dir=C.REPO_DIR)
-    monkeypatch.setattr(train_target, "train_data", lambda plan, name: {
-        "cache_dir": f"/cache/{name}", "packed_sequences": 1000, "tokens_in_window": 10})
-    lev = train_target.train_lm_config_for(p, "gpt-5-mini")
+    monkeypatch.setattr(train_target, "train_data", lambda tokenized: {
+        "cache_dir": f"/cache/{tokenized.name}", "packed_sequences": 1000, "tokens_in_window": 10})
+    lev = train_target.train_lm_config_for(step_configs.train(p, "gpt-5-mini"))
     # the pinned checkpoint is read from its snapshot under the storage root (rule download_model), named
     # by the repo and revision it holds; its tokenizer is the checkpoint's own: read from there too
-    model = p.model("gpt-5-mini")
+    model = step_configs.train(p, "gpt-5-mini").model
     assert model.inputs == {"format": KINDS["models"].format, "init": "hf",
                             "hf_checkpoint": {"hub": "Qwen/Qwen3-8B", "revision": QWEN3_8B_REV}}
     assert model.spec == {"ref": "Qwen/Qwen3-8B", "revision": QWEN3_8B_REV, "local": None}
@@ -349,7 +350,7 @@ def test_revisions_and_dimensions_are_passed_on_to_levanter(monkeypatch):
     assert tok.spec["tokenizer"] == model.location and tok.inputs["tokenizer"] == {"hub": "Qwen/Qwen3-8B",
                                                                                   "revision": QWEN3_8B_REV}
 
-    demo = train_target.train_lm_config_for(p, "demo")
+    demo = train_target.train_lm_config_for(step_configs.train(p, "demo"))
     assert "initialize_from_hf" not in demo
     for k, v in BASE["students"]["tiny"]["model"].items():
         assert demo["model"][k] == v
@@ -361,11 +362,11 @@ def levanter(cfg, target, monkeypatch) -> str:
 
     from trajsft.train import target as train_target
 
-    monkeypatch.setattr(train_target, "train_data", lambda plan, name: {
-        "cache_dir": f"/cache/{name.rsplit('-', 1)[0]}", "packed_sequences": 1000, "tokens_in_window": 10})
+    monkeypatch.setattr(train_target, "train_data", lambda tokenized: {
+        "cache_dir": f"/cache/{tokenized.name.rsplit('-', 1)[0]}", "packed_sequences": 1000, "tokens_in_window": 10})
     p = C.Plan(C.validate(cfg), base_dir=C.REPO_DIR)
     run = p.target(target)["run"]
-    return json.dumps(train_target.train_lm_config_for(p, target), sort_keys=True).replace(run.hash, "<hash>")
+    return json.dumps(train_target.train_lm_config_for(step_configs.train(p, target)), sort_keys=True).replace(run.hash, "<hash>")
 
 
 RUN_FIELDS = sorted(k for k in PERTURB if declared(*k) & {"checkpoints"} and k[0] != "Ref"

@@ -12,6 +12,7 @@ import socket
 import fsspec
 import pytest
 
+from trajsft.plan import step_configs
 from trajsft.plan import config as C
 from trajsft.cluster import jobs as cluster_jobs
 from trajsft.observe import status
@@ -313,14 +314,14 @@ def test_gather_a_failed_local_run(workdir):
     _checkpoint(f"{run.location}/checkpoints/step-3", 3, "2026-01-01T00:00:00")
     _write("checkpoints/demo/done", OLD)
     _write("results/checkpoints/demo-0ld0000000/manifest.json", OLD)
-    f = status.gather(plan, "demo", query_ray=True)
+    f = status.gather(step_configs.train(plan, "demo"), query_ray=True)
     assert f == Facts(
         target="demo", hash=run.hash, run=run.name, cluster="local", checkpoint_dir=run.location,
         log=f"{state_dir}/train.log", done=OLD, kept=None, manifests=(OLD,),
         attempts=({"attempt": 1, "outcome": "running", "pid": 1 << 30, "hostname": socket.gethostname()},),
         data_ready=True, steps_total=12, metrics={3: {"train/loss": 2.5}}, log_tail=log + "Killed",
         attempt_alive=False, resume_step=4)
-    r = status.target_status(plan, "demo")
+    r = status.target_status(step_configs.train(plan, "demo"))
     assert (r["state"], r["cause"], r["next"], r["step"]) == ("failed", "killed (no end recorded)",
                                                               "resume from step 4", 4)
 
@@ -333,14 +334,14 @@ def test_gather_reads_no_training_facts_for_a_finished_run(workdir):
     _write(f"results/checkpoints/{run.name}/manifest.json", done)
     _write(f"results/checkpoints/{run.name}/train.log", "RESOURCE_EXHAUSTED\n")
     _checkpoint(f"{run.location}/checkpoints/step-3", 3, "2026-01-01T00:00:00")
-    f = status.gather(plan, "demo")
+    f = status.gather(step_configs.train(plan, "demo"))
     assert (f.done, f.kept, f.manifests) == (done, done, (done,))
     assert (f.log_tail, f.data_ready, f.resume_step) == ("", False, None)
     assert not needs_resume_point(f)
     # not started: nothing on disk, no checkpoint looked up
-    g = status.gather(plan, "mix-all")
+    g = status.gather(step_configs.train(plan, "mix-all"))
     assert (g.done, g.attempts, g.resume_step, g.data_ready) == (None, (), None, False)
-    assert status.target_status(plan, "mix-all")["state"] == "not started"
+    assert status.target_status(step_configs.train(plan, "mix-all"))["state"] == "not started"
 
 
 def test_gather_the_ray_job_list(workdir, monkeypatch):
@@ -354,16 +355,16 @@ def test_gather_the_ray_job_list(workdir, monkeypatch):
                  "start_time": 1, "end_time": 2, "metadata": {}}]
 
     monkeypatch.setattr(cluster_jobs, "run_jobs", run_jobs)
-    f = status.gather(plan, "demo")
+    f = status.gather(step_configs.train(plan, "demo"))
     assert f.cluster == "c1" and f.jobs == (Job(f"trajsft-{run.hash}-a0", 0, "FAILED", "OOM"),)
     assert f.cluster_error is None and seen == [("http://127.0.0.1:9", run.hash)]
-    assert status.gather(plan, "demo", query_ray=False).jobs == () and len(seen) == 1  # --offline
+    assert status.gather(step_configs.train(plan, "demo"), query_ray=False).jobs == () and len(seen) == 1  # --offline
 
     def unreachable(address, content_hash):
         raise cluster_jobs.RayJobsError("Ray cluster at http://127.0.0.1:9 is not reachable")
 
     monkeypatch.setattr(cluster_jobs, "run_jobs", unreachable)
-    f = status.gather(plan, "demo")
+    f = status.gather(step_configs.train(plan, "demo"))
     assert (f.jobs, f.cluster_error) == ((), "Ray cluster at http://127.0.0.1:9 is not reachable")
 
 

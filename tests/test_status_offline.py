@@ -177,6 +177,7 @@ def test_fit_says_the_snapshot_bucket_refused_in_its_facts_line(refusing, monkey
     from trajsft import storage
     from trajsft.fit import facts
     from trajsft.plan import config as C
+    from trajsft.plan import step_configs
 
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", refusing.endpoint)
     monkeypatch.setattr(storage, "_REACHABLE", {})
@@ -184,7 +185,7 @@ def test_fit_says_the_snapshot_bucket_refused_in_its_facts_line(refusing, monkey
     clear_fsspec_cache()
     try:
         plan = C.Plan(C.load([C.DEFAULT_CONFIG, str(REPO / "profiles/tpu-east5/cluster.yaml")]), base_dir=C.REPO_DIR)
-        snapshot = plan.model("minimax-m2.5").location
+        snapshot = step_configs.train(plan, "minimax-m2.5").model.location
         assert snapshot.startswith("gs://marin-us-east5/trajsft/models/")
         line = facts.check(plan.specs.targets["minimax-m2.5"].student, fetch=lambda ref, rev: None, snapshot=snapshot)
     finally:

@@ -156,9 +156,11 @@ def test_missing_local_dataset_names_the_path_and_never_asks_the_hub(tmp_path, m
     assert str(e.value).endswith(f"{dataset.lstrip('./') if not dataset.startswith('/') else dataset} does not exist (teachers.demo.dataset)")
 
 
-def test_each_data_step_runs_alone_on_a_config_built_by_hand(tmp_path):
-    """No plan: download, shard and tokenize each take their typed config (trajsft.plan.step_configs), with
-    every input and output location in it, and nothing else."""
+def test_each_step_runs_alone_on_a_config_built_by_hand(tmp_path, monkeypatch):
+    """No plan: every step takes its typed config (trajsft.plan.step_configs), with every input and output
+    location in it, and nothing else: download -> shard -> tokenize, export, download_model, then train and
+    check_fit on a training config over those (train's Ray attempt is a stand-in here: test_pipeline and the
+    slice tests train for real)."""
     from trajsft.data import tokenize
     from trajsft.plan.step_configs import DownloadConfig, ShardConfig, TokenizeConfig
 
@@ -181,3 +183,61 @@ def test_each_data_step_runs_alone_on_a_config_built_by_hand(tmp_path):
         location=str(store / "tokenized/demo-tok")))
     assert tok["stats"]["train"]["chats"] <= shards["kept"]["train"] and tok["cache_dir"].startswith(str(store))
     assert tok["window"]["seq_len"] == 1024
+    _later_steps_on_configs_built_by_hand(tmp_path, store, plan, shards, tok, monkeypatch)
+
+
+def _later_steps_on_configs_built_by_hand(tmp_path, store, plan, shards, tok, monkeypatch):
+    import tiny_hf_model
+    from trajsft.cluster.check_fit import check_fit
+    from trajsft.data import export
+    from trajsft.plan.config import Artifact
+    from trajsft.plan.step_configs import ExportConfig, ModelConfig, TrainConfig
+    from trajsft.train import model_snapshot, target
+
+    monkeypatch.chdir(tmp_path)  # train's local records (results/checkpoints/<run>)
+    ex = export.export(ExportConfig(
+        target="demo", name="demo-export", location=str(store / "exports/demo-export"), weights={"demo": 1.0},
+        shards={"demo": "demo-shards"}, shard_locations={"demo": str(store / "shards/demo-shards")}, seq_len=1024,
+        model=None))
+    assert ex["teachers"]["demo"]["shards"] == "demo-shards"
+    assert sum(ex["teachers"]["demo"]["messages_rows"].values()) == sum(shards["kept"].values())
+    assert ex["llamafactory"]["train_args"]["cutoff_len"] == 1024
+
+    ckpt = tiny_hf_model.write(tmp_path / "tiny-ckpt")
+    model = model_snapshot.download_model(ModelConfig(
+        name="tiny-model", ref=str(ckpt), revision=None, local=str(ckpt), location=str(store / "models/tiny-model")))
+    assert model["commit"] == "local" and (store / "models/tiny-model/config.json").is_file()
+    assert {"config.json", "model.safetensors"} <= set(model["files"]) <= {p.name for p in ckpt.iterdir()}
+
+    manifest = tmp_path / "state/tokenized/demo-tok/manifest.json"
+    manifest.parent.mkdir(parents=True)
+    manifest.write_text(json.dumps(tok))
+    tokenized = Artifact(kind="tokenized", name="demo-tok", hash="0" * 10, inputs={}, location=str(store / "tokenized/demo-tok"),
+                         manifest=str(manifest))
+    # the demo target's settings as the config gives them; the locations, the data and the executor are this test's
+    demo = plan.get("checkpoints", next(a.name for a in plan.chain("demo") if a.kind == "checkpoints"))
+    run = Artifact(kind="checkpoints", name="demo-run", hash="1" * 10, inputs={}, location=str(store / "checkpoints/demo-run"),
+                   manifest="", spec={**demo.spec, "tokenized": {"demo": "demo-tok"}})
+    workflow = {**plan.cfg, "executor": "ray", "ray": {"address": "http://127.0.0.1:1", "cluster": "here",
+                                                       "tpu_type": "v5p-8", "fit_check": False}}
+    cfg = TrainConfig(target="demo", spec=plan.specs.targets["demo"], run=run, tokenized={"demo": tokenized},
+                      model=None, workflow=workflow, base_dir=C.REPO_DIR, results=str(tmp_path / "state"))
+    submitted = []
+
+    def on_ray(got, lev, attempt):  # the Ray job's stand-in: what it was handed, and its final HF export
+        submitted.append((got, lev, attempt))
+        hf = store / "checkpoints/demo-run/hf/step-2"
+        hf.mkdir(parents=True)
+        (hf / "config.json").write_text("{}")
+        return {"hf_export": str(hf), "steps": 2, "checkpoint_dir": str(store / "checkpoints/demo-run/checkpoints"),
+                "wandb_mode": "disabled"}
+
+    done = target.train(cfg, str(tmp_path / "done"), on_ray=on_ray)
+    [(got, lev, attempt)] = submitted
+    assert got is cfg and attempt == 1
+    assert lev["data"]["cache_dir"] == tok["cache_dir"]
+    assert lev["trainer"]["id"] == run.hash and lev["trainer"]["checkpointer"]["base_path"].startswith(run.location)
+    assert done["run"] == "demo-run" and done["checkpoint_dir"] == run.location and done["attempts"] == 1
+    assert json.loads((tmp_path / "done").read_text())["hf_export"].endswith("hf/step-2")
+    assert Path(cfg.state_dir, "manifest.json").is_file()
+    assert check_fit(cfg) == {"skipped": "ray.fit_check: false"}

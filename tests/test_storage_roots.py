@@ -152,7 +152,7 @@ def test_a_ray_job_is_never_handed_a_path_its_hosts_cannot_read(tmp_path, monkey
 
     monkeypatch.setattr(run_job, "run_job", never)
     monkeypatch.setattr(submit, "check_or_raise", lambda cfg: None)
-    monkeypatch.setattr(submit, "fit_or_raise", lambda plan, target, lev: None)  # tests/test_fit.py
+    monkeypatch.setattr(submit, "fit_or_raise", lambda train, lev: None)  # tests/test_fit.py
     # the settings without Levanter's TPU table (tested in test_cluster.py): this test needs no Levanter import
     monkeypatch.setattr(submit, "ray_settings", lambda cfg: {**submit.RAY_DEFAULTS, **cfg["ray"]})
     monkeypatch.chdir(tmp_path)
@@ -161,10 +161,10 @@ def test_a_ray_job_is_never_handed_a_path_its_hosts_cannot_read(tmp_path, monkey
     def submit_with(root, address, cache_dir):
         run = SimpleNamespace(location=io.join(root, "checkpoints", "demo-1234567890"), name="demo-1234567890",
                               hash="1234567890")
-        plan = SimpleNamespace(cfg=_ray_cfg(root, address))
+        train = SimpleNamespace(target="demo", run=run, workflow=_ray_cfg(root, address), log=str(tmp_path / "log"))
         lev = {"data": {"configs": {"demo": {"cache_dir": cache_dir}}}}
         with pytest.raises(ConfigError) as e:
-            submit.train_on_ray(plan, "demo", lev, {"run": run, "log": str(tmp_path / "log")}, 0)
+            submit.train_on_ray(train, lev, 0)
         return str(e.value)
 
     # the case: data built under the local root, training on a bucket root
@@ -178,11 +178,11 @@ def test_a_ray_job_is_never_handed_a_path_its_hosts_cannot_read(tmp_path, monkey
         f"refusing to submit: run_dir {tmp_path}/results/checkpoints/demo-1234567890 is a local path the hosts of "
         "http://10.0.0.5:8265 cannot read")
     with pytest.raises(AssertionError, match="submitted"):
-        submit.train_on_ray(SimpleNamespace(cfg=_ray_cfg("results", "http://127.0.0.1:8265")), "demo",
-                            {"data": {"configs": {"demo": {"cache_dir": local_cache}}}},
-                            {"run": SimpleNamespace(location="results/checkpoints/demo-1234567890",
-                                                    name="demo-1234567890", hash="1234567890"),
-                             "log": str(tmp_path / "log")}, 0)
+        submit.train_on_ray(SimpleNamespace(target="demo", workflow=_ray_cfg("results", "http://127.0.0.1:8265"),
+                                            run=SimpleNamespace(location="results/checkpoints/demo-1234567890",
+                                                                name="demo-1234567890", hash="1234567890"),
+                                            log=str(tmp_path / "log")),
+                            {"data": {"configs": {"demo": {"cache_dir": local_cache}}}}, 0)
     # and preflight says so at the start of the run, before any rule ran
     monkeypatch.setattr(cluster_preflight, "preflight", lambda *a, **k: [])
     assert submit.preflight(_ray_cfg("results", "http://10.0.0.5:8265")) == [

@@ -131,7 +131,7 @@ def test_tokenize_drops_empty_windows_and_honours_long_chats(tmp_path):
     mpath = Path(plan.get("tokenized", tok_name).manifest)
     mpath.parent.mkdir(parents=True, exist_ok=True)
     mpath.write_text(json.dumps(m))
-    assert tokenize.tokenized_cache_dir(plan, tok_name) == m["cache_dir"]
+    assert tokenize.tokenized_cache_dir(plan.get("tokenized", tok_name)) == m["cache_dir"]
     assert data_cache.chat_cache_stats(m["cache_dir"], 96)["train"]["lengths"] == st["lengths"]
     # the kept chats are in first-fit-decreasing order: Levanter packs them into the FFD bins
     pk = m["packing"]["train"]

@@ -14,6 +14,8 @@ from pathlib import Path
 from . import io
 from .errors import DataError, quiet_on_closed_pipe
 from .plan import config as C
+from .plan import step_configs
+from .plan.step_configs import TrainConfig
 
 
 def _load(args) -> C.Plan:
@@ -35,18 +37,18 @@ def _load(args) -> C.Plan:
     return C.Plan(cfg, base_dir=C.REPO_DIR)
 
 
-def _targets(plan: C.Plan, names: list[str] | None) -> list[str]:
+def _trainings(plan: C.Plan, names: list[str] | None) -> list[TrainConfig]:
+    """The named targets' training configs (``checkpoints/<t>/done`` accepted), else every target's; an unknown
+    name is one line naming the targets."""
     names = [n.removeprefix("checkpoints/").removesuffix("/done") for n in names or []]
-    for n in names:
-        plan.target(n)
-    return names or list(plan.targets)
+    return [step_configs.train(plan, n) for n in names or list(plan.targets)]
 
 
 def cmd_status(args) -> int:
     from .observe import status
 
     plan = _load(args)
-    rows = [status.target_status(plan, t, query_ray=not args.offline) for t in _targets(plan, args.targets)]
+    rows = [status.target_status(tc, query_ray=not args.offline) for tc in _trainings(plan, args.targets)]
     print(json.dumps(rows, indent=2) if args.json else status.render(rows))
     return 0
 
@@ -54,19 +56,15 @@ def cmd_status(args) -> int:
 def cmd_logs(args) -> int:
     import time
 
-    from .observe import status
-    from .train.target import run_paths
-
     plan = _load(args)
-    [t] = _targets(plan, [args.target])
-    p = run_paths(plan, t)
-    path = Path(p["log"])
+    [tc] = _trainings(plan, [args.target])
+    t, path = tc.target, Path(tc.log)
     if not path.exists() and plan.cfg["executor"] == "ray":
         from .cluster import jobs as cluster_jobs
 
-        jobs = cluster_jobs.run_jobs(plan.cfg["ray"]["address"], p["run"].hash)
+        jobs = cluster_jobs.run_jobs(plan.cfg["ray"]["address"], tc.run.hash)
         if not jobs:
-            print(f"trajsft: no log yet for {t} ({path}) and no Ray job for {p['run'].name}", file=sys.stderr)
+            print(f"trajsft: no log yet for {t} ({path}) and no Ray job for {tc.run.name}", file=sys.stderr)
             return 1
         lines = cluster_jobs.job_logs(plan.cfg["ray"]["address"], jobs[-1]["submission_id"]).splitlines()
         print("\n".join(lines[-args.n:]))
@@ -109,8 +107,8 @@ def cmd_stop(args) -> int:
         return 2
     address = plan.cfg["ray"]["address"]
     rc = 0
-    for t in _targets(plan, args.targets):
-        run = plan.target(t)["run"]
+    for tc in _trainings(plan, args.targets):
+        t, run = tc.target, tc.run
         active = [j for j in cluster_jobs.run_jobs(address, run.hash) if j["status"] in ("PENDING", "RUNNING")]
         if not active:
             print(f"{t}: no running Ray job for {run.name} on {plan.cfg['ray'].get('cluster')}")
@@ -127,8 +125,8 @@ def cmd_retry(args) -> int:
     from .storage import absolute
 
     plan = _load(args)
-    for t in _targets(plan, args.targets):
-        rec = setup_failure.clear(absolute(plan.target(t)["run"].location))
+    for tc in _trainings(plan, args.targets):
+        t, rec = tc.target, setup_failure.clear(absolute(tc.run.location))
         print(f"{t}: " + (f"cleared the configuration error of Ray job {rec['ray_job_id']} ({rec['cause']}); "
                           f"the next snakemake run submits it again" if rec else "no configuration error recorded"))
     return 0
@@ -198,12 +196,11 @@ def cmd_plan(args) -> int:
     plan = _load(args)
     targets = args.targets or plan.cfg["default_targets"]
     out = []
-    for t in targets:
-        t = t.removeprefix("checkpoints/").removesuffix("/done")
-        tgt = plan.target(t)
+    for tc in _trainings(plan, targets):
+        t = tc.target
         rows = []
         # the training chain, then the export (built on request: snakemake results/exports/<t>/manifest.json)
-        for a in [*plan.chain(t), tgt["export"]]:
+        for a in [*plan.chain(t), plan.get("exports", step_configs.export(plan, t).name)]:
             row = {
                 "kind": a.kind, "name": a.name, "hash": a.hash, "location": a.location,
                 "manifest": a.manifest, "exists": _manifest_here(a),
@@ -214,21 +211,21 @@ def cmd_plan(args) -> int:
             if args.explain:
                 row["hash_inputs"] = a.inputs
             rows.append(row)
-        run = tgt["run"]
+        run = tc.run
         done = C.Plan.done_path(t)
         done_hash = _done_hash(done)
         entry = {
             "target": t, "done": done, "done_exists": done_hash == run.hash, "done_hash": done_hash,
             "checkpoint_dir": run.location, "hf_export": io.join(run.location, "hf"),
-            "init_weights": (m := plan.model(t)) and m.location,
+            "init_weights": tc.model and tc.model.location,
             "artifacts": rows,
         }
         if args.explain:
             from .fit import check as fit
             from .train.target import explain
 
-            entry["training"] = explain(plan, t)
-            entry["fit"] = fit.cached_summary(plan, t, entry["training"]["steps"])
+            entry["training"] = explain(tc)
+            entry["fit"] = fit.cached_summary(tc, entry["training"]["steps"])
             entry["fit_line"] = fit.short(entry["fit"], (plan.cfg.get("ray") or {}).get("tpu_type"))
         out.append(entry)
     if args.json:
@@ -310,12 +307,12 @@ def cmd_fit(args) -> int:
     from .train.target import explain, train_lm_config_for
 
     plan = _load(args)
-    names = _targets(plan, args.targets or list(plan.cfg["default_targets"]))
     out, rc = [], 0
-    for t in names:
+    for tc in _trainings(plan, args.targets or list(plan.cfg["default_targets"])):
+        t = tc.target
         try:
-            lev = train_lm_config_for(plan, t, accelerator="tpu", untokenized_ok=True)
-            s = fit.check(plan, t, lev, explain(plan, t)["steps"], tpu_type=args.tpu_type, mfu=args.mfu,
+            lev = train_lm_config_for(tc, accelerator="tpu", untokenized_ok=True)
+            s = fit.check(tc, lev, explain(tc)["steps"], tpu_type=args.tpu_type, mfu=args.mfu,
                           suggest_on_failure=not args.no_suggest)
         except (DataError, ValueError) as e:
             print(f"trajsft fit: {t}: {e}", file=sys.stderr)

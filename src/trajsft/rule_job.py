@@ -21,7 +21,6 @@ from .data import transform
 from .errors import RULE_JOB_ERRORS
 from .io import is_remote, write_json
 from .runtime import signals
-from .plan.config import Plan
 from .plan import step_configs
 from .plan.kinds import BY_RULE, function  # function: "module:function", importing only that module
 
@@ -38,9 +37,8 @@ REPORT_RULES = {"report_card": "trajsft.report.build:rule_card", "report_table":
                 "report_curves": "trajsft.report.curves:rule_curves"}
 
 
-def _shards_skipped_listing(plan: Plan, name: str) -> None:
+def _shards_skipped_listing(cfg: step_configs.ShardConfig) -> None:
     """A shard set found sealed (here or under another root): its skipped rows next to its manifest."""
-    cfg = step_configs.shard(plan, name)
     src = io.join(cfg.location, "skipped.jsonl")
     if str(cfg.skipped_list) != src:
         io.write_bytes(cfg.skipped_list, io.read_bytes(src))
@@ -73,7 +71,7 @@ def run_rule(snakemake) -> None:
     if step == "train":
         from .train import target as train_target  # never jax/levanter: train_lm runs in a child
     if step == "train" and log_path:
-        log_path = train_target.link_rule_log(plan, name, log_path)
+        log_path = train_target.link_rule_log(BY_RULE[step].resolve(plan, name), log_path)
     logs.setup(log_path, cfg.get("log_level", "INFO"))
     # die with our Snakemake run (even after `kill -9` of Snakemake), cleaning up like on SIGTERM
     signals.install_stop_handler()
@@ -124,8 +122,8 @@ def _run_step(job, snakemake) -> dict | None:
     """The job's step: an artifact built (or found sealed) through :mod:`trajsft.storage`, a training run, the fit
     summary or the matrix."""
     step, name, plan = job.step, job.name, job.plan
-    if step == "check_fit":
-        result = function(FIT)(plan, name)
+    if step == "check_fit":  # on its target's training config
+        result = function(FIT)(BY_RULE["train"].resolve(plan, name))
         write_json(snakemake.output[0], result)
         return result
     if step == "eval_matrix":
@@ -135,11 +133,11 @@ def _run_step(job, snakemake) -> dict | None:
         on_ray = None
         if plan.cfg.get("executor") == "ray":
             from .cluster.submit import train_on_ray as on_ray
-        train = kind.step_function()
-        return storage.train(plan, job.artifact, lambda: train(plan, name, done_path=snakemake.output[0], on_ray=on_ray))
+        train, cfg = kind.step_function(), kind.resolve(plan, name)
+        return storage.train(plan, job.artifact, lambda: train(cfg, done_path=snakemake.output[0], on_ray=on_ray))
     result = storage.build(plan, job.artifact, lambda: kind.run(plan, name))
     if step == "shard" and result["payload_from"] != "built":
-        _shards_skipped_listing(plan, name)
+        _shards_skipped_listing(kind.resolve(plan, name))
     if step == "export":  # every row the sharegpt export could not hold, next to the manifest (like shard's)
         io.write_bytes(str(Path(snakemake.output[0]).parent / "skipped.jsonl"),
                        io.read_bytes(f"{job.artifact.location}/llamafactory/skipped.jsonl"))

@@ -13,17 +13,17 @@ from __future__ import annotations
 import logging
 
 from ..fit import check
-from ..plan.config import Plan
+from ..plan.step_configs import TrainConfig
 from ..train.target import explain, train_lm_config_for
 from .submit import fit_check
 
 log = logging.getLogger("trajsft")
 
 
-def check_fit(plan: Plan, target: str) -> dict:
-    """The fit summary of ``target`` on the profile's slice (``{"skipped": why}`` without libtpu)."""
-    lev = train_lm_config_for(plan, target, accelerator="tpu", untokenized_ok=True)
-    summary = fit_check(plan, target, lev, explain(plan, target)["steps"])
+def check_fit(cfg: TrainConfig) -> dict:
+    """The fit summary of ``cfg.target`` on the profile's slice (``{"skipped": why}`` without libtpu)."""
+    lev = train_lm_config_for(cfg, accelerator="tpu", untokenized_ok=True)
+    summary = fit_check(cfg, lev, explain(cfg)["steps"])
     if "skipped" not in summary:
         for line in check.render(summary):
             log.info("%s", line)

@@ -22,7 +22,8 @@ import shlex
 from .. import io, storage
 from ..errors import ClusterError, ConfigError, JobEnvironmentError, PreflightError, TrainingFailed
 from ..io import is_remote, join
-from ..plan.config import REPO_DIR, Plan
+from ..plan.config import REPO_DIR
+from ..plan.step_configs import TrainConfig
 from ..train import checkpoints
 from . import jobs as cluster_jobs, preflight as cluster_preflight, run_job, setup_failure
 
@@ -210,19 +211,19 @@ def check_or_raise(cfg: dict) -> None:
         raise PreflightError(f"preflight for {cluster} failed, nothing submitted: " + " | ".join(problems))
 
 
-def fit_check(plan: Plan, target: str, lev: dict, steps: int | None) -> dict:
+def fit_check(cfg: TrainConfig, lev: dict, steps: int | None) -> dict:
     """The fit check of preflight (``ray.fit_check``): the target's train step compiled for the profile's
     slice (cached, else compiled here, ~1 min for Qwen3-8B), refused in one line naming HBM and the knobs
     (PreflightError) when it does not fit or does not compile, before anything is submitted. Without
     libtpu, or switched off, it says so in one line and goes on: the summary, or ``{"skipped": why}``."""
     from ..fit import check as fit
 
-    ray = ray_settings(plan.cfg)
+    ray = ray_settings(cfg.workflow)
     if not ray.get("fit_check", True):
         log.info("fit check off (ray.fit_check: false)")
         return {"skipped": "ray.fit_check: false"}
     try:
-        summary = fit.check(plan, target, lev, steps)
+        summary = fit.check(cfg, lev, steps)
     except fit.LibtpuMissing as e:
         log.warning("fit check skipped: %s", e)
         return {"skipped": str(e)}
@@ -233,13 +234,13 @@ def fit_check(plan: Plan, target: str, lev: dict, steps: int | None) -> dict:
     return summary
 
 
-def fit_or_raise(plan: Plan, target: str, lev: dict) -> dict | None:
+def fit_or_raise(cfg: TrainConfig, lev: dict) -> dict | None:
     """:func:`fit_check` as the train rule runs it before submitting (the compile is cached by then: rule
     ``check_fit`` ran it while the data rules ran); the summary goes into the run's provenance."""
-    summary = fit_check(plan, target, lev, int(lev["trainer"]["num_train_steps"]))
+    summary = fit_check(cfg, lev, int(lev["trainer"]["num_train_steps"]))
     if "skipped" in summary:
         return None
-    run_dir = storage.absolute(plan.target(target)["run"].location)
+    run_dir = storage.absolute(cfg.run.location)
     io.write_bytes(join(run_dir, "provenance", "fit.json"), json.dumps(summary, indent=2, sort_keys=True).encode())
     return summary
 
@@ -312,11 +313,13 @@ def driver_command(cfg_url: str, run_dir: str, ray: dict, attempt: int) -> tuple
     return " ".join(parts), " ".join(p for p in parts if not p.startswith("--attempt "))
 
 
-def train_on_ray(plan: Plan, target: str, lev: dict, paths: dict, attempt: int) -> dict:
-    cfg = plan.cfg
+def train_on_ray(train: TrainConfig, lev: dict, attempt: int) -> dict:
+    """One attempt of ``train``'s run as a Ray job (submitted, or re-attached to): preflight, the fit check, then
+    the job followed to its end; its result (``training_result.json``)."""
+    cfg = train.workflow
     ray = ray_settings(cfg)
     check_or_raise(cfg)
-    run = paths["run"]
+    run = train.run
     run_dir = storage.absolute(run.location)
     refuse_foreign_paths(cfg, job_paths(run_dir, lev))  # instant: before the fit check's compile
     renv = runtime_env(cfg)
@@ -324,11 +327,11 @@ def train_on_ray(plan: Plan, target: str, lev: dict, paths: dict, attempt: int) 
     if prior and prior.get("fingerprint") == _setup_fingerprint(ray["address"], renv):
         # Snakemake's retry of a configuration error: the same answer, nothing submitted
         raise JobEnvironmentError(setup_failure.line(prior, repeated=True))
-    fit_or_raise(plan, target, lev)
+    fit_or_raise(train, lev)
     cfg_url = join(run_dir, "levanter_config.json")
     io.write_bytes(cfg_url, json.dumps(lev, indent=2, sort_keys=True).encode())
     entrypoint, identity = driver_command(cfg_url, run_dir, ray, attempt)
-    metadata = {"trajsft_target": target, "trajsft_run": run.name, "trajsft_cluster": str(ray.get("cluster", "")),
+    metadata = {"trajsft_target": train.target, "trajsft_run": run.name, "trajsft_cluster": str(ray.get("cluster", "")),
                 "trajsft_run_dir": run_dir}
     log.info("submitting %s to Ray cluster %s (%s)", run.name, ray.get("cluster", ""), ray["address"])
 
@@ -340,7 +343,7 @@ def train_on_ray(plan: Plan, target: str, lev: dict, paths: dict, attempt: int) 
 
     try:
         res = run_job.run_job(
-            ray["address"], entrypoint, run.hash, paths["log"], identity=identity,
+            ray["address"], entrypoint, run.hash, train.log, identity=identity,
             runtime_env=renv,
             entrypoint_resources=None,  # the driver runs on a CPU node; it schedules the slice itself
             metadata=metadata,

@@ -51,6 +51,8 @@ from collections import Counter
 from functools import lru_cache
 from typing import Any
 
+from ..plan.step_configs import ExportConfig
+
 # dataset_info.json "tags" (LLaMA-Factory's sharegpt defaults, spelled out)
 LF_TAGS = {
     "role_tag": "from", "content_tag": "value", "user_tag": "human", "assistant_tag": "gpt",
@@ -365,8 +367,8 @@ def train_args(dataset_dir: str, datasets: list[str], eval_datasets: list[str], 
     return args
 
 
-def export(plan, target: str) -> dict:
-    """Write ``messages/<teacher>/`` and ``llamafactory/`` under the export's location, each with
+def export(cfg: ExportConfig) -> dict:
+    """Write ``messages/<teacher>/`` and ``llamafactory/`` under ``cfg.location``, each with
     the files that tell its trainer how to train it (TRL's template + SFTConfig, LLaMA-Factory's
     training arguments)."""
     import logging
@@ -380,20 +382,19 @@ def export(plan, target: str) -> dict:
     from .template import load_template
 
     log = logging.getLogger("trajsft")
-    art = plan.target(target)["export"]
-    out = art.location
+    target, out = cfg.target, cfg.location
     if not is_remote(out) and Path(out).exists():
         shutil.rmtree(out)  # leftovers of a killed export of the same hash
     info: dict[str, str] = {}
     teachers, events, skipped, lossy_rows, lf_files, msg_files = {}, Counter(), [], [], {}, {}
     args_as_string = 0
-    for teacher, shards_name in sorted(art.spec["shards"].items()):
-        shards = plan.get("shards", shards_name)
-        files = _shard_files(shards.location)
-        entry = {"shards": shards_name, "weight": art.spec["weights"][teacher], "messages_rows": {}, "llamafactory_rows": {},
+    for teacher, shards_name in sorted(cfg.shards.items()):
+        shards_location = cfg.shard_locations[teacher]
+        files = _shard_files(shards_location)
+        entry = {"shards": shards_name, "weight": cfg.weights[teacher], "messages_rows": {}, "llamafactory_rows": {},
                  "llamafactory_rows_exact": {}, "skipped": {}}
         for split, fnames in sorted(files.items()):
-            recs = _read_split(shards.location, fnames)
+            recs = _read_split(shards_location, fnames)
             msg_rows = [messages_row(r) for r in recs]
             args_as_string += sum(n for _, n in msg_rows)
             msg_files[f"{teacher}/{split}"] = [f"messages/{teacher}/{f}" for f in
@@ -411,7 +412,7 @@ def export(plan, target: str) -> dict:
             events.update(ev)
         teachers[teacher] = entry
     weights = {t: e["weight"] for t, e in teachers.items()}
-    seq_len, model = art.spec["seq_len"], art.spec.get("model")
+    seq_len, model = cfg.seq_len, cfg.model
     lf_out = f"{out}/llamafactory"
     args = train_args(lf_out if is_remote(lf_out) else str(Path(lf_out).resolve()), sorted(weights),
                       [f"{t}_validation" for t in sorted(weights) if f"{t}_validation" in info], seq_len, model, weights)

@@ -7,7 +7,7 @@ import os
 
 from ..errors import DataError
 from ..io import is_remote, join
-from ..plan.config import Plan
+from ..plan.config import Artifact
 from ..plan.step_configs import TokenizeConfig
 from . import cache as data_cache, template
 
@@ -18,9 +18,9 @@ log = logging.getLogger("trajsft")
 LENGTH_THRESHOLDS = (1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
 
 
-def cache_dir(plan: Plan, tokenized_name: str) -> str:
-    loc = plan.get("tokenized", tokenized_name).location
-    return join(loc if is_remote(loc) else os.path.abspath(loc), "cache")
+def cache_dir(location: str) -> str:
+    """``<location>/cache``, a local location made absolute (train_lm runs in the run dir)."""
+    return join(location if is_remote(location) else os.path.abspath(location), "cache")
 
 
 def length_shares(lengths: list[int]) -> dict:
@@ -117,10 +117,10 @@ def tokenize(cfg: TokenizeConfig) -> dict:
             "packing": report, "stats": stats}
 
 
-def tokenized_cache_dir(plan: Plan, tokenized_name: str) -> str:
+def tokenized_cache_dir(tokenized: Artifact) -> str:
     """The cache training reads: the tokenized manifest's ``cache_dir`` (``cache`` or
     ``cache-packed``; older manifests: ``cache-windowed``), else ``<location>/cache``."""
     try:
-        return plan.get("tokenized", tokenized_name).read_manifest()["cache_dir"]
+        return tokenized.read_manifest()["cache_dir"]
     except (DataError, KeyError):
-        return cache_dir(plan, tokenized_name)
+        return cache_dir(tokenized.location)

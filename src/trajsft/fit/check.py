@@ -30,7 +30,7 @@ from typing import Optional
 from .. import io
 from ..errors import DataError
 from ..plan import hashing
-from ..plan.config import STATE_DIR, Plan
+from ..plan.step_configs import TrainConfig
 from . import facts, flops, slices
 
 log = logging.getLogger("trajsft")
@@ -75,18 +75,18 @@ class Setting:
     batch_size: int
 
 
-def tpu_type_of(plan: Plan, override: Optional[str] = None) -> str:
-    t = override or ((plan.cfg.get("ray") or {}).get("tpu_type"))
+def tpu_type_of(cfg: TrainConfig, override: Optional[str] = None) -> str:
+    t = override or ((cfg.workflow.get("ray") or {}).get("tpu_type"))
     if not t:
         raise DataError("fit needs a TPU slice: use a TPU profile (--profile tpu-east5) or --tpu-type v5p-32")
     slices.parse(t)
     return t
 
 
-def vocab_size(plan: Plan, target: str) -> int:
+def vocab_size(cfg: TrainConfig) -> int:
     """``len(tokenizer)`` as ``train_lm`` computes it: from a local tokenizer dir, else the student's
     ``vocab_size`` fact in the config (a Hub tokenizer is not downloaded for the check)."""
-    st = plan.specs.targets[target].student
+    st = cfg.spec.student
     if st.tokenizer.local is not None:
         tj = os.path.join(st.tokenizer.local, "tokenizer.json")
         if os.path.exists(tj):  # len(tokenizer) of a fast tokenizer, without importing transformers
@@ -102,51 +102,50 @@ def vocab_size(plan: Plan, target: str) -> int:
                     "the fit check does not download the tokenizer")
 
 
-def levanter_request(plan: Plan, setting: Setting, lev: dict) -> dict:
+def levanter_request(cfg: TrainConfig, setting: Setting, lev: dict) -> dict:
     """The compile request: the train rule's train_lm config ``lev`` for a TPU (``accelerator: tpu``; from
     :func:`trajsft.train.target.train_lm_config_for`) at the setting's batch size, and the slice."""
     lev = copy.deepcopy(lev)
     lev["trainer"]["train_batch_size"] = int(setting.batch_size)
     sl = slices.parse(setting.tpu_type)
-    return {"levanter": lev, "topology": sl.topology, "vocab_size": vocab_size(plan, setting.target),
+    return {"levanter": lev, "topology": sl.topology, "vocab_size": vocab_size(cfg),
             "attn_backend": TPU_ATTENTION}
 
 
-def key(plan: Plan, setting: Setting, v: dict) -> str:
-    run = plan.target(setting.target)["run"]
+def key(cfg: TrainConfig, setting: Setting, v: dict) -> str:
+    run = cfg.run
     return hashing.short({"format": FORMAT, "run": run.inputs, "tpu_type": setting.tpu_type,
                           "topology": slices.parse(setting.tpu_type).topology, "batch_size": setting.batch_size,
                           "attn_backend": TPU_ATTENTION, "versions": v})
 
 
-def result_path(plan: Plan, setting: Setting, v: dict) -> Path:
-    suffix = "" if setting.batch_size == _batch(plan, setting.target) else f"-b{setting.batch_size}"
-    return Path(plan.state_dir or STATE_DIR, "fit", setting.target,
-                f"{setting.tpu_type}{suffix}-{key(plan, setting, v)}.json")
+def result_path(cfg: TrainConfig, setting: Setting, v: dict) -> Path:
+    suffix = "" if setting.batch_size == _batch(cfg) else f"-b{setting.batch_size}"
+    return Path(cfg.results, "fit", setting.target, f"{setting.tpu_type}{suffix}-{key(cfg, setting, v)}.json")
 
 
-def _batch(plan: Plan, target: str) -> int:
-    return int(plan.specs.targets[target].training.batch_size)
+def _batch(cfg: TrainConfig) -> int:
+    return int(cfg.spec.training.batch_size)
 
 
-def cached(plan: Plan, target: str, tpu_type: Optional[str] = None) -> Optional[dict]:
+def cached(cfg: TrainConfig, tpu_type: Optional[str] = None) -> Optional[dict]:
     """The cached compile of a target's own settings on its slice, or None (no compile, no libtpu needed)."""
     try:
-        setting = Setting(target, tpu_type_of(plan, tpu_type), _batch(plan, target))
-        path = result_path(plan, setting, versions())
+        setting = Setting(cfg.target, tpu_type_of(cfg, tpu_type), _batch(cfg))
+        path = result_path(cfg, setting, versions())
     except (DataError, ValueError):
         return None
     return _read(path) or _read(shared_cache(path.stem))
 
 
-def cached_summary(plan: Plan, target: str, steps: Optional[int], tpu_type: Optional[str] = None) -> Optional[dict]:
+def cached_summary(cfg: TrainConfig, steps: Optional[int], tpu_type: Optional[str] = None) -> Optional[dict]:
     """The summary of the cached compile of a target on its slice (None: not checked yet, or no slice);
     ``steps``: the run's step count when known (``trajsft.train.target.explain``)."""
-    raw = cached(plan, target, tpu_type)
+    raw = cached(cfg, tpu_type)
     if raw is None:
         return None
     raw["cached"] = True
-    return summarize(plan, target, raw, steps)
+    return summarize(cfg, raw, steps)
 
 
 def short(s: Optional[dict], tpu_type: Optional[str] = None) -> str:
@@ -178,10 +177,10 @@ def _read(path: Path) -> Optional[dict]:
         return None
 
 
-def compile_setting(plan: Plan, setting: Setting, lev: dict, *, log_path: Optional[Path] = None) -> dict:
+def compile_setting(cfg: TrainConfig, setting: Setting, lev: dict, *, log_path: Optional[Path] = None) -> dict:
     """The compiler's figures for one setting: read from the cache, else compiled in a child and cached."""
     v = require_libtpu()
-    path = result_path(plan, setting, v)
+    path = result_path(cfg, setting, v)
     shared = shared_cache(path.stem)
     for src in (path, shared):
         out = _read(src)
@@ -190,7 +189,7 @@ def compile_setting(plan: Plan, setting: Setting, lev: dict, *, log_path: Option
                 io.write_json(path, out)
             out["cached"] = True
             return out
-    req = levanter_request(plan, setting, lev)
+    req = levanter_request(cfg, setting, lev)
     path.parent.mkdir(parents=True, exist_ok=True)
     log_path = log_path or path.with_suffix(".log")
     t0 = time.time()
@@ -228,13 +227,13 @@ def fits(raw: dict, sl: slices.Slice) -> bool:
     return bool(raw.get("ok")) and raw["hbm_per_chip"]["peak_bytes"] <= sl.hbm_bytes_per_device
 
 
-def data_stats(plan: Plan, target: str) -> dict:
+def data_stats(cfg: TrainConfig) -> dict:
     """Non-pad share of the packed sequences (weighted by the target's teachers), when tokenized."""
-    spec = plan.target(target)["run"].spec
+    spec = cfg.run.spec
     share, known = 0.0, True
-    for teacher, tok in spec["tokenized"].items():
+    for teacher, tok in cfg.tokenized.items():
         try:
-            tr = (plan.get("tokenized", tok).read_manifest().get("stats") or {}).get("train") or {}
+            tr = (tok.read_manifest().get("stats") or {}).get("train") or {}
         except DataError:
             known = False
             continue
@@ -245,14 +244,14 @@ def data_stats(plan: Plan, target: str) -> dict:
     return {"non_pad_share": share if known else None}
 
 
-def summarize(plan: Plan, target: str, raw: dict, steps: Optional[int] = None, mfu: float = DEFAULT_MFU) -> dict:
+def summarize(cfg: TrainConfig, raw: dict, steps: Optional[int] = None, mfu: float = DEFAULT_MFU) -> dict:
     """The user's figures of one compile: fit, HBM, FLOPs, time and, with ``steps``, the cost of the whole run."""
     sl = slices.parse(raw["tpu_type"])
-    ts = plan.specs.targets[target]
+    ts = cfg.spec
     dims = ts.student.model.dims()
     seq, batch = int(ts.training.seq_len), int(raw["batch_size"])
     tokens = seq * batch
-    out: dict = {"target": target, "run": plan.target(target)["run"].name, "tpu_type": sl.tpu_type,
+    out: dict = {"target": cfg.target, "run": cfg.run.name, "tpu_type": sl.tpu_type,
                  "topology": sl.topology, "devices": sl.devices, "hosts": sl.hosts, "batch_size": batch,
                  "seq_len": seq, "fits": fits(raw, sl), "compiled": bool(raw.get("ok"))}
     limit = sl.hbm_bytes_per_device
@@ -275,10 +274,10 @@ def summarize(plan: Plan, target: str, raw: dict, steps: Optional[int] = None, m
                flops_count="levanter lm_flops_per_token x 3 (full attention, as its throughput/mfu)",
                model_flops_per_step_causal=flops.train_flops_per_token(dims, vocab, seq, True) * tokens,
                xla_flops_per_device_scan_body_once=raw.get("xla_flops_per_device"))
-    stats = data_stats(plan, target)
+    stats = data_stats(cfg)
     out["non_pad_tokens_per_step"] = None if stats["non_pad_share"] is None else round(tokens * stats["non_pad_share"])
     step_s = step_flops / (sl.peak_flops * mfu)
-    steps = steps if batch == _batch(plan, target) else None  # another batch: another step count
+    steps = steps if batch == _batch(cfg) else None  # another batch: another step count
     out.update(mfu_assumed=mfu, peak_bf16_flops_per_chip=sl.family.peak_bf16_flops, step_seconds_estimate=step_s,
                steps=steps)
     if steps is not None:
@@ -324,7 +323,7 @@ def refusal(s: dict, suggestion: Optional[dict] = None) -> str:
     return line
 
 
-def suggest(plan: Plan, target: str, s: dict, lev: dict, *, max_compiles: int = 3) -> dict:
+def suggest(cfg: TrainConfig, s: dict, lev: dict, *, max_compiles: int = 3) -> dict:
     """What would fit, in a few bounded compiles: the largest halved batch that still gives every chip a
     sequence, else the smallest of the next two larger slices of the family whose chips divide the batch
     (Levanter shards the batch over every chip; a slice that cannot take it is skipped without compiling)."""
@@ -334,7 +333,7 @@ def suggest(plan: Plan, target: str, s: dict, lev: dict, *, max_compiles: int = 
     b = s["batch_size"] // 2
     while budget > 0 and b >= sl.devices and b % sl.devices == 0:
         budget -= 1
-        r = summarize(plan, target, compile_setting(plan, Setting(target, s["tpu_type"], b), lev))
+        r = summarize(cfg, compile_setting(cfg, Setting(cfg.target, s["tpu_type"], b), lev))
         out["tried"].append(f"batch_size {b}")
         if r["fits"]:
             out.update(batch_size=b, batch_hbm_used_gib=r["hbm_used_gib"])
@@ -346,7 +345,7 @@ def suggest(plan: Plan, target: str, s: dict, lev: dict, *, max_compiles: int = 
         if s["batch_size"] % slices.parse(bigger).devices:
             continue
         budget -= 1
-        r = summarize(plan, target, compile_setting(plan, Setting(target, bigger, s["batch_size"]), lev))
+        r = summarize(cfg, compile_setting(cfg, Setting(cfg.target, bigger, s["batch_size"]), lev))
         out["tried"].append(bigger)
         if r["fits"]:
             out.update(tpu_type=bigger, slice_hbm_used_gib=r["hbm_used_gib"])
@@ -354,7 +353,7 @@ def suggest(plan: Plan, target: str, s: dict, lev: dict, *, max_compiles: int = 
     return out
 
 
-def check(plan: Plan, target: str, lev: dict, steps: Optional[int], *, tpu_type: Optional[str] = None,
+def check(cfg: TrainConfig, lev: dict, steps: Optional[int], *, tpu_type: Optional[str] = None,
           mfu: Optional[float] = None, suggest_on_failure: bool = True) -> dict:
     """Compile (or read back) the target's step on its slice; the summary, with ``suggestion`` when it does not fit.
 
@@ -364,14 +363,13 @@ def check(plan: Plan, target: str, lev: dict, steps: Optional[int], *, tpu_type:
     mfu = DEFAULT_MFU if mfu is None else float(mfu)
     if not 0 < mfu <= 1:
         raise ValueError(f"--mfu {mfu}: a fraction in (0, 1]")
-    t = tpu_type_of(plan, tpu_type)
-    model = plan.model(target)
-    hf_check = facts.check(plan.specs.targets[target].student, snapshot=model and model.location)
-    raw = compile_setting(plan, Setting(target, t, _batch(plan, target)), lev)
-    s = summarize(plan, target, raw, steps, mfu)
+    t = tpu_type_of(cfg, tpu_type)
+    hf_check = facts.check(cfg.spec.student, snapshot=cfg.model and cfg.model.location)
+    raw = compile_setting(cfg, Setting(cfg.target, t, _batch(cfg)), lev)
+    s = summarize(cfg, raw, steps, mfu)
     s["hf_config_check"] = hf_check
     if not s["fits"] and suggest_on_failure and s.get("hbm_used_gib") is not None:
-        s["suggestion"] = suggest(plan, target, s, lev)
+        s["suggestion"] = suggest(cfg, s, lev)
     return s
 
 

@@ -10,6 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from ..plan import config as C
+from ..plan.step_configs import TrainConfig
 from ..runtime import provenance
 from .. import io
 from .status_row import (  # noqa: F401  (classify, render, slice_summary ... stay importable from here)
@@ -64,54 +65,52 @@ def _jobs(address: str, content_hash: str) -> tuple[tuple[Job, ...], str | None]
     return tuple(Job(j["submission_id"], j["attempt"], j["status"], j["message"]) for j in jobs), None
 
 
-def _training_facts(plan: C.Plan, target: str, p: dict, query_ray: bool, attempts: tuple[dict, ...],
-                    run_dir_readable: bool = True) -> dict:
+def _training_facts(tc: TrainConfig, query_ray: bool, attempts: tuple[dict, ...], run_dir_readable: bool = True) -> dict:
     """The facts of a run that is not finished: data, progress, Ray jobs, the newest attempt, the launcher.
     Nothing is read from the run dir when its bucket did not answer (``run_dir_readable``)."""
     from ..cluster import setup_failure
     from ..train import metrics
 
-    run_dir = p["run_dir"]
+    run_dir, cfg = tc.run.location, tc.workflow
     lev = (_read_json(io.join(run_dir, "levanter_config.json")) or (
         _read_json(io.join(run_dir, "provenance", "config.json")) or {}).get("levanter")) if run_dir_readable else None
-    ray_cfg = plan.cfg.get("ray") or {}
+    ray_cfg = cfg.get("ray") or {}
     jobs, err = ((), None)
-    if plan.cfg["executor"] == "ray" and query_ray and ray_cfg.get("address"):
-        jobs, err = _jobs(ray_cfg["address"], p["run"].hash)
+    if cfg["executor"] == "ray" and query_ray and ray_cfg.get("address"):
+        jobs, err = _jobs(ray_cfg["address"], tc.run.hash)
     last = attempts[-1] if attempts else {}
-    launcher = Path(p["state_dir"], "launcher.log")
+    launcher = Path(tc.state_dir, "launcher.log")
     return {
-        "data_ready": all(Path(a.manifest).exists() for a in plan.target(target)["tokenized"]),
+        "data_ready": all(Path(a.manifest).exists() for a in tc.tokenized.values()),
         "steps_total": lev["trainer"]["num_train_steps"] if lev else None,
-        "metrics": metrics.read_metrics(p["log"])["steps"],
+        "metrics": metrics.read_metrics(tc.log)["steps"],
         "hf_export": _latest_hf_export(run_dir) if run_dir_readable else None,
-        "log_tail": "\n".join(io.tail(p["log"], 60)),
+        "log_tail": "\n".join(io.tail(tc.log, 60)),
         "jobs": jobs, "cluster_error": err,
         "attempt_alive": last.get("outcome") == "running" and provenance.attempt_alive(last),
         "launcher_tail": tuple(io.tail(launcher, 20)) if launcher.exists() else (),
-        "config_failure": setup_failure.read(run_dir) if plan.cfg["executor"] == "ray" and run_dir_readable else None,
+        "config_failure": setup_failure.read(run_dir) if cfg["executor"] == "ray" and run_dir_readable else None,
     }
 
 
-def gather(plan: C.Plan, target: str, query_ray: bool = True) -> Facts:
-    """Everything status needs to know about ``target``, reading only what its state needs: nothing
+def gather(tc: TrainConfig, query_ray: bool = True) -> Facts:
+    """Everything status needs to know about ``tc.target``, reading only what its state needs: nothing
     about training for a finished run, the resume checkpoint only for a resumable state."""
     from .. import storage
-    from ..train.target import run_paths, run_wandb_url, wandb_url
+    from ..train.target import run_wandb_url, wandb_url
 
-    p = run_paths(plan, target)
-    run, run_dir = p["run"], p["run_dir"]
+    target, cfg, run, run_dir = tc.target, tc.workflow, tc.run, tc.run.location
     # a bucket that does not answer is said in the row, at once: gcsfs would retry it for about a minute
     readable = storage.reachable(run_dir)
-    storage_error = None if readable else f"storage root {plan.cfg['storage_root']} did not answer (no network, DNS or the endpoint down)"
-    ray_cfg = plan.cfg.get("ray") or {}
+    storage_error = None if readable else f"storage root {cfg['storage_root']} did not answer (no network, DNS or the endpoint down)"
+    ray_cfg = cfg.get("ray") or {}
     done = _read_json(C.Plan.done_path(target)) if Path(C.Plan.done_path(target)).exists() else None
     facts = Facts(
         target=target, hash=run.hash, run=run.name,
-        cluster=ray_cfg.get("cluster", "ray") if plan.cfg["executor"] == "ray" else "local",
-        checkpoint_dir=run_dir, log=p["log"], wandb_url=wandb_url(plan.cfg, run.hash),
+        cluster=ray_cfg.get("cluster", "ray") if cfg["executor"] == "ray" else "local",
+        checkpoint_dir=run_dir, log=tc.log, wandb_url=wandb_url(cfg, run.hash),
         done=done if isinstance(done, dict) else None,
-        kept=_read_json(str(Path(p["state_dir"], "manifest.json"))),
+        kept=_read_json(str(Path(tc.state_dir, "manifest.json"))),
         manifests=tuple(_read_json(str(m)) for m in Path(C.STATE_DIR, "checkpoints").glob(f"{target}-*/manifest.json")),
         storage_error=storage_error,
     )
@@ -120,13 +119,13 @@ def gather(plan: C.Plan, target: str, query_ray: bool = True) -> Facts:
             facts = replace(facts, attempts=tuple(provenance.read_attempts(run_dir)) if io.exists(run_dir) else ())
         except Exception as e:  # noqa: BLE001 - a bucket that refuses us (401/403...): said in the row, not raised
             readable = False
-            facts = replace(facts, storage_error=f"storage root {plan.cfg['storage_root']} refused the request: "
+            facts = replace(facts, storage_error=f"storage root {cfg['storage_root']} refused the request: "
                                                  f"{' '.join(str(e).split())[:200]}")
     if finish_record(facts) is not None:
         return facts
-    if readable and plan.cfg["wandb"]["mode"] == "online":  # the run's page as W&B named it, once it started
-        facts = replace(facts, wandb_url=run_wandb_url(plan.cfg, run.hash, run_dir))
-    facts = replace(facts, **_training_facts(plan, target, p, query_ray, facts.attempts, readable))
+    if readable and cfg["wandb"]["mode"] == "online":  # the run's page as W&B named it, once it started
+        facts = replace(facts, wandb_url=run_wandb_url(cfg, run.hash, run_dir))
+    facts = replace(facts, **_training_facts(tc, query_ray, facts.attempts, readable))
     if readable and needs_resume_point(facts):
         from ..train.checkpoints import latest_checkpoint  # the one Levanter resumes from (no jax import)
 
@@ -135,14 +134,15 @@ def gather(plan: C.Plan, target: str, query_ray: bool = True) -> Facts:
     return facts
 
 
-def target_status(plan: C.Plan, target: str, query_ray: bool = True) -> dict:
-    r = row(gather(plan, target, query_ray))
-    tpu_type = (plan.cfg.get("ray") or {}).get("tpu_type")
-    if plan.cfg["executor"] == "ray" and tpu_type:  # the cached fit check of the profile's slice (trajsft fit)
+def target_status(tc: TrainConfig, query_ray: bool = True) -> dict:
+    """``tc.target``'s row of ``trajsft status``."""
+    r = row(gather(tc, query_ray))
+    tpu_type = (tc.workflow.get("ray") or {}).get("tpu_type")
+    if tc.executor == "ray" and tpu_type:  # the cached fit check of the profile's slice (trajsft fit)
         from ..fit import check as fit
         from ..train.target import explain
 
-        r["fit"] = fit.short(fit.cached_summary(plan, target, explain(plan, target)["steps"]), tpu_type)
+        r["fit"] = fit.short(fit.cached_summary(tc, explain(tc)["steps"]), tpu_type)
     return r
 
 

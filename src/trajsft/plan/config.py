@@ -349,11 +349,6 @@ class Plan:
         return self._add("models", f"{readable}-{h}", h, inputs,
                          spec={"ref": ref.ref, "revision": ref.revision, "local": ref.local})
 
-    def model(self, target: str) -> Artifact | None:
-        """The initial weights artifact of a target's run (None: a random-init student)."""
-        name = self.target(target)["run"].spec.get("model")
-        return self.artifacts[("models", name)] if name else None
-
     def _raw(self, teacher: str) -> Artifact:
         t = self.cfg["teachers"][teacher]
         inputs = {"format": KINDS["raw"].format, **self.specs.teachers[teacher].identity("raw")}

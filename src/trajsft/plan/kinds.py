@@ -31,15 +31,15 @@ class Kind:
     rule: str  # the Snakemake rule that writes an artifact of this kind, and the name of its job's step
     format: int  # hashed into every artifact of the kind: bump it when what a payload holds changes
     function: str  # "module:function" that the rule job runs (it imports that module only)
-    # the step's typed config (trajsft.plan.step_configs), resolved where the job starts; its function then takes
-    # that config alone. None: the function takes (plan, name)
-    config: str | None = None  # "module:function", (plan, name) -> the config
+    # the step's typed config (trajsft.plan.step_configs), resolved where the job starts: its function takes that
+    # config, built by hand in a test
+    config: str  # "module:function", (plan, name) -> the config
     downstream: tuple[str, ...] = ()  # the kinds built from it, directly or not
     # settings that are not hashed but must match for a built payload to be reused (the rule's params rerun
     # triggers): name -> its value from the artifact's spec
     checked: Mapping[str, Callable[[dict], Any]] = field(default_factory=dict)
     sealed: tuple[str, ...] | None = None  # what the payload's seal covers (prefixes), None: every object
-    # one artifact per target, held under this key of the target's record (``plan.target(name)[of_target]``),
+    # one artifact per target, held under this key of the target's record (``Plan.targets[name][of_target]``),
     # not one per content shared by targets
     of_target: str | None = None
     resources: Resources = Resources()  # the rule job's threads and memory on this machine
@@ -49,10 +49,13 @@ class Kind:
     def checked_settings(self, spec: Mapping) -> dict:
         return {k: value(spec) for k, value in self.checked.items()}
 
+    def resolve(self, plan, name: str) -> Any:
+        """The typed config of the step that writes artifact ``name`` (of a target's: the target's name)."""
+        return function(self.config)(plan, name)
+
     def run(self, plan, name: str) -> Any:
-        """The step on one artifact: its function given its typed config (or ``(plan, name)``)."""
-        fn = self.step_function()
-        return fn(function(self.config)(plan, name)) if self.config else fn(plan, name)
+        """The step on one artifact, given its typed config."""
+        return self.step_function()(self.resolve(plan, name))
 
     def step_function(self) -> Callable[..., Any]:
         return function(self.function)
@@ -77,15 +80,18 @@ REGISTRY = (
          config="trajsft.plan.step_configs:tokenize",
          downstream=("checkpoints",), resources=Resources(threads=2, mem_mb=8000)),  # tokenizer workers share the cores
     Kind("models", rule="download_model", format=1, function="trajsft.train.model_snapshot:download_model",
+         config="trajsft.plan.step_configs:download_model",
          downstream=("checkpoints",), resources=Resources(threads=1, mem_mb=4000)),  # network-bound: safetensors
     # a training run's seal covers its weights only (trainer checkpoints, HF exports): its records (attempts,
     # provenance, result, logs) change with every attempt and are written again where it runs
     Kind("checkpoints", rule="train", format=1, function="trajsft.train.target:train",
+         config="trajsft.plan.step_configs:train",
          sealed=("checkpoints/", "hf/"), of_target="run",
          # Levanter on this machine's CPUs, or, on a Ray profile, a light submitter that follows the job (so that
          # every target of a `--cores 4` profile can be submitted at once)
          resources=Resources(threads=2, mem_mb=16000), on_cluster=Resources(threads=1, mem_mb=1000)),
     Kind("exports", rule="export", format=2, function="trajsft.data.export:export", of_target="export",
+         config="trajsft.plan.step_configs:export",
          resources=Resources(threads=1, mem_mb=4000)),
 )
 KINDS: dict[str, Kind] = {k.name: k for k in REGISTRY}

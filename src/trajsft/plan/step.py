@@ -31,16 +31,7 @@ class Step:
     step: str
     name: str
     plan: Plan
-
-    @property
-    def artifact(self) -> Artifact | None:
-        """The artifact this step writes (check_fit and eval_matrix write a summary and the matrix: no artifact)."""
-        kind = BY_RULE.get(self.step)
-        if kind is None:
-            return None
-        if kind.of_target:
-            return self.plan.target(self.name)[kind.of_target]
-        return self.plan.get(kind.name, self.name)
+    artifact: Artifact | None  # what it writes (check_fit and eval_matrix write a summary and the matrix: none)
 
 
 def resolve(plan: Plan, step: str, name: str = "") -> Step:
@@ -49,16 +40,19 @@ def resolve(plan: Plan, step: str, name: str = "") -> Step:
         raise ValueError(f"unknown step {step!r} (steps: {', '.join(STEPS)})")
     cells = {}
     kind = BY_RULE.get(step)
+    artifact = None
     if step == "check_fit" or (kind and kind.of_target):  # check_fit reads what its target's run would
         target = plan.target(name)
         targets = {name: target}
         roots = [target[kind.of_target if kind else "run"]]
+        artifact = roots[0] if kind else None
     elif step == "eval_matrix":
         targets = {r: plan.target(r) for r in plan.eval_rows()}
         cells = dict(plan.eval_cells)
         roots = [t["run"] for t in targets.values()] + list(cells.values())
     else:
-        targets, roots = {}, [plan.get(kind.name, name)]
+        artifact = plan.get(kind.name, name)
+        targets, roots = {}, [artifact]
     keep: dict = {}
 
     def visit(a):
@@ -71,4 +65,4 @@ def resolve(plan: Plan, step: str, name: str = "") -> Step:
         visit(a)
     sub = copy.copy(plan)
     sub.artifacts, sub.targets, sub.eval_cells = keep, targets, cells
-    return Step(step=step, name=name, plan=sub)
+    return Step(step=step, name=name, plan=sub, artifact=artifact)

@@ -1,8 +1,11 @@
 """Each step's typed config, resolved from the plan where the rule job starts: the step function reads this and
 nothing else of the plan, so a test can build one by hand and run the step alone (as marin hands each step its
-resolved config). A kind's record names its resolver (:attr:`trajsft.plan.kinds.Kind.config`).
+resolved config). A kind's record names its resolver (:attr:`trajsft.plan.kinds.Kind.config`); rule check_fit
+runs on its target's :class:`TrainConfig`.
 
-The data steps have theirs (download, shard, tokenize); the later steps still take ``(plan, name)``.
+With :mod:`trajsft.plan.step` (a rule job's sub-plan), the only module that looks a target up in the plan
+(``Plan.target``): everything else about a target (the CLI, status, the report, the fit check) reads its
+:class:`TrainConfig` or :class:`ExportConfig`.
 """
 
 from __future__ import annotations
@@ -12,7 +15,8 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ..io import is_remote
-from .config import STATE_DIR, Plan
+from .config import STATE_DIR, Artifact, Plan
+from .specs import TargetSpec
 
 STAGING = ".staging"  # <storage_root>/raw/.staging/<raw name>.<pid>-<start>: a download in progress
 
@@ -85,3 +89,83 @@ def tokenize(plan: Plan, name: str) -> TokenizeConfig:
     return TokenizeConfig(name=art.name, teacher=spec["teacher"], tokenizer=spec["tokenizer"],
                           seq_len=int(spec["seq_len"]), long_chats=spec["long_chats"], shards_location=shards.location,
                           shard_files=dict(shards.read_manifest()["files"]), location=art.location)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """A student's initial weights (``init: hf``) at its pinned revision, to ``location`` (``models/<name>``)."""
+
+    name: str
+    ref: str  # a Hub id, or the local directory's path as the config gives it
+    revision: str | None
+    local: str | None  # the checkpoint as a local directory, else None (the Hub)
+    location: str
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """One target's training run, to ``run.location`` (``checkpoints/<run name>``); also what the fit check,
+    ``status``, ``plan`` and the report read of a target."""
+
+    target: str
+    spec: TargetSpec  # its student, training settings and teacher weights (typed)
+    run: Artifact  # the run: its hash is the W&B, trainer and Ray job id; spec holds the plain settings
+    tokenized: Mapping[str, Artifact]  # teacher -> its tokenized data (manifests are read when the job runs)
+    model: Artifact | None  # the initial weights' snapshot (init: hf), else None (random init)
+    workflow: Mapping[str, Any]  # the validated workflow config: executor, checkpointing, wandb, ray, storage root
+    base_dir: Path  # what the config's relative paths are relative to
+    results: str  # the local results directory (the plan's state dir): fit summaries go under it
+
+    @property
+    def state_dir(self) -> str:
+        """The run's local records (its log, the kept manifest), under results/checkpoints/."""
+        return str(Path(STATE_DIR, "checkpoints", self.run.name))
+
+    @property
+    def log(self) -> str:
+        return str(Path(self.state_dir, "train.log"))
+
+    @property
+    def executor(self) -> str:
+        return self.workflow["executor"]
+
+
+@dataclass(frozen=True)
+class ExportConfig:
+    """One target's shards for other trainers (TRL, LLaMA-Factory), to ``location`` (``exports/<name>``)."""
+
+    target: str
+    name: str
+    location: str
+    weights: Mapping[str, float]  # teacher -> its share
+    shards: Mapping[str, str]  # teacher -> its shard set's name
+    shard_locations: Mapping[str, str]  # teacher -> its shard set's location
+    seq_len: int
+    model: Mapping[str, Any] | None  # the student's checkpoint as the trainers name it (name_or_path, revision)
+
+
+def download_model(plan: Plan, name: str) -> ModelConfig:
+    art = plan.get("models", name)
+    spec = art.spec
+    return ModelConfig(name=art.name, ref=spec["ref"], revision=spec["revision"], local=spec["local"],
+                       location=art.location)
+
+
+def train(plan: Plan, name: str) -> TrainConfig:
+    """The target ``name``'s run (an unknown name: one line naming the targets)."""
+    record = plan.target(name)
+    run = record["run"]
+    model = run.spec.get("model")
+    return TrainConfig(target=name, spec=plan.specs.targets[name], run=run,
+                       tokenized={t: plan.get("tokenized", tok) for t, tok in run.spec["tokenized"].items()},
+                       model=plan.get("models", model) if model else None, workflow=plan.cfg,
+                       base_dir=plan.base_dir, results=plan.state_dir or STATE_DIR)
+
+
+def export(plan: Plan, name: str) -> ExportConfig:
+    art = plan.target(name)["export"]
+    spec = art.spec
+    return ExportConfig(target=name, name=art.name, location=art.location, weights=dict(spec["weights"]),
+                        shards=dict(spec["shards"]),
+                        shard_locations={t: plan.get("shards", s).location for t, s in spec["shards"].items()},
+                        seq_len=int(spec["seq_len"]), model=spec.get("model"))

@@ -7,6 +7,7 @@ import logging
 from typing import Iterable, Mapping
 
 from ..io import read_json
+from ..plan import step_configs
 from .cards import QWEN3_NATIVE_SEQ_LEN, dataset_card, mixture_card, write_card
 from .plots import plot_card, plot_mixture
 from .tables import comparison_table, comparison_tsv
@@ -16,8 +17,9 @@ log = logging.getLogger("trajsft")
 
 # ---- Snakemake helpers (rules/report.smk) ---------------------------------------------------
 def report_targets(plan, cfg: Mapping) -> list[str]:
-    """Targets compared in teachers.html: ``report_targets`` if set, else ``default_targets``."""
-    return [plan.target(t)["name"] for t in (cfg.get("report_targets") or cfg["default_targets"])]
+    """Targets compared in teachers.html: ``report_targets`` if set, else ``default_targets`` (an unknown name:
+    one line naming the targets)."""
+    return [step_configs.train(plan, t).target for t in (cfg.get("report_targets") or cfg["default_targets"])]
 
 
 def card_paths(target: str, state_dir: str = "results") -> dict[str, str]:
@@ -28,9 +30,9 @@ def report_outputs(plan, card_targets: Iterable[str], curve_targets: Iterable[st
                    state_dir: str = "results") -> list[str]:
     """The report files for ``rule all``: the comparison table, cards of ``card_targets`` and
     ``curve_targets``, curves of ``curve_targets`` (those need training)."""
-    curve_targets = [plan.target(t)["name"] for t in curve_targets]
+    curve_targets = [step_configs.train(plan, t).target for t in curve_targets]
     out = [f"{state_dir}/cards/teachers.html"]
-    for t in dict.fromkeys([plan.target(t)["name"] for t in card_targets] + curve_targets):
+    for t in dict.fromkeys([step_configs.train(plan, t).target for t in card_targets] + curve_targets):
         out += list(card_paths(t, state_dir).values())
     out += [f"{state_dir}/curves/{t}.png" for t in curve_targets]
     return out
@@ -38,7 +40,7 @@ def report_outputs(plan, card_targets: Iterable[str], curve_targets: Iterable[st
 
 def card_inputs(plan, target: str) -> dict[str, list[str]]:
     """Input function of ``report_card``: the target's shards and tokenized manifests."""
-    toks = plan.target(target)["tokenized"]
+    toks = step_configs.train(plan, target).tokenized.values()
     return {
         "shards": [plan.get("shards", a.spec["shards"]).manifest for a in toks],
         "tokenized": [a.manifest for a in toks],
@@ -47,7 +49,7 @@ def card_inputs(plan, target: str) -> dict[str, list[str]]:
 
 def card_params(plan, target: str) -> dict:
     """``seq_len`` of the target's training, normalized mixture ``weights``, ``mixture`` flag."""
-    spec = plan.target(target)["run"].spec
+    spec = step_configs.train(plan, target).run.spec
     hf = str(spec["student"].get("hf_checkpoint") or "")
     return {
         "seq_len": int(spec["training"]["seq_len"]),

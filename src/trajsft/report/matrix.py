@@ -25,6 +25,7 @@ from .. import io
 from ..errors import ConfigError
 from ..io import join, read_json, write_json, write_text
 from ..plan.config import Plan
+from ..plan import step_configs
 
 log = logging.getLogger("trajsft")
 
@@ -42,7 +43,7 @@ def matrix_spec(plan: Plan) -> dict:
     ev = plan.cfg.get("eval") or {}
     return {
         "format": FORMAT,
-        "rows": {r: plan.target(r)["run"].name for r in plan.eval_rows()},
+        "rows": {r: step_configs.train(plan, r).run.name for r in plan.eval_rows()},
         "columns": plan.eval_columns(),
         "cells": {r: {c: plan.eval_cells[(r, c)].name for c in plan.eval_columns()} for r in plan.eval_rows()},
         "max_eval_batches": ev.get("max_eval_batches"),
@@ -210,7 +211,7 @@ def eval_matrix(plan: Plan, out: Mapping[str, str]) -> dict:
                               "was held out): raise heldout_fraction")
         chats[tok] = int(val["chats"])
     for row, run_name in spec["rows"].items():
-        run = plan.target(row)["run"]
+        run = step_configs.train(plan, row).run
         prov = join(run.location, "provenance", "config.json")
         try:
             train_cfg = read_json(prov)["levanter"]
@@ -222,7 +223,7 @@ def eval_matrix(plan: Plan, out: Mapping[str, str]) -> dict:
                               f"under {run.location}: train it first (snakemake {plan.done_path(row)})")
         student = run.spec["student"]
         tokenizer = plan.resolve_ref(student["tokenizer"], student.get("tokenizer_revision"))
-        columns = {c: tokenized_cache_dir(plan, spec["cells"][row][c]) for c in spec["columns"]}
+        columns = {c: tokenized_cache_dir(plan.get("tokenized", spec["cells"][row][c])) for c in spec["columns"]}
         cfg = train_eval.eval_config(train_cfg, columns, tokenizer, spec["max_eval_batches"])
         log.info("eval %s (%s step %d, %s) on %s", row, src["kind"], src["step"], src["path"], ", ".join(columns))
         kw = {"hf_export": src["path"]} if src["kind"] == "hf_export" else {"checkpoint": src["path"]}

@@ -27,7 +27,7 @@ from pathlib import Path
 from .. import io, storage
 from ..data.download import hub_errors
 from ..errors import DataError
-from ..plan.config import Plan
+from ..plan.step_configs import ModelConfig
 
 log = logging.getLogger("trajsft")
 
@@ -146,24 +146,22 @@ def _from_local(src: Path, where: str) -> tuple[Path, dict[str, dict]]:
     return src, {rel: _digests(src / rel) for rel in rels}
 
 
-def download_model(plan: Plan, name: str) -> dict:
-    """The checkpoint of models/``name`` copied to its location, every file verified; the step's result."""
-    art = plan.get("models", name)
-    spec = art.spec
+def download_model(cfg: ModelConfig) -> dict:
+    """The checkpoint of models/``cfg.name`` copied to its location, every file verified; the step's result."""
     where = "the student's hf_checkpoint / hf_revision"
-    if spec["local"]:
-        src, files = _from_local(Path(spec["local"]), where)
-        source, commit = spec["local"], "local"
+    if cfg.local:
+        src, files = _from_local(Path(cfg.local), where)
+        source, commit = cfg.local, "local"
     else:
-        local_root = None if io.is_remote(art.location) else art.location
-        src, files, commit = _from_hub(spec["ref"], spec["revision"], where, local_root)
-        source = f"{spec['ref']}@{commit}"
+        local_root = None if io.is_remote(cfg.location) else cfg.location
+        src, files, commit = _from_hub(cfg.ref, cfg.revision, where, local_root)
+        source = f"{cfg.ref}@{commit}"
     log.info("copying %d verified files (%.2f GB) to %s", len(files), sum(f["size"] for f in files.values()) / 1e9,
-             art.location)
+             cfg.location)
     for rel, d in files.items():
-        storage.copy_object(str(src / rel), io.join(art.location, rel), d)
+        storage.copy_object(str(src / rel), io.join(cfg.location, rel), d)
     config = json.loads((src / "config.json").read_text())
-    return {"source": source, "ref": spec["ref"], "revision": spec["revision"], "commit": commit,
+    return {"source": source, "ref": cfg.ref, "revision": cfg.revision, "commit": commit,
             "files": {rel: {"size": d["size"], "sha256": d["sha256"]} for rel, d in files.items()},
             "bytes": sum(d["size"] for d in files.values()),
             "config": {k: config.get(k) for k in ARCHITECTURE_KEYS if k in config}}

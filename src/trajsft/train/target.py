@@ -15,41 +15,36 @@ from ..errors import DataError, JobEnvironmentError, SnakemakeStopping, Training
 from ..io import is_remote, join, write_json
 from ..runtime import provenance
 from ..plan import schedule
-from ..plan.config import STATE_DIR, Plan
+from ..plan.config import Artifact
 from ..plan.specs import StudentSpec
+from ..plan.step_configs import TrainConfig
 from .levanter_config import DataSource, RunInputs, WandbSettings, train_lm_config
 from .run import run_training
 
 log = logging.getLogger("trajsft")
 
 
-def run_paths(plan: Plan, target: str) -> dict:
-    run = plan.target(target)["run"]
-    state = str(Path(STATE_DIR, "checkpoints", run.name))
-    return {"run": run, "run_dir": run.location, "state_dir": state, "log": str(Path(state, "train.log"))}
-
-
-def train_data(plan: Plan, tokenized_name: str) -> dict:
+def train_data(tokenized: Artifact) -> dict:
     """What training needs of a tokenized teacher, from its manifest (no jax/levanter import):
     ``cache_dir``, ``packed_sequences`` (the ``seq_len`` sequences Levanter packs from the train split)
     and ``tokens_in_window`` (train tokens inside the ``seq_len`` windows)."""
-    m = plan.get("tokenized", tokenized_name).read_manifest()
+    m = tokenized.read_manifest()
     tr = (m.get("stats") or {}).get("train") or {}
     if not tr.get("packed_sequences"):
-        raise DataError(f"{plan.get('tokenized', tokenized_name).manifest} has no stats.train.packed_sequences: "
+        raise DataError(f"{tokenized.manifest} has no stats.train.packed_sequences: "
                         "rebuild it (delete the manifest and rerun)")
-    return {"cache_dir": m.get("cache_dir") or cache_dir(plan, tokenized_name),
+    return {"cache_dir": m.get("cache_dir") or cache_dir(tokenized.location),
             "packed_sequences": int(tr["packed_sequences"]),
             "tokens_in_window": int(tr["tokens"]) - int(tr.get("tokens_truncated") or 0)}
 
 
-def explain(plan: Plan, target: str) -> dict:
+def explain(cfg: TrainConfig) -> dict:
     """Steps, passes and tokens seen of a target (``schedule.explain``), with whatever is tokenized."""
-    spec = plan.target(target)["run"].spec
+    spec = cfg.run.spec
     data = {}
-    for teacher, tok_name in spec["tokenized"].items():
+    for teacher, tokenized in cfg.tokenized.items():
         try:
-            data[teacher] = train_data(plan, tok_name)
+            data[teacher] = train_data(tokenized)
         except DataError:
             pass
     return schedule.explain(spec["training"], spec["weights"], spec["rows"], data)
@@ -63,8 +58,7 @@ def compilation_cache_dir(cfg: dict) -> str:
     return join(root if is_remote(root) else os.path.abspath(root), "jax-compilation-cache")
 
 
-def train_lm_config_for(plan: Plan, target: str, *, accelerator: str | None = None,
-                    untokenized_ok: bool = False) -> dict:
+def train_lm_config_for(cfg: TrainConfig, *, accelerator: str | None = None, untokenized_ok: bool = False) -> dict:
     """The full train_lm config of a target (plain dict): its specs mapped by
     :func:`trajsft.train.levanter_config.train_lm_config`, with the step count from the tokenized manifests.
 
@@ -72,47 +66,45 @@ def train_lm_config_for(plan: Plan, target: str, *, accelerator: str | None = No
     fit check, which compiles the step before any data exists) a teacher not tokenized yet gets a
     placeholder source: its cache dir and packed count only decide the data loader and the step count,
     never the shapes of the step; a step count that needs them is then a placeholder too."""
-    p = run_paths(plan, target)
-    run, spec = p["run"], p["run"].spec
-    target_spec = plan.specs.targets[target]
-    cfg, ck = plan.cfg, plan.cfg["checkpointing"]
+    run, spec, target, target_spec = cfg.run, cfg.run.spec, cfg.target, cfg.spec
+    workflow, ck = cfg.workflow, cfg.workflow["checkpointing"]
     sources = {}
-    for teacher, tok_name in spec["tokenized"].items():
+    for teacher, tokenized in cfg.tokenized.items():
         try:
-            d = train_data(plan, tok_name)
+            d = train_data(tokenized)
         except DataError:
             if not untokenized_ok:
                 raise
-            d = {"cache_dir": f"<{tok_name}: not tokenized yet>", "packed_sequences": spec["rows"][teacher]}
+            d = {"cache_dir": f"<{tokenized.name}: not tokenized yet>", "packed_sequences": spec["rows"][teacher]}
         sources[teacher] = DataSource(cache_dir=d["cache_dir"], packed_sequences=d["packed_sequences"])
     B = int(target_spec.training.batch_size)
     steps = schedule.train_steps(spec["training"], spec["rows"], {t: s.packed_sequences for t, s in sources.items()})
-    wandb_project, wandb_entity = wandb_names(cfg)
-    model = plan.model(target)  # init: hf: its snapshot under the storage root (rule download_model)
-    init_weights = storage.absolute(model.location) if model else None
+    wandb_project, wandb_entity = wandb_names(workflow)
+    # init: hf: its snapshot under the storage root (rule download_model)
+    init_weights = storage.absolute(cfg.model.location) if cfg.model else None
     inputs = RunInputs(
         run_id=run.hash,  # W&B run id and trainer id: a retry continues the same run
-        run_dir=p["run_dir"],
+        run_dir=run.location,
         init_weights=init_weights,
-        tokenizer=_tokenizer_ref(plan, target_spec.student, init_weights),
+        tokenizer=_tokenizer_ref(cfg, target_spec.student, init_weights),
         chat_template=template.load_template(),
         sources=sources,
         num_train_steps=max(2, steps) if untokenized_ok else steps,
-        accelerator=accelerator or ("tpu" if cfg["executor"] == "ray" else "cpu"),
+        accelerator=accelerator or ("tpu" if cfg.executor == "ray" else "cpu"),
         save_interval=f"{ck['save_interval_minutes']}m",
         keep_every=schedule.resolve_every(ck["keep_every_steps"], spec["rows"], B),
         hf_save_steps=schedule.resolve_every(ck["hf_export_every_steps"], spec["rows"], B),
         hf_save_dtype=ck["hf_save_dtype"],
-        watch_interval=int(cfg["wandb"]["watch_interval"]),
-        jax_compilation_cache_dir=compilation_cache_dir(cfg),
+        watch_interval=int(workflow["wandb"]["watch_interval"]),
+        jax_compilation_cache_dir=compilation_cache_dir(workflow),
         # tags: the target, then every content-addressed input as kind:name (W&B filters on them)
-        wandb=WandbSettings(mode=cfg["wandb"]["mode"], project=wandb_project, entity=wandb_entity,
+        wandb=WandbSettings(mode=workflow["wandb"]["mode"], project=wandb_project, entity=wandb_entity,
                             tags=(target, *(f"{kind}:{name}" for kind, name in run.deps))),
     )
     return train_lm_config(target_spec, inputs)
 
 
-def _tokenizer_ref(plan: Plan, student: StudentSpec, init_weights: str | None) -> str:
+def _tokenizer_ref(cfg: TrainConfig, student: StudentSpec, init_weights: str | None) -> str:
     """The student's tokenizer as the launch reads it: the initial weights' snapshot when it is the
     checkpoint's own (same repo and revision: no host goes to the Hub for it), a local dir (relative to the
     job's working dir on Ray, where it ships with the workflow code), else ``repo@revision``."""
@@ -120,8 +112,8 @@ def _tokenizer_ref(plan: Plan, student: StudentSpec, init_weights: str | None) -
     if init_weights and student.hf_checkpoint is not None and tokenizer.identity() == student.hf_checkpoint.identity():
         return init_weights
     resolved = tokenizer.resolved()
-    if plan.cfg["executor"] == "ray" and tokenizer.local is not None:
-        return os.path.relpath(resolved, plan.base_dir)
+    if cfg.executor == "ray" and tokenizer.local is not None:
+        return os.path.relpath(resolved, cfg.base_dir)
     return resolved
 
 
@@ -149,66 +141,64 @@ def run_wandb_url(cfg: dict, run_id: str, run_dir: str) -> str | None:
     return rec["url"] if rec else wandb_url(cfg, run_id)
 
 
-def link_rule_log(plan: Plan, target: str, rule_log: str) -> str:
+def link_rule_log(cfg: TrainConfig, rule_log: str) -> str:
     """Snakemake deletes a rule's log before every attempt; point it at the durable run log.
 
     Returns where this process should write its own log lines: the same file for local
     training; for Ray a separate launcher log, since the job log is written by the log
     follower alone (it tracks byte offsets to re-attach without duplicates).
     """
-    p = run_paths(plan, target)
-    os.makedirs(p["state_dir"], exist_ok=True)
-    _link(rule_log, p["log"])
-    if plan.cfg["executor"] == "ray":
-        return str(Path(p["state_dir"], "launcher.log"))
+    os.makedirs(cfg.state_dir, exist_ok=True)
+    _link(rule_log, cfg.log)
+    if cfg.executor == "ray":
+        return str(Path(cfg.state_dir, "launcher.log"))
     return rule_log
 
 
-def train(plan: Plan, target: str, done_path: str | None = None, *, on_ray=None) -> dict:
-    """Train ``target`` once more (a new attempt of its run), locally in a child process, or with the ``ray``
-    executor through ``on_ray(plan, target, lev, run_paths, attempt)`` (the caller passes
+def train(cfg: TrainConfig, done_path: str | None = None, *, on_ray=None) -> dict:
+    """Train ``cfg.target`` once more (a new attempt of its run), locally in a child process, or with the ``ray``
+    executor through ``on_ray(cfg, lev, attempt)`` (the caller passes
     :func:`trajsft.cluster.submit.train_on_ray`: the cluster layer sits above this one)."""
-    p = run_paths(plan, target)
-    run = p["run"]
-    os.makedirs(p["state_dir"], exist_ok=True)
-    lev = train_lm_config_for(plan, target)
-    provenance.write(p["run_dir"], {"target": target, "run": run.name, "hash": run.hash, "hash_inputs": run.inputs,
-                                     "config": plan.cfg, "levanter": lev})
-    executor = plan.cfg["executor"]
+    run, target, run_dir = cfg.run, cfg.target, cfg.run.location
+    os.makedirs(cfg.state_dir, exist_ok=True)
+    lev = train_lm_config_for(cfg)
+    provenance.write(run_dir, {"target": target, "run": run.name, "hash": run.hash, "hash_inputs": run.inputs,
+                               "config": dict(cfg.workflow), "levanter": lev})
+    executor = cfg.executor
     if executor == "ray" and on_ray is None:
         raise TypeError("train() with the ray executor needs on_ray (trajsft.cluster.submit.train_on_ray)")
     from ..runtime.signals import snakemake_is_stopping
 
     if snakemake_is_stopping():
         raise SnakemakeStopping("Snakemake is shutting down (got SIGINT/SIGTERM): not starting another training attempt")
-    running = provenance.running_attempt(p["run_dir"])
+    running = provenance.running_attempt(run_dir)
     if running and executor != "ray":
         raise TrainingFailed(f"attempt {running['attempt']} of {run.name} is still running (pid {running['pid']}, started "
                         f"{running['started']}): wait for it to end, or stop it with kill {running['pid']}")
-    attempt = provenance.record_attempt(p["run_dir"], executor=executor)
-    _CURRENT.update(run_dir=p["run_dir"], attempt=attempt["attempt"])
-    log.info("training %s -> %s (attempt %d, %s)", target, p["run_dir"], attempt["attempt"], executor)
+    attempt = provenance.record_attempt(run_dir, executor=executor)
+    _CURRENT.update(run_dir=run_dir, attempt=attempt["attempt"])
+    log.info("training %s -> %s (attempt %d, %s)", target, run_dir, attempt["attempt"], executor)
     try:
         if executor == "ray":
-            result = on_ray(plan, target, lev, p, attempt["attempt"])
+            result = on_ray(cfg, lev, attempt["attempt"])
         else:
             # the local executor trains on the CPU (its config says so: f32, no accelerator required); with
             # libtpu installed (the fit check's compiler) JAX would otherwise try, and log, a TPU first
-            result = run_training(lev, p["run_dir"], p["log"],
+            result = run_training(lev, run_dir, cfg.log,
                                   env={"JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS") or "cpu"})
     except KeyboardInterrupt as e:  # SIGINT / SIGTERM / our Snakemake died: the trainer was stopped
-        provenance.finish_attempt(p["run_dir"], attempt["attempt"], "interrupted", error=str(e or "SIGINT")[:500])
+        provenance.finish_attempt(run_dir, attempt["attempt"], "interrupted", error=str(e or "SIGINT")[:500])
         raise
     except JobEnvironmentError as e:  # a configuration error (e.g. W&B refused the key): one line, not retried
-        provenance.finish_attempt(p["run_dir"], attempt["attempt"], "failed", error=str(e)[:500])
+        provenance.finish_attempt(run_dir, attempt["attempt"], "failed", error=str(e)[:500])
         raise
     except TrainingFailed as e:  # one line (killed by a signal, exit code, lock held)
-        provenance.finish_attempt(p["run_dir"], attempt["attempt"], "failed", error=str(e)[:500])
+        provenance.finish_attempt(run_dir, attempt["attempt"], "failed", error=str(e)[:500])
         raise
     except BaseException as e:
-        provenance.finish_attempt(p["run_dir"], attempt["attempt"], "failed", error=f"{type(e).__name__}: {e}"[:500])
+        provenance.finish_attempt(run_dir, attempt["attempt"], "failed", error=f"{type(e).__name__}: {e}"[:500])
         raise
-    provenance.finish_attempt(p["run_dir"], attempt["attempt"], "succeeded", steps=result.get("steps"),
+    provenance.finish_attempt(run_dir, attempt["attempt"], "succeeded", steps=result.get("steps"),
                               resumed_from_step=result.get("resumed_from_step"), ray_job_id=result.get("ray_job_id"))
     hf = result.get("hf_export")
     if not hf or not io.exists(join(hf, "config.json")):
@@ -217,26 +207,26 @@ def train(plan: Plan, target: str, done_path: str | None = None, *, on_ray=None)
         "target": target,
         "hash": run.hash,
         "run": run.name,
-        "checkpoint_dir": p["run_dir"],
+        "checkpoint_dir": run_dir,
         "trainer_checkpoint": result.get("checkpoint_dir"),
         "hf_export": hf,
         "steps": result.get("steps"),
         "final_loss": result.get("final_loss"),
         "eval_loss": result.get("eval_loss"),
         "wandb_run_id": run.hash,
-        "wandb_url": run_wandb_url(plan.cfg, run.hash, p["run_dir"]) if result.get("wandb_mode", "online") == "online"
+        "wandb_url": run_wandb_url(cfg.workflow, run.hash, run_dir) if result.get("wandb_mode", "online") == "online"
         else None,
-        "wandb_mode": result.get("wandb_mode") or plan.cfg["wandb"]["mode"],
+        "wandb_mode": result.get("wandb_mode") or cfg.workflow["wandb"]["mode"],
         "attempts": attempt["attempt"],
         "executor": executor,
-        "cluster": (plan.cfg.get("ray") or {}).get("cluster") if executor == "ray" else "local",
+        "cluster": (cfg.workflow.get("ray") or {}).get("cluster") if executor == "ray" else "local",
         "ray_job_id": result.get("ray_job_id"),
-        "log": p["log"],
+        "log": cfg.log,
         "finished": provenance.now(),
     }
-    write_json(Path(p["state_dir"], "manifest.json"), done)
-    if is_remote(p["run_dir"]):
-        io.write_bytes(join(p["run_dir"], "done.json"), json.dumps(done, indent=2).encode())
+    write_json(Path(cfg.state_dir, "manifest.json"), done)
+    if is_remote(run_dir):
+        io.write_bytes(join(run_dir, "done.json"), json.dumps(done, indent=2).encode())
     if done_path:
         write_json(done_path, done)
     return done
