@@ -44,7 +44,7 @@ rule eval_matrix:
         mem_mb=16000,  # runs here (not on the cluster): a Qwen3-8B row needs ~40 GB
     params:
         # rows' runs, columns, the tokenized artifact of every cell, options: a change reruns it
-        spec=lambda w: eval_matrix.matrix_spec(PLAN),
+        spec=lambda w: eval_matrix.matrix_spec(step_configs.eval_matrix(PLAN)),
         step=job_step("eval_matrix"),
     script:
         "../scripts/rule.py"

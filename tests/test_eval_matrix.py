@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from test_cards import assert_png
+from trajsft.plan import step_configs
 from trajsft.plan import config as C
 from trajsft.report import matrix
 
@@ -66,7 +67,7 @@ def test_a_row_with_another_student_gets_the_column_tokenized_its_way():
     demo_on_gem, gem_on_gem = p.eval_cells[("demo", "gemini-3-flash")], p.eval_cells[("gemini-3-flash", "gemini-3-flash")]
     assert demo_on_gem.spec["shards"] == gem_on_gem.spec["shards"]  # the same held-out rows ...
     assert demo_on_gem.name != gem_on_gem.name and demo_on_gem.spec["seq_len"] == 1024  # ... tokenized its way
-    spec = matrix.matrix_spec(p)
+    spec = matrix.matrix_spec(step_configs.eval_matrix(p))
     doc = matrix.assemble(spec, {r: {"kind": "hf_export", "path": "x", "step": 1} for r in spec["rows"]},
                      {r: {c: {"loss": 1.0, "tokens": 5, "sequences": 1} for c in spec["columns"]} for r in spec["rows"]},
                      {})
@@ -88,7 +89,7 @@ def test_eval_config_errors_are_one_line(ev, msg):
 
 def test_spec_and_inputs():
     p = plan({"eval": {"heldout_fraction": 0.05, "targets": ["gemini-3-flash", "mix-minimax-gemini"]}})
-    spec = matrix.matrix_spec(p)
+    spec = matrix.matrix_spec(step_configs.eval_matrix(p))
     assert spec["rows"] == {t: p.target(t)["run"].name for t in ("gemini-3-flash", "mix-minimax-gemini")}
     assert spec["columns"] == ["minimax-m2.5", "gemini-3-flash"] and spec["model"] == "latest"
     inp = matrix.eval_inputs(p)
@@ -229,3 +230,30 @@ def test_rule_plans_the_matrix_only_with_an_eval_section(tmp_path):
     assert "rule eval_matrix:" in out and "results/eval/matrix.png" in out
     for t in [*REAL, "mix-minimax-gemini", "mix-all"]:  # every row is trained first
         assert f"output: checkpoints/{t}/done" in out
+
+
+def test_the_matrix_step_runs_on_a_config_built_by_hand(tmp_path):
+    """rule eval_matrix's step takes its typed config alone (no plan): a row not trained yet is one line naming
+    the file it needs and the command that makes it; a column with no held-out chat left is one line too."""
+    from trajsft.plan.config import Artifact
+    from trajsft.plan.step_configs import EvalMatrixConfig, EvalRow
+
+    manifest = tmp_path / "tok.json"
+    manifest.write_text(json.dumps({"stats": {"validation": {"chats": 3}}}))
+    tok = Artifact(kind="tokenized", name="demo-tok", hash="0" * 10, inputs={}, location=str(tmp_path / "tok"),
+                   manifest=str(manifest))
+    run = Artifact(kind="checkpoints", name="demo-run", hash="1" * 10, inputs={}, location=str(tmp_path / "run"),
+                   manifest="")
+    cfg = EvalMatrixConfig(rows={"demo": EvalRow(run=run, tokenizer=str(C.REPO_DIR / "demo/tokenizer"),
+                                                 cells={"demo": tok})},
+                           columns=("demo",), max_eval_batches=None, model="latest")
+    assert matrix.matrix_spec(cfg)["cells"] == {"demo": {"demo": "demo-tok"}}
+    out = {"json": str(tmp_path / "m.json")}
+    with pytest.raises(C.ConfigError) as e:
+        matrix.eval_matrix(cfg, out)
+    assert str(e.value) == (f"demo: {tmp_path}/run/provenance/config.json is missing: train it first "
+                            "(snakemake checkpoints/demo/done)")
+    manifest.write_text(json.dumps({"stats": {"validation": {}}}))
+    with pytest.raises(C.ConfigError, match=r"^tokenized/demo-tok: no held-out chat is left .*raise heldout_fraction$"):
+        matrix.eval_matrix(cfg, out)
+    assert not (tmp_path / "m.json").exists()

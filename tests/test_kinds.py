@@ -105,19 +105,22 @@ def test_a_step_function_is_named_as_its_rule_and_step_means_one_thing():
 def test_every_step_takes_its_typed_config_not_the_plan(plan):
     """Every step function takes its typed config (trajsft.plan.step_configs), not the plan: its first parameter is
     the config class its kind's resolver returns, any other has a default (train's done marker and Ray submitter);
-    rule check_fit's step takes its target's training config."""
+    rule check_fit's step takes its target's training config, rule eval_matrix's the matrix's."""
     import inspect
 
     from trajsft.plan import kinds, step_configs
-    from trajsft.rule_job import FIT
+    from trajsft.rule_job import EVAL, FIT
 
     steps = [(kind.step_function(), kinds.function(kind.config)) for kind in REGISTRY]
-    steps.append((kinds.function(FIT), step_configs.train))
+    steps += [(kinds.function(FIT), step_configs.train), (kinds.function(EVAL), step_configs.eval_matrix)]
     for fn, resolver in steps:
         returns = inspect.signature(resolver).return_annotation
         first, *rest = inspect.signature(fn).parameters.values()
         assert first.annotation == returns and hasattr(step_configs, returns), (fn.__name__, first, returns)
-        assert all(p.default is not inspect.Parameter.empty for p in rest), (fn.__name__, rest)
+        # an artifact's step may take more only with a default (train's done marker and Ray submitter); the
+        # matrix also takes the files it writes (the rule's outputs)
+        assert [p.name for p in rest if p.default is inspect.Parameter.empty] == (["out"] if fn.__name__ == "eval_matrix"
+                                                                                  else []), (fn.__name__, rest)
     art = next(a for (k, _), a in plan.artifacts.items() if k == "raw")
     cfg = step_configs.download(plan, art.name)
     assert (cfg.name, cfg.location, cfg.rows) == (art.name, art.location, int(art.spec["rows"]))

@@ -292,7 +292,7 @@ def cmd_eval(args) -> int:
                                 f"(snakemake {art.manifest})")
     logs.setup(None, plan.cfg.get("log_level", "INFO"))
     out = {k: str(Path(args.out, f"matrix.{k}")) for k in ("json", "png", "html")}
-    doc = matrix.eval_matrix(plan, out)
+    doc = matrix.eval_matrix(step_configs.eval_matrix(plan), out)
     if args.json:
         print(json.dumps(doc, indent=2))
     else:

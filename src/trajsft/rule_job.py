@@ -127,7 +127,7 @@ def _run_step(job, snakemake) -> dict | None:
         write_json(snakemake.output[0], result)
         return result
     if step == "eval_matrix":
-        return function(EVAL)(plan, dict(snakemake.output.items()))
+        return function(EVAL)(step_configs.eval_matrix(plan), dict(snakemake.output.items()))
     kind = BY_RULE[step]
     if step == "train":
         on_ray = None

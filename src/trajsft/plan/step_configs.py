@@ -1,7 +1,7 @@
 """Each step's typed config, resolved from the plan where the rule job starts: the step function reads this and
 nothing else of the plan, so a test can build one by hand and run the step alone (as marin hands each step its
 resolved config). A kind's record names its resolver (:attr:`trajsft.plan.kinds.Kind.config`); rule check_fit
-runs on its target's :class:`TrainConfig`.
+runs on its target's :class:`TrainConfig`, rule eval_matrix on an :class:`EvalMatrixConfig`.
 
 With :mod:`trajsft.plan.step` (a rule job's sub-plan), the only module that looks a target up in the plan
 (``Plan.target``): everything else about a target (the CLI, status, the report, the fit check) reads its
@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
+from ..errors import ConfigError
 from ..io import is_remote
 from .config import STATE_DIR, Artifact, Plan
 from .specs import TargetSpec
@@ -169,3 +170,39 @@ def export(plan: Plan, name: str) -> ExportConfig:
                         shards=dict(spec["shards"]),
                         shard_locations={t: plan.get("shards", s).location for t, s in spec["shards"].items()},
                         seq_len=int(spec["seq_len"]), model=spec.get("model"))
+
+
+@dataclass(frozen=True)
+class EvalRow:
+    """One row of the cross-teacher matrix: a trained target."""
+
+    run: Artifact  # the target's run: its provenance holds the train_lm config the evaluation reuses
+    tokenizer: str  # the student's tokenizer, resolved (a local dir, or repo@revision)
+    cells: Mapping[str, Artifact]  # column teacher -> its held-out split, tokenized for this row's student
+
+
+@dataclass(frozen=True)
+class EvalMatrixConfig:
+    """The cross-teacher matrix (rule eval_matrix, ``trajsft eval``): every row's model on every column."""
+
+    rows: Mapping[str, EvalRow]  # row target -> its row, in the config's order
+    columns: tuple[str, ...]  # the teachers whose held-out splits are evaluated, in the config's order
+    max_eval_batches: int | None
+    model: str  # which model of a run: latest, hf_export or checkpoint
+
+
+def eval_matrix(plan: Plan, name: str = "") -> EvalMatrixConfig:
+    """The matrix of the config's ``eval:`` section (none: one line saying it is opt-in); ``name`` is unused (the
+    matrix is one per workflow)."""
+    ev = plan.cfg.get("eval")
+    if ev is None:
+        raise ConfigError("config: no eval: section (the cross-teacher matrix is opt-in; see docs/eval-and-export.md)")
+    columns = tuple(plan.eval_columns())
+    rows = {}
+    for r in plan.eval_rows():
+        run = train(plan, r).run
+        student = run.spec["student"]
+        rows[r] = EvalRow(run=run, tokenizer=plan.resolve_ref(student["tokenizer"], student.get("tokenizer_revision")),
+                          cells={c: plan.eval_cells[(r, c)] for c in columns})
+    return EvalMatrixConfig(rows=rows, columns=columns, max_eval_batches=ev.get("max_eval_batches"),
+                            model=ev.get("model", "latest"))

@@ -25,7 +25,7 @@ from .. import io
 from ..errors import ConfigError
 from ..io import join, read_json, write_json, write_text
 from ..plan.config import Plan
-from ..plan import step_configs
+from ..plan.step_configs import EvalMatrixConfig
 
 log = logging.getLogger("trajsft")
 
@@ -38,16 +38,15 @@ def outputs(state_dir: str = "results") -> dict[str, str]:
     return {k: f"{state_dir}/eval/matrix.{k}" for k in ("json", "png", "html")}
 
 
-def matrix_spec(plan: Plan) -> dict:
+def matrix_spec(cfg: EvalMatrixConfig) -> dict:
     """Everything the matrix depends on (the rule's params: a change reruns it)."""
-    ev = plan.cfg.get("eval") or {}
     return {
         "format": FORMAT,
-        "rows": {r: step_configs.train(plan, r).run.name for r in plan.eval_rows()},
-        "columns": plan.eval_columns(),
-        "cells": {r: {c: plan.eval_cells[(r, c)].name for c in plan.eval_columns()} for r in plan.eval_rows()},
-        "max_eval_batches": ev.get("max_eval_batches"),
-        "model": ev.get("model", "latest"),
+        "rows": {r: row.run.name for r, row in cfg.rows.items()},
+        "columns": list(cfg.columns),
+        "cells": {r: {c: row.cells[c].name for c in cfg.columns} for r, row in cfg.rows.items()},
+        "max_eval_batches": cfg.max_eval_batches,
+        "model": cfg.model,
     }
 
 
@@ -194,40 +193,35 @@ def plot_heatmap(doc: Mapping, out_png: str) -> str:
     return save_figure(fig, out_png)
 
 
-def eval_matrix(plan: Plan, out: Mapping[str, str]) -> dict:
+def eval_matrix(cfg: EvalMatrixConfig, out: Mapping[str, str]) -> dict:
     """Evaluate every row's model on every column and write ``out["json"|"png"|"html"]``."""
     from ..train import eval as train_eval
     from ..data.tokenize import tokenized_cache_dir
 
-    if plan.cfg.get("eval") is None:
-        raise ConfigError("config: no eval: section (the cross-teacher matrix is opt-in; see docs/eval-and-export.md)")
-    spec = matrix_spec(plan)
+    spec = matrix_spec(cfg)
     models, scores, chats = {}, {}, {}
-    for tok in {a.name for a in plan.eval_cells.values()}:
-        man = plan.get("tokenized", tok).read_manifest()
-        val = (man.get("stats") or {}).get("validation")
+    for tok in {a.name: a for row in cfg.rows.values() for a in row.cells.values()}.values():
+        val = (tok.read_manifest().get("stats") or {}).get("validation")
         if not val:
-            raise ConfigError(f"tokenized/{tok}: no held-out chat is left (every validation chat was dropped or none "
-                              "was held out): raise heldout_fraction")
-        chats[tok] = int(val["chats"])
-    for row, run_name in spec["rows"].items():
-        run = step_configs.train(plan, row).run
+            raise ConfigError(f"tokenized/{tok.name}: no held-out chat is left (every validation chat was dropped or "
+                              "none was held out): raise heldout_fraction")
+        chats[tok.name] = int(val["chats"])
+    for row, r in cfg.rows.items():
+        run = r.run
         prov = join(run.location, "provenance", "config.json")
         try:
             train_cfg = read_json(prov)["levanter"]
         except FileNotFoundError:
-            raise ConfigError(f"{row}: {prov} is missing: train it first (snakemake {plan.done_path(row)})") from None
-        src = model_source(train_cfg, spec["model"])
+            raise ConfigError(f"{row}: {prov} is missing: train it first (snakemake {Plan.done_path(row)})") from None
+        src = model_source(train_cfg, cfg.model)
         if src is None:
-            raise ConfigError(f"{row}: no {'model' if spec['model'] == 'latest' else spec['model']} of run {run_name} "
-                              f"under {run.location}: train it first (snakemake {plan.done_path(row)})")
-        student = run.spec["student"]
-        tokenizer = plan.resolve_ref(student["tokenizer"], student.get("tokenizer_revision"))
-        columns = {c: tokenized_cache_dir(plan.get("tokenized", spec["cells"][row][c])) for c in spec["columns"]}
-        cfg = train_eval.eval_config(train_cfg, columns, tokenizer, spec["max_eval_batches"])
+            raise ConfigError(f"{row}: no {'model' if cfg.model == 'latest' else cfg.model} of run {run.name} "
+                              f"under {run.location}: train it first (snakemake {Plan.done_path(row)})")
+        columns = {c: tokenized_cache_dir(r.cells[c]) for c in cfg.columns}
+        ecfg = train_eval.eval_config(train_cfg, columns, r.tokenizer, cfg.max_eval_batches)
         log.info("eval %s (%s step %d, %s) on %s", row, src["kind"], src["step"], src["path"], ", ".join(columns))
         kw = {"hf_export": src["path"]} if src["kind"] == "hf_export" else {"checkpoint": src["path"]}
-        scores[row] = train_eval.evaluate(cfg, **kw)
+        scores[row] = train_eval.evaluate(ecfg, **kw)
         models[row] = src
         for c, s in scores[row].items():
             log.info("  %s on %s: loss %s over %d tokens (%d sequences)", row, c, s["loss"], s["tokens"], s["sequences"])
