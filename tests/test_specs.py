@@ -132,6 +132,53 @@ def test_every_declared_config_key_exists():
     assert keys(*S.SPEC_CLASSES) - {"ref", "local", "content"} <= every  # Ref's own fields are no config keys
 
 
+JSON_TYPES = {"integer": int, "number": float, "boolean": bool, "string": str, "array": tuple}
+
+
+def _schema_type(node: dict) -> tuple[set, bool]:
+    """The Python types a schema node allows, and whether it allows null."""
+    if "$ref" in node:
+        node = SCHEMA["definitions"][node["$ref"].rsplit("/", 1)[1]]
+    if "enum" in node:
+        return {type(v) for v in node["enum"]}, False
+    types = node["type"] if isinstance(node["type"], list) else [node["type"]]
+    return {JSON_TYPES[t] for t in types if t != "null"}, "null" in types
+
+
+def _field_type(cls, name: str) -> tuple[set, bool]:
+    """The Python types a spec field holds (a tuple for any tuple), and whether it may be None."""
+    hint = typing.get_type_hints(cls)[name]
+    args = typing.get_args(hint) if typing.get_origin(hint) is typing.Union else (hint,)
+    py = {typing.get_origin(a) or a for a in args if a is not type(None)}
+    return py, type(None) in args
+
+
+@pytest.mark.parametrize("section", sorted(SECTIONS))
+def test_each_spec_field_holds_the_type_its_schema_key_allows(section):
+    """The schema says a key's type once; the spec field that carries it holds that type (a number is a float, an
+    enum a str, an array a tuple, a nullable key an Optional field): checked, so the two never drift."""
+    node, classes = SECTIONS[section]
+    node = node.get("additionalProperties", node) if "properties" not in node else node
+    checked = 0
+    for cls in classes:
+        for f in dataclasses.fields(cls):
+            if S.config_keys(f) != (f.name,) or f.name not in node["properties"]:
+                continue  # a field made of several keys (a Ref) or of no key of this section
+            sub = node["properties"][f.name]
+            if sub.get("type") == "object" or ("$ref" in sub and "properties" in SCHEMA["definitions"][sub["$ref"].rsplit("/", 1)[1]]):
+                continue  # a nested section: its own parametrization
+            (held, none_ok), (allowed, null_ok) = _field_type(cls, f.name), _schema_type(sub)
+            checked += 1
+            if all(isinstance(t, type) and issubclass(t, S.Spec) for t in held):
+                assert allowed == {str}, (section, f.name)  # a key naming another section (a student): resolved
+                continue
+            assert held == allowed, (section, f.name, held, allowed)
+            # None: the key allows null, or it may be left out (not required) and None is the field's default
+            absent_is_none = f.name not in node.get("required", ()) and f.default is None
+            assert none_ok == (null_ok or absent_is_none), (section, f.name)
+    assert checked, section
+
+
 def test_every_top_level_setting_is_a_spec_section_or_cosmetic():
     top = set(SCHEMA["properties"])
     assert not set(S.COSMETIC_SETTINGS) & set(S.SPEC_SETTINGS)
