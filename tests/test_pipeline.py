@@ -319,3 +319,87 @@ def test_kill_and_resume(tmp_path):
     assert [a["outcome"] for a in attempts] == ["interrupted", "succeeded"]
     assert tok_manifest.exists() and (tok_dir / "cache").is_dir()
     assert not list(tok_dir.glob(".cache.building-*")), "stale build dir left behind"
+
+
+def test_serve_the_demo_to_the_openai_sdk(demo, tmp_path):
+    """`trajsft serve demo` (issue 39): the openai SDK drives the trained student for a few turns with tools and a
+    tool-call history and gets well-formed chat completions, each prompt rendered as training renders it; a
+    malformed request is a 400 and the server keeps serving; what cannot be served (a target not trained, a step
+    with no export, an export of another architecture, a busy port) is one line; SIGINT ends it with exit 0."""
+    import re
+    import signal
+
+    import openai
+    from transformers import AutoTokenizer
+
+    from trajsft.data.template import load_template
+
+    wd, t = demo
+    done = json.loads((wd / "checkpoints/demo/done").read_text())
+    log = tmp_path / "serve.log"
+    with open(log, "w") as fh:
+        p = subprocess.Popen([sys.executable, "-m", "trajsft.cli", "serve", "demo", "--port", "0"], cwd=wd, env=env(),
+                             stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        ready = wait_for(lambda: re.search(r"ready in ([\d.]+)s \(build", log.read_text()), 300,
+                         "trajsft serve to print that it is ready", proc=p)
+        head = log.read_text()
+        [url] = re.findall(r"at (http://127\.0\.0\.1:\d+/v1) as model demo-", head)
+        assert f"demo (hf_export step {done['steps'] - 1}, {done['hf_export']})" in head  # the final HF export
+        print(f"trajsft serve demo: ready in {ready.group(1)} s")
+        client = openai.OpenAI(base_url=url, api_key="not-needed", max_retries=0, timeout=120)
+        assert [m.id for m in client.models.list()] == [Path(done["checkpoint_dir"]).name]
+        tok = AutoTokenizer.from_pretrained(str(REPO / "demo/tokenizer"))
+        tools = [{"type": "function", "function": {"name": "bash", "description": "run a shell command",
+                                                   "parameters": {"type": "object", "required": ["command"],
+                                                                  "properties": {"command": {"type": "string"}}}}}]
+        messages = [{"role": "system", "content": "You are a coding agent."},
+                    {"role": "user", "content": "Fix the failing test in this Rust crate."}]
+        for turn in range(3):
+            r = client.chat.completions.create(model="demo", messages=messages, tools=tools, max_tokens=24,
+                                               temperature=0.7, seed=turn)
+            [choice] = r.choices
+            assert choice.message.role == "assistant" and choice.finish_reason in ("stop", "length", "tool_calls")
+            assert choice.message.content or choice.message.tool_calls
+            rendered = [{**m, "content": m.get("content") or ""} for m in messages]
+            want = tok.apply_chat_template(rendered, tools=tools, chat_template=load_template(), add_generation_prompt=True)
+            assert r.usage.prompt_tokens == len(want) and 0 < r.usage.completion_tokens <= 24
+            assert r.model == Path(done["checkpoint_dir"]).name
+            # the history grows as an agent's: its call (arguments a JSON string) and the tool's reply
+            call = {"id": f"call_{turn}", "type": "function",
+                    "function": {"name": "bash", "arguments": json.dumps({"command": f"cargo test -q {turn}"})}}
+            messages += [{"role": "assistant", "content": choice.message.content, "tool_calls": [call]},
+                         {"role": "tool", "tool_call_id": f"call_{turn}", "content": f"test result: FAILED {turn}"}]
+        with pytest.raises(openai.BadRequestError) as e:
+            client.chat.completions.create(model="demo", messages=[{"role": "robot", "content": "x"}])
+        assert "messages[0].role is 'robot'" in str(e.value)
+        with pytest.raises(openai.NotFoundError):
+            client.chat.completions.create(model="gpt-4o", messages=messages)
+        again = client.chat.completions.create(model="demo", messages=messages[:2], max_tokens=4)
+        assert again.choices[0].message.role == "assistant"  # still serving
+        # what cannot be served: one line each, exit 2, nothing loaded
+        port = url.rsplit(":", 1)[1].split("/")[0]
+        q = cli(wd, "serve", "demo", "--port", port)
+        assert q.returncode == 2 and q.stderr.startswith(f"trajsft: cannot listen on 127.0.0.1:{port}: "), q.stderr
+        wrong = wd / done["checkpoint_dir"] / "hf/step-999"
+        shutil.copytree(wd / done["hf_export"], wrong)
+        cfg = json.loads((wrong / "config.json").read_text())
+        (wrong / "config.json").write_text(json.dumps({**cfg, "num_hidden_layers": 3}))
+        try:
+            for args, line in [
+                (["minimax-m2.5"], "trajsft: minimax-m2.5 is not trained: no run minimax-m2.5-"),
+                (["demo", "--step", "5"], f"trajsft: demo: run {done['run']} has no HF export at step 5 under "),
+                (["demo", "--step", "999"], f"trajsft: {wrong} is a checkpoint of another architecture than the run's "
+                                            "model: num_layers 2 but config.json num_hidden_layers 3"),
+                (["demo"], f"trajsft: {wrong} is a checkpoint of another"),  # the newest export: served by default
+            ]:
+                q = cli(wd, "serve", *args)
+                assert q.returncode == 2 and q.stderr.startswith(line) and q.stderr.count("\n") == 1, (args, q.stderr)
+        finally:
+            shutil.rmtree(wrong)
+        p.send_signal(signal.SIGINT)
+        assert p.wait(timeout=60) == 0
+        assert log.read_text().rstrip().endswith("trajsft serve: demo stopped")
+    finally:
+        if p.poll() is None:
+            kill_group(p)

@@ -1,6 +1,7 @@
 """`trajsft` command line: where a target's artifacts live and what they hash (``plan``), the state of
 every run (``status``), a training log (``logs``), the clusters of the profiles (``clusters``), stopping
-a target's Ray jobs (``stop``), forgetting a configuration error after a fix (``retry``), the cross-teacher matrix (``eval``), a profile's checks
+a target's Ray jobs (``stop``), forgetting a configuration error after a fix (``retry``), the cross-teacher matrix (``eval``),
+a trained target behind an OpenAI-compatible API (``serve``), a profile's checks
 (``preflight``) and whether a target's train step fits its TPU slice, with the run's cost (``fit``). Running the pipeline itself is Snakemake's: ``snakemake checkpoints/<target>/done``."""
 
 from __future__ import annotations
@@ -330,6 +331,28 @@ def cmd_fit(args) -> int:
     return rc
 
 
+def cmd_serve(args) -> int:
+    """Serve a trained target until Ctrl-C (exit 0); what cannot be served is one line (exit 2)."""
+    import signal
+
+    from . import logs
+    from .serve import server
+
+    plan = _load(args)
+    [tc] = _trainings(plan, [args.target])
+    served = server.locate(plan, tc.target, args.step)
+    logs.setup(None, plan.cfg.get("log_level", "INFO"))
+    # SIGTERM as SIGINT: both end the server the same way (uvicorn's graceful shutdown, then exit 0)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        server.serve(served, host=args.host, port=args.port, max_seqs=args.max_seqs,
+                     out=lambda line: print(line, flush=True))
+    except KeyboardInterrupt:
+        pass
+    print(f"trajsft serve: {served.target} stopped", flush=True)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="trajsft", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -402,6 +425,17 @@ def build_parser() -> argparse.ArgumentParser:
                     help="when it does not fit, do not compile smaller batches / larger slices to say what would")
     sp.add_argument("--json", action="store_true")
     sp.set_defaults(func=cmd_fit)
+
+    sp = sub.add_parser("serve", help="talk to a trained target through an OpenAI-compatible API "
+                                      "(/v1/chat/completions, tools and tool calls included)")
+    common(sp)
+    sp.add_argument("target", help="a teacher or mixture name (or checkpoints/<name>/done)")
+    sp.add_argument("--step", type=int, help="serve its HF export at this step (default: its newest model, trainer "
+                                             "checkpoint or HF export)")
+    sp.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
+    sp.add_argument("--port", type=int, default=8701, help="port (default 8701; 0: any free port)")
+    sp.add_argument("--max-seqs", type=int, default=4, help="sequences generated at once (default 4)")
+    sp.set_defaults(func=cmd_serve)
 
     sp = sub.add_parser("preflight", help="check env vars, cluster, TPU resource and storage for a profile")
     common(sp)

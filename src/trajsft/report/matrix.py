@@ -58,7 +58,8 @@ def eval_inputs(plan: Plan) -> dict[str, list[str]]:
     }
 
 
-def _hf_exports(hf_dir: str) -> list[tuple[int, str]]:
+def hf_exports(hf_dir: str) -> list[tuple[int, str]]:
+    """The complete HF exports under ``hf_dir`` as (step, path), by step."""
     from ..train.checkpoints import hf_export_complete
 
     out = []
@@ -79,7 +80,7 @@ def model_source(train_cfg: Mapping, choice: str = "latest") -> dict:
     if choice not in MODEL_CHOICES:
         raise ValueError(f"model must be one of {MODEL_CHOICES}")
     hf_dir = train_cfg.get("hf_save_path")
-    exports = _hf_exports(hf_dir) if hf_dir else []
+    exports = hf_exports(hf_dir) if hf_dir else []
     ck = latest_checkpoint(train_cfg["trainer"]["checkpointer"]["base_path"])
     hf = {"kind": "hf_export", "path": exports[-1][1], "step": exports[-1][0]} if exports else None
     tc = {"kind": "checkpoint", "path": ck["path"], "step": ck["step"]} if ck else None

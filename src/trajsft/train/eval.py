@@ -53,39 +53,69 @@ def eval_config(train_cfg: Mapping, columns: Mapping[str, str], tokenizer: str,
     return cfg
 
 
-def evaluate(cfg: Mapping, *, hf_export: Optional[str] = None, checkpoint: Optional[str] = None) -> dict:
-    """``{teacher: {"loss": mean next-token loss over its loss tokens, "tokens": loss tokens,
-    "sequences": packed eval sequences}}`` of the model at ``hf_export`` or trainer ``checkpoint``."""
+def initialize(cfg: Mapping):
+    """``cfg`` (a plain train_lm config) parsed as Levanter's ``TrainLmConfig`` and Levanter initialized with it
+    (jax config, trainer defaults such as the eval batch size, logging), as ``levanter.main.eval_lm`` starts; our
+    own log handlers are kept (Levanter's logging set-up replaces every root handler but its file)."""
     import draccus
-    import equinox as eqx
-    import haliax as hax
-    import jax
-    import jax.numpy as jnp
-    import numpy as np
-    from haliax import Axis
-    from haliax.partitioning import round_axis_for_partitioning
 
     import levanter
     import levanter.config  # noqa: F401  (registers draccus codecs)
-    from levanter.checkpoint import load_checkpoint
-    from levanter.eval import TaggedEvaluator, _EvalRunningMeans
     from levanter.main.train_lm import TrainLmConfig
-    from levanter.utils.jax_utils import is_inexact_arrayish
 
-    if (hf_export is None) == (checkpoint is None):
-        raise ValueError("give exactly one of hf_export and checkpoint")
     with tempfile.TemporaryDirectory(prefix="trajsft-eval-") as tmp:
         path = levanter_config.write_config(cfg, os.path.join(tmp, "eval.yaml"))
         config: TrainLmConfig = draccus.parse(config_class=TrainLmConfig, config_path=path, args=[])
     root = logging.getLogger()
     ours = list(root.handlers)
-    levanter.initialize(config)  # as eval_lm: jax config, trainer defaults (eval batch size), logging
-    # Levanter's logging set-up replaces every root handler: keep its file, put ours (the rule log) back
+    levanter.initialize(config)
     for h in list(root.handlers):
         if not isinstance(h, logging.FileHandler):
             root.removeHandler(h)
     for h in ours:
         root.addHandler(h)
+    return config
+
+
+def load_model(config, tokenizer, *, hf_export: Optional[str] = None, checkpoint: Optional[str] = None):
+    """The model of ``config`` (a ``TrainLmConfig``) from an HF export or a trainer checkpoint, with Levanter's own
+    loading (``HFCheckpointConverter.load_pretrained``, ``load_checkpoint``: what ``levanter.main.eval_lm`` does).
+    Call it inside the trainer's device mesh and parameter axis mapping."""
+    import equinox as eqx
+    import jax
+    from haliax import Axis
+    from haliax.partitioning import round_axis_for_partitioning
+
+    from levanter.checkpoint import load_checkpoint
+    from levanter.utils.jax_utils import is_inexact_arrayish
+
+    if (hf_export is None) == (checkpoint is None):
+        raise ValueError("give exactly one of hf_export and checkpoint")
+    trainer = config.trainer
+    if hf_export is not None:
+        converter = config.model.hf_checkpoint_converter().replaced(reference_checkpoint=hf_export, tokenizer=tokenizer)
+        return converter.load_pretrained(config.model.model_type, ref=hf_export, config=config.model,
+                                         axis_mapping=trainer.parameter_axis_mapping, dtype=trainer.mp.compute_dtype)
+    Vocab = round_axis_for_partitioning(Axis("vocab", len(tokenizer)), trainer.parameter_axis_mapping)
+    shape = eqx.filter_eval_shape(config.model.build, Vocab, key=jax.random.PRNGKey(0))
+    trainable, fixed = eqx.partition(shape, is_inexact_arrayish)
+    trainable = load_checkpoint(trainable, checkpoint, subpath="model", discover_latest=False,
+                                axis_mapping=trainer.parameter_axis_mapping, mesh=trainer.device_mesh)
+    return eqx.combine(trainable, fixed)
+
+
+def evaluate(cfg: Mapping, *, hf_export: Optional[str] = None, checkpoint: Optional[str] = None) -> dict:
+    """``{teacher: {"loss": mean next-token loss over its loss tokens, "tokens": loss tokens,
+    "sequences": packed eval sequences}}`` of the model at ``hf_export`` or trainer ``checkpoint``."""
+    import haliax as hax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from levanter.eval import TaggedEvaluator, _EvalRunningMeans
+
+    if (hf_export is None) == (checkpoint is None):
+        raise ValueError("give exactly one of hf_export and checkpoint")
+    config = initialize(cfg)
     trainer = config.trainer
     tokenizer = config.data.the_tokenizer
     with trainer.use_device_mesh(), hax.axis_mapping(trainer.parameter_axis_mapping):
@@ -99,19 +129,7 @@ def evaluate(cfg: Mapping, *, hf_export: Optional[str] = None, checkpoint: Optio
             max_examples = trainer.max_eval_batches * trainer.eval_batch_size
         evaluator = TaggedEvaluator(trainer.EvalBatch, datasets, tokenizer, trainer.device_mesh,
                                     trainer.compute_axis_mapping, max_examples, mp=trainer.mp)
-        if hf_export is not None:
-            converter = config.model.hf_checkpoint_converter().replaced(reference_checkpoint=hf_export,
-                                                                       tokenizer=tokenizer)
-            model = converter.load_pretrained(config.model.model_type, ref=hf_export, config=config.model,
-                                              axis_mapping=trainer.parameter_axis_mapping,
-                                              dtype=trainer.mp.compute_dtype)
-        else:
-            Vocab = round_axis_for_partitioning(Axis("vocab", len(tokenizer)), trainer.parameter_axis_mapping)
-            shape = eqx.filter_eval_shape(config.model.build, Vocab, key=jax.random.PRNGKey(0))
-            trainable, fixed = eqx.partition(shape, is_inexact_arrayish)
-            trainable = load_checkpoint(trainable, checkpoint, subpath="model", discover_latest=False,
-                                        axis_mapping=trainer.parameter_axis_mapping, mesh=trainer.device_mesh)
-            model = eqx.combine(trainable, fixed)
+        model = load_model(config, tokenizer, hf_export=hf_export, checkpoint=checkpoint)
         # TaggedEvaluator.evaluate, keeping the per-tag token totals it discards
         state = hax.shard(_EvalRunningMeans.zeros_like(jnp.zeros(()),
                                                         hax.zeros(evaluator.dataset.Tag, dtype=np.float32)))

@@ -1,0 +1,1 @@
+"""`trajsft serve`: a trained student behind an OpenAI-compatible API."""

@@ -1,0 +1,282 @@
+"""``trajsft serve``: a trained target behind an OpenAI-compatible API (``/v1/chat/completions``, ``/v1/models``).
+
+The engine is Levanter's (``levanter.inference``: its paged-attention ``InferenceEngine`` and the
+``InferenceContext`` that batches requests for it, single host); the model is loaded as the cross-teacher matrix
+loads it (:func:`trajsft.train.eval.load_model`) from the run's newest model or its HF export at a step; the chat
+route is ours (:mod:`trajsft.serve.chat`): requests render with trajsft's template, tools included, and tool calls
+come back as ``tool_calls``.
+
+:func:`locate` (no jax) finds what to serve and says in one line why it cannot; :func:`serve` loads, compiles
+once, prints the URL, the model name and where the start-up time went, and serves until SIGINT/SIGTERM.
+(No ``from __future__ import annotations`` here: FastAPI reads the routes' annotations, ``Request`` included.)
+"""
+
+
+import asyncio
+import copy
+import glob
+import logging
+import os
+import socket
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+from .. import io, storage
+from ..errors import ConfigError, one_line
+from ..fit.facts import HF_KEYS
+from ..plan import step_configs
+from ..plan.config import Plan
+from ..report.matrix import hf_exports, model_source
+from . import chat
+
+log = logging.getLogger("trajsft")
+
+DEFAULT_MAX_TOKENS = 512  # a reply's tokens when the request sets no max_tokens (within the student's seq_len)
+
+
+@dataclass(frozen=True)
+class Served:
+    """What ``trajsft serve`` serves: one model of a target's run."""
+
+    target: str
+    name: str  # the model name clients send: the run's content-addressed name
+    run_dir: str  # where the run was found (the current storage root first)
+    source: dict  # {"kind": "hf_export"|"checkpoint", "path", "step"} (trajsft.report.matrix.model_source)
+    train_cfg: dict  # the run's train_lm config, its paths pointing at run_dir
+
+
+def locate(plan: Plan, target: str, step: Optional[int] = None) -> Served:
+    """The model of ``target`` to serve: its newest (trainer checkpoint or HF export), or its HF export at ``step``,
+    from whichever storage root holds the run (the current one first). ConfigError, one line: not trained, no such
+    step, an HF export of another architecture than the run's."""
+    train = step_configs.train(plan, target)
+    run = train.run
+    here = storage.absolute(run.location).rstrip("/")
+    places = [io.join(root, "checkpoints", run.name) for root in storage.where(plan, run)]
+    train_cfg, run_dir = None, None
+    for loc in dict.fromkeys([*places, here]):
+        try:
+            train_cfg, run_dir = io.read_json(io.join(loc, "provenance", "config.json"))["levanter"], loc
+            break
+        except (FileNotFoundError, KeyError, ValueError):
+            continue
+    if train_cfg is None:
+        raise ConfigError(f"{target} is not trained: no run {run.name} under {here} or the other storage roots "
+                          f"(train it: snakemake {Plan.done_path(target)})")
+    # the run's own paths, wherever it was found (the config names the root it trained on)
+    train_cfg = copy.deepcopy(train_cfg)
+    train_cfg["hf_save_path"] = io.join(run_dir, "hf")
+    train_cfg["trainer"]["checkpointer"]["base_path"] = io.join(run_dir, "checkpoints")
+    if step is None:
+        source = model_source(train_cfg, "latest")
+        if source is None:
+            raise ConfigError(f"{target} is not trained: run {run.name} at {run_dir} has no checkpoint or HF export "
+                              f"yet (train it: snakemake {Plan.done_path(target)})")
+    else:
+        exports = dict(hf_exports(train_cfg["hf_save_path"]))
+        if step not in exports:
+            have = ", ".join(str(s) for s in sorted(exports)) or "none"
+            raise ConfigError(f"{target}: run {run.name} has no HF export at step {step} under "
+                              f"{train_cfg['hf_save_path']} (complete exports at steps: {have})")
+        source = {"kind": "hf_export", "path": exports[step], "step": step}
+    if source["kind"] == "hf_export":
+        check_architecture(train_cfg["model"], source["path"])
+    return Served(target=target, name=run.name, run_dir=run_dir, source=source, train_cfg=train_cfg)
+
+
+def check_architecture(model: dict, hf_export: str) -> None:
+    """An HF export whose ``config.json`` is not the run's model: one line naming what differs."""
+    try:
+        hf = io.read_json(io.join(hf_export, "config.json"))
+    except (FileNotFoundError, ValueError) as e:
+        raise ConfigError(f"{hf_export}: no readable config.json ({one_line(e)})") from None
+    if hf.get("model_type") not in (None, model.get("type")):
+        raise ConfigError(f"{hf_export} holds a {hf.get('model_type')} checkpoint, the run trained a {model.get('type')}")
+    wrong = [f"{k} {model[k]} but config.json {hf_key} {hf[hf_key]}" for k, hf_key in HF_KEYS.items()
+             if k in model and hf_key in hf and int(hf[hf_key]) != int(model[k])]
+    if wrong:
+        raise ConfigError(f"{hf_export} is a checkpoint of another architecture than the run's model: " + "; ".join(wrong))
+
+
+def serve_config(train_cfg: dict) -> dict:
+    """The run's train_lm config as the server parses it: no tracker, no HF saving, its own trainer id and logs."""
+    cfg = copy.deepcopy(train_cfg)
+    tr = cfg["trainer"]
+    tr["tracker"] = []
+    tr["id"] = f"serve-{tr['id']}"[:64]
+    tr["log_dir"] = os.path.abspath(os.path.join("logs", "serve"))
+    tr.pop("watch", None)
+    cfg.pop("hf_save_path", None)
+    return cfg
+
+
+def jax_platforms() -> Optional[str]:
+    """``JAX_PLATFORMS`` for the server: the caller's if set; none (JAX picks) on a machine with an accelerator
+    device (a TPU VM's /dev/accel* or /dev/vfio, a GPU's /dev/nvidia*); else ``cpu``: libtpu is installed here
+    for the fit check, and JAX would otherwise look for a TPU first."""
+    if os.environ.get("JAX_PLATFORMS"):
+        return os.environ["JAX_PLATFORMS"]
+    if glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*") or glob.glob("/dev/nvidia[0-9]*"):
+        return None
+    return "cpu"
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """The listening socket, bound before anything loads (a busy port: one line, at once)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise ConfigError(f"cannot listen on {host}:{port}: {e.strerror or e} (another server there? choose --port)") from None
+    sock.listen(128)
+    return sock
+
+
+def _error(status: int, message: str, kind: str = "invalid_request_error"):
+    from fastapi.responses import JSONResponse
+
+    return JSONResponse(status_code=status, content={"error": {"message": message, "type": kind}})
+
+
+def create_app(served: Served, tokenizer, submit: Callable, max_seq_len: int, max_seqs: int):
+    """The FastAPI app: ``/health``, ``/v1/models`` and ``/v1/chat/completions``. ``submit(prompt, max_tokens,
+    temperature, seed, n)`` awaits the engine's generations (``InferenceResponse`` objects)."""
+    from fastapi import FastAPI, Request
+
+    app = FastAPI(title=f"trajsft serve {served.target}")
+    end = tokenizer.convert_tokens_to_ids(chat.END_OF_TURN)
+    names = (served.name, served.target)
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok", "model": served.name}
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": served.name, "object": "model", "created": 0, "owned_by": "trajsft"}]}
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        try:
+            body = await request.json()
+        except ValueError:
+            return _error(400, "the request body is not JSON")
+        if not isinstance(body, dict):
+            return _error(400, "the request body is not a JSON object")
+        model = body.get("model")
+        if model not in names:
+            return _error(404, f"model {model!r} is not served here (this server serves {served.name}, also "
+                               f"called {served.target})", "model_not_found")
+        try:
+            msgs, tool_list = chat.messages(body), chat.tools(body)
+            gen = chat.generation_settings(body, DEFAULT_MAX_TOKENS)
+            prompt = chat.render(tokenizer, msgs, tool_list)
+            if len(prompt) >= max_seq_len:
+                raise chat.BadRequest(f"the prompt is {len(prompt)} tokens: the student's context is {max_seq_len} "
+                                      "(its training seq_len)")
+            if gen["n"] > max_seqs:
+                raise chat.BadRequest(f"n is {gen['n']}: this server generates at most {max_seqs} at once (--max-seqs)")
+        except chat.BadRequest as e:
+            return _error(400, str(e))
+        max_tokens = min(gen["max_tokens"], max_seq_len - len(prompt))
+        started = time.time()
+        try:
+            results = await submit(prompt, max_tokens, gen["temperature"], gen["seed"], gen["n"])
+        except Exception as e:  # noqa: BLE001 - the engine failed this request: said, and the server goes on
+            log.error("chat completion failed: %s", one_line(e))
+            return _error(500, f"generation failed: {one_line(e)}", "server_error")
+        choices, generated = [], 0
+        for i, r in enumerate(results):
+            toks = list(r.tokens)
+            ended = end in toks or len(toks) < max_tokens
+            if end in toks:
+                toks = toks[:toks.index(end)]
+            text = tokenizer.decode(toks, skip_special_tokens=True)
+            message, finish = chat.assistant_message(text, ended=ended, stops=gen["stop"])
+            choices.append({"index": i, "message": message, "finish_reason": finish, "logprobs": None})
+            generated += len(r.tokens)
+        log.info("chat completion: %d prompt tokens, %d generated in %.2fs (%s)", len(prompt), generated,
+                 time.time() - started, ", ".join(c["finish_reason"] for c in choices))
+        return {"id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "object": "chat.completion", "created": int(time.time()),
+                "model": served.name, "choices": choices,
+                "usage": {"prompt_tokens": len(prompt), "completion_tokens": generated,
+                          "total_tokens": len(prompt) + generated}}
+
+    return app
+
+
+def serve(served: Served, *, host: str = "127.0.0.1", port: int = 8701, max_seqs: int = 4,
+          out: Callable[[str], None] = print) -> None:
+    """Load ``served``'s model, compile generation once, then serve until SIGINT/SIGTERM (uvicorn's own shutdown;
+    the caller turns the re-raised KeyboardInterrupt into exit 0)."""
+    t0 = time.time()
+    sock = bind(host, port)
+    platforms = jax_platforms()
+    if platforms:
+        os.environ["JAX_PLATFORMS"] = platforms
+    import haliax as hax
+    import uvicorn
+
+    from levanter.inference.engine import InferenceEngine, InferenceEngineConfig
+    from levanter.inference.openai import InferenceContext, InferenceServerConfig
+
+    from ..train import eval as train_eval
+
+    config = train_eval.initialize(serve_config(served.train_cfg))
+    trainer = config.trainer
+    tokenizer = config.data.the_tokenizer
+    t_build = time.time()
+    src = served.source
+    max_seq_len = int(config.model.seq_len)
+    page_size = min(128, max_seq_len)
+    engine_cfg = InferenceEngineConfig(
+        max_seq_len=max_seq_len, max_seqs=max_seqs, page_size=page_size,
+        max_pages=max_seqs * ((max_seq_len + page_size - 1) // page_size),
+        compute_dtype=trainer.mp.compute_dtype, max_stop_seqs=1, max_stop_tokens=1,
+        max_seqs_in_prefill=min(16, max_seqs), max_queued_tokens=max(512, max_seqs))
+    with trainer.use_device_mesh(), hax.axis_mapping(trainer.parameter_axis_mapping):
+        try:
+            # in the run's compute dtype (an HF export holds hf_save_dtype's), as the KV cache: they must agree
+            model = trainer.mp.cast_to_compute(train_eval.load_model(config, tokenizer, **{src["kind"]: src["path"]}))
+        except Exception as e:  # noqa: BLE001 - a checkpoint that does not load as the run's model: one line
+            raise ConfigError(f"{src['path']} does not load as the run's model ({config.model.model_type}): "
+                              f"{one_line(e)}") from None
+        t_load = time.time()
+        engine = InferenceEngine.from_model_with_config(model=model, tokenizer=tokenizer, config=engine_cfg)
+    server_cfg = InferenceServerConfig(trainer=trainer, service=engine_cfg, host=host, port=port)
+    ctx = InferenceContext(model, tokenizer, engine, server_cfg)
+    end = tokenizer.convert_tokens_to_ids(chat.END_OF_TURN)
+
+    async def submit(prompt, max_tokens, temperature, seed, n):
+        future = asyncio.get_running_loop().create_future()
+        ctx.submit_request(prompt_tokens=prompt, max_tokens=max_tokens, temperature=temperature, stop_tokens=[end],
+                           seed=seed, future=future, n_generations=n)
+        return await future
+
+    ctx.start()
+    try:
+        # the first generation compiles prefill and decode: before the port answers, so the first client waits
+        # on nothing (a JAX compilation cache, as training uses, makes the next start faster)
+        warm = chat.render(tokenizer, [{"role": "user", "content": "hi"}], None)
+        asyncio.run(_first(submit, warm))
+        t_compile = time.time()
+        app = create_app(served, tokenizer, submit, max_seq_len, max_seqs)
+        shown = f"[{host}]" if ":" in host else host
+        out(f"trajsft serve: {served.target} ({src['kind']} step {src['step']}, {src['path']}) at "
+            f"http://{shown}:{sock.getsockname()[1]}/v1 as model {served.name}")
+        out(f"trajsft serve: ready in {t_compile - t0:.1f}s (build {t_build - t0:.1f}s, load {t_load - t_build:.1f}s, "
+            f"first compile {t_compile - t_load:.1f}s); Ctrl-C stops it")
+        server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
+        server.run(sockets=[sock])
+    finally:
+        ctx.shutdown()
+        sock.close()
+
+
+async def _first(submit, prompt) -> None:
+    await submit(prompt, 2, 0.0, 0, 1)

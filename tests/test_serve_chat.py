@@ -1,0 +1,161 @@
+"""The chat route of ``trajsft serve`` without the engine (trajsft.serve.chat, trajsft.serve.server.locate): requests
+render with the template training uses, tools included; the student's ``<tool_call>`` output comes back as OpenAI
+``tool_calls``; bad requests and unservable targets are one line each. The server itself, driven by the openai
+SDK: tests/test_pipeline.py::test_serve_the_demo_to_the_openai_sdk."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from transformers import AutoTokenizer
+
+from trajsft.data.template import load_template
+from trajsft.errors import ConfigError
+from trajsft.plan import config as C
+from trajsft.serve import chat, server
+
+TOOLS = [{"type": "function", "function": {"name": "bash", "description": "run a command",
+                                           "parameters": {"type": "object",
+                                                          "properties": {"command": {"type": "string"}}}}}]
+HISTORY = [
+    {"role": "system", "content": "You are a helpful assistant."},
+    {"role": "user", "content": "What is in the repo?"},
+    {"role": "assistant", "content": None,
+     "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "bash", "arguments": "{\"command\": \"ls\"}"}}]},
+    {"role": "tool", "tool_call_id": "call_1", "content": "Cargo.toml\nsrc"},
+]
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return AutoTokenizer.from_pretrained(str(C.REPO_DIR / "demo" / "tokenizer"))
+
+
+def test_a_request_renders_as_training_renders_the_chat_tools_included(tok):
+    body = {"messages": HISTORY, "tools": TOOLS}
+    ids = chat.render(tok, chat.messages(body), chat.tools(body))
+    # the shards' form of the same chat (content "" for a tool-calling turn, arguments as the JSON string given)
+    shard_form = [{**m, "content": m["content"] or ""} for m in HISTORY]
+    want = tok.apply_chat_template(shard_form, tools=TOOLS, chat_template=load_template(), add_generation_prompt=True,
+                                   tokenize=True)
+    assert ids == list(want)
+    text = tok.decode(ids)
+    assert "# Tools" in text and '"name": "bash"' in text  # the tools block of the template
+    assert '<tool_call>\n{"name": "bash", "arguments": {"command": "ls"}}\n</tool_call>' in text
+    assert "<tool_response>\nCargo.toml\nsrc\n</tool_response>" in text and text.endswith("<|im_start|>assistant\n")
+    # no tools: the template's plain system turn; OpenAI's text parts and the developer role are read as text
+    plain = chat.messages({"messages": [{"role": "developer", "content": [{"type": "text", "text": "Be brief."}]},
+                                        {"role": "user", "content": "hi"}]})
+    assert plain[0] == {"role": "system", "content": "Be brief."} and chat.tools({"tools": []}) is None
+
+
+@pytest.mark.parametrize("body, message", [
+    ({}, "messages: a non-empty list of chat messages is required"),
+    ({"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role is 'robot', expected one of system, user, assistant, tool"),
+    ({"messages": [{"role": "user", "content": 3}]}, "messages[0].content is int, expected a string or a list of text parts"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages[0].content[0]: only text parts are served"),
+    ({"messages": [{"role": "assistant", "tool_calls": [{"function": {}}]}]}, "messages[0].tool_calls[0].function.name is missing"),
+    ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "retrieval"}]}, "tools[0]: expected"),
+])
+def test_a_malformed_request_is_one_line_naming_the_field(body, message):
+    with pytest.raises(chat.BadRequest) as e:
+        chat.tools(body), chat.messages(body)
+    assert str(e.value).startswith(message) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("body, message", [
+    ({"max_tokens": 0}, "max_tokens is 0, expected an integer >= 1"),
+    ({"temperature": -1}, "temperature is -1, expected a number >= 0"),
+    ({"stream": True}, "stream: streamed responses are not served"),
+    ({"stop": [""]}, "stop: a string or a list of non-empty strings"),
+    ({"seed": "x"}, "seed is 'x', expected an integer"),
+])
+def test_bad_generation_settings_are_one_line(body, message):
+    with pytest.raises(chat.BadRequest, match="^" + message.replace("(", r"\(")):
+        chat.generation_settings(body, 512)
+
+
+def test_generation_settings_default_and_read():
+    assert chat.generation_settings({}, 512) == {"max_tokens": 512, "temperature": 0.7, "n": 1, "seed": None, "stop": []}
+    got = chat.generation_settings({"max_completion_tokens": 9, "temperature": 0, "seed": 3, "stop": "END"}, 512)
+    assert got == {"max_tokens": 9, "temperature": 0.0, "n": 1, "seed": 3, "stop": ["END"]}
+
+
+def test_tool_calls_in_the_output_come_back_as_openai_tool_calls():
+    out = ('<think>\nlook first\n</think>\n\nListing.\n<tool_call>\n{"name": "bash", "arguments": {"command": "ls -la"}}'
+           '\n</tool_call>\n<tool_call>\n{"name": "read", "arguments": "{\\"path\\": \\"a\\"}"}\n</tool_call>')
+    msg, finish = chat.assistant_message(out, ended=True, stops=[])
+    assert finish == "tool_calls" and msg["content"] == "<think>\nlook first\n</think>\n\nListing."
+    [a, b] = msg["tool_calls"]
+    assert a["type"] == "function" and a["id"].startswith("call_") and a["id"] != b["id"]
+    assert a["function"] == {"name": "bash", "arguments": json.dumps({"command": "ls -la"})}
+    assert b["function"] == {"name": "read", "arguments": '{"path": "a"}'}  # a JSON string stays as given
+    msg, finish = chat.assistant_message('<tool_call>\n{"name": "bash"}\n</tool_call>', ended=True, stops=[])
+    assert msg["content"] is None and msg["tool_calls"][0]["function"]["arguments"] == "{}"
+
+
+@pytest.mark.parametrize("out, ended, finish", [
+    ("Done.", True, "stop"),
+    ("Do", False, "length"),  # cut by max_tokens
+    ('<tool_call>\n{"name": "bash", "arguments": {"command": \n</tool_call>', True, "stop"),  # not JSON
+    ('<tool_call>\n["bash"]\n</tool_call>', True, "stop"),  # not an object with a name
+    ('<tool_call>\n{"name": "bash"}\n</tool_call><tool_call>\n{"name": ', False, "length"),  # one left open
+])
+def test_output_that_does_not_parse_comes_back_as_text(out, ended, finish):
+    msg, got = chat.assistant_message(out, ended=ended, stops=[])
+    assert msg == {"role": "assistant", "content": out} and got == finish
+
+
+def test_a_stop_string_ends_the_output_before_it():
+    msg, finish = chat.assistant_message("one\nTwo END three", ended=False, stops=["END", "\n\n"])
+    assert msg["content"] == "one\nTwo " and finish == "stop"
+
+
+def test_what_cannot_be_served_is_one_line(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    plan = C.Plan(C.load(None, {"storage_root": str(tmp_path / "store")}), base_dir=C.REPO_DIR,
+                  state_dir=str(tmp_path / "results"))
+    with pytest.raises(ConfigError) as e:
+        server.locate(plan, "demo")
+    run = plan.get("checkpoints", next(a.name for a in plan.chain("demo") if a.kind == "checkpoints"))
+    assert str(e.value) == (f"demo is not trained: no run {run.name} under {tmp_path}/store/checkpoints/{run.name} or "
+                            "the other storage roots (train it: snakemake checkpoints/demo/done)")
+    with pytest.raises(ConfigError, match=r"^unknown target 'nope'"):
+        server.locate(plan, "nope")
+    # a run that started: its provenance, no model yet; then an HF export of another architecture at a step
+    run_dir = tmp_path / "store/checkpoints" / run.name
+    train_cfg = {"model": {"type": "qwen3", "hidden_dim": 64, "num_layers": 2}, "hf_save_path": "elsewhere",
+                 "trainer": {"id": run.hash, "checkpointer": {"base_path": "elsewhere"}}}
+    (run_dir / "provenance").mkdir(parents=True)
+    (run_dir / "provenance/config.json").write_text(json.dumps({"levanter": train_cfg}))
+    with pytest.raises(ConfigError, match=rf"^demo is not trained: run {run.name} at {run_dir} has no checkpoint or HF"):
+        server.locate(plan, "demo")
+    with pytest.raises(ConfigError, match=rf"^demo: run {run.name} has no HF export at step 7 under {run_dir}/hf "
+                                          r"\(complete exports at steps: none\)$"):
+        server.locate(plan, "demo", 7)
+    export = run_dir / "hf/step-7"
+    export.mkdir(parents=True)
+    (export / "config.json").write_text(json.dumps({"model_type": "qwen3", "hidden_size": 64, "num_hidden_layers": 28}))
+    (export / "model.safetensors").write_bytes(b"x")
+    monkeypatch.setattr("trajsft.train.checkpoints.hf_export_complete", lambda path: True)
+    with pytest.raises(ConfigError) as e:
+        server.locate(plan, "demo", 7)
+    assert str(e.value) == (f"{export} is a checkpoint of another architecture than the run's model: num_layers 2 but "
+                            "config.json num_hidden_layers 28")
+    (export / "config.json").write_text(json.dumps({"model_type": "qwen3", "hidden_size": 64, "num_hidden_layers": 2}))
+    served = server.locate(plan, "demo", 7)
+    assert served.source == {"kind": "hf_export", "path": str(export), "step": 7} and served.name == run.name
+    assert served.train_cfg["trainer"]["checkpointer"]["base_path"] == f"{run_dir}/checkpoints"  # where it was found
+    shutil.rmtree(run_dir)
+
+
+def test_a_busy_port_is_one_line():
+    first = server.bind("127.0.0.1", 0)
+    try:
+        port = first.getsockname()[1]
+        with pytest.raises(ConfigError, match=rf"^cannot listen on 127.0.0.1:{port}: .*choose --port\)$"):
+            server.bind("127.0.0.1", port)
+    finally:
+        first.close()
