@@ -403,3 +403,27 @@ def test_serve_the_demo_to_the_openai_sdk(demo, tmp_path):
     finally:
         if p.poll() is None:
             kill_group(p)
+
+
+def test_next_action_scores_of_the_demo_student_and_of_the_replay(demo):
+    """`trajsft eval demo --actions` (issue 40, its first part): the trained student generates greedily through the
+    engine `trajsft serve` uses, on the demo's held-out turns; every metric is in [0, 1]. With --replay the teacher's
+    own turns score 1.0 on every agreement (tests/test_actions.py proves the same without the CLI)."""
+    from trajsft.report.actions import AGREEMENTS
+
+    wd, _ = demo
+    p = cli(wd, "eval", "demo", "--actions", "--json", "--max-turns", "4", "--max-tokens", "24")
+    assert p.returncode == 0, p.stderr[-3000:]
+    [row] = json.loads(p.stdout)
+    assert row["target"] == "demo" and row["model"].startswith("demo-") and list(row["splits"]) == ["demo"]
+    split = row["splits"]["demo"]
+    assert split["turns"] == 4 and 0 < split["tokens"] <= 25
+    names = [k for k in split if k in AGREEMENTS]
+    assert any("valid" in k for k in names) and any("tool_name" in k for k in names)
+    assert all(split[k] is None or 0.0 <= split[k] <= 1.0 for k in names), split
+    replay = cli(wd, "eval", "demo", "--actions", "--replay", "--json", "--max-turns", "4")
+    assert replay.returncode == 0, replay.stderr[-3000:]
+    [r] = json.loads(replay.stdout)
+    assert r["model"] == "replay" and r["splits"]["demo"]["turns"] == 4
+    assert all(r["splits"]["demo"][k] == 1.0 for k in AGREEMENTS if r["splits"]["demo"][k] is not None)
+    assert r["splits"]["demo"]["valid"] == r["splits"]["demo"]["tool_name"] == 1.0

@@ -260,11 +260,68 @@ def cmd_plan(args) -> int:
     return 0
 
 
+def _held_out(plan: C.Plan, row: TrainConfig, teacher: str) -> str:
+    """The shard set holding ``teacher``'s held-out chats as ``row``'s student reads them (built: else one line)."""
+    tok = row.tokenized.get(teacher) or plan.eval_cells.get((row.target, teacher))
+    if tok is None:
+        raise C.ConfigError(f"{teacher} is not a teacher of {row.target} nor an eval column of it "
+                            f"(teachers: {', '.join(row.tokenized)})")
+    shards = plan.get("shards", tok.spec["shards"])
+    if not os.path.exists(shards.manifest):
+        raise C.ConfigError(f"{teacher}: {shards.manifest} is missing: build it first (snakemake {shards.manifest})")
+    return shards.location
+
+
+def cmd_eval_actions(args) -> int:
+    """Next-action scores of each target's student (or, with --replay, of the teachers' own turns) on the held-out
+    chats of each teacher: its own, and the eval columns when the config has an ``eval:`` section."""
+    from . import logs
+    from .report import actions
+
+    plan = _load(args)
+    logs.setup(None, plan.cfg.get("log_level", "INFO"))
+    names = args.targets or (plan.cfg.get("eval") or {}).get("targets") or plan.cfg["default_targets"]
+    out = []
+    for row in _trainings(plan, names):
+        columns = list(dict.fromkeys([*row.tokenized, *(plan.eval_columns() if plan.cfg.get("eval") else [])]))
+        if args.teachers:
+            columns = args.teachers
+        turns = {c: actions.held_out_turns(c, _held_out(plan, row, c), args.max_turns) for c in columns}
+        if args.replay:
+            from transformers import AutoTokenizer
+
+            student = row.run.spec["student"]
+            model = actions.Replay(AutoTokenizer.from_pretrained(
+                plan.resolve_ref(student["tokenizer"], student.get("tokenizer_revision"))))
+        else:
+            from .serve import server
+            from .train import generate
+
+            served = server.locate(plan, row.target)
+            model = actions.Student(served.name, generate.load(served.train_cfg, served.source), args.max_tokens)
+        splits = {c: actions.evaluate(model, ts) for c, ts in turns.items()}
+        out.append({"target": row.target, "model": model.name, "max_turns": args.max_turns,
+                    "max_tokens": None if args.replay else args.max_tokens, "splits": splits})
+    if args.json:
+        print(json.dumps(out, indent=2))
+    else:
+        for r in out:
+            print(f"{r['target']} ({r['model']}), turns per split: "
+                  + ", ".join(f"{c} {s['turns']}" for c, s in r["splits"].items()))
+            print(actions.table({r["model"]: r["splits"]}))
+    return 0
+
+
 def cmd_eval(args) -> int:
     """The cross-teacher matrix of the config's ``eval:`` section (rows and columns may be narrowed),
     from the targets' latest HF exports or checkpoints; the same code as rule ``eval_matrix``."""
     from .report import matrix
     from . import logs
+
+    if args.actions:
+        return cmd_eval_actions(args)
+    if args.replay:
+        raise C.ConfigError("--replay scores the teachers' own turns: use it with --actions")
 
     overrides = {}
     if args.targets:
@@ -410,7 +467,15 @@ def build_parser() -> argparse.ArgumentParser:
                     help="which model of a target (default: eval.model, else latest)")
     sp.add_argument("--max-eval-batches", type=int, help="cap per held-out split")
     sp.add_argument("--out", default=os.path.join(C.STATE_DIR, "eval"), help="output dir (default results/eval)")
-    sp.add_argument("--json", action="store_true", help="print the matrix as JSON")
+    sp.add_argument("--json", action="store_true", help="print the matrix (or the next-action scores) as JSON")
+    sp.add_argument("--actions", action="store_true",
+                    help="next-action scores instead: the student's turn against the teacher's on held-out chats "
+                         "(tool calls, tool names, arguments, commands, ending the episode)")
+    sp.add_argument("--replay", action="store_true",
+                    help="with --actions: score the teachers' own turns (every agreement is 1.0: the scores' check)")
+    sp.add_argument("--max-turns", type=int, default=8, help="with --actions: turns sampled per teacher split (default 8)")
+    sp.add_argument("--max-tokens", type=int, default=64,
+                    help="with --actions: tokens the student may generate per turn (default 64)")
     sp.set_defaults(func=cmd_eval)
 
     sp = sub.add_parser("fit", help="will the train step fit the profile's TPU slice, and what will the run cost? "

@@ -293,7 +293,7 @@ ROWS_PER_FILE = 2000
 EXAMPLES = 20
 
 
-def _read_split(location: str, files: list[str]) -> list[dict]:
+def read_split(location: str, files: list[str]) -> list[dict]:
     import gzip
 
     from .. import io
@@ -301,7 +301,7 @@ def _read_split(location: str, files: list[str]) -> list[dict]:
     return [json.loads(line) for f in files for line in gzip.decompress(io.read_bytes(f"{location}/{f}")).splitlines()]
 
 
-def _shard_files(location: str) -> dict[str, list[str]]:
+def shard_files(location: str) -> dict[str, list[str]]:
     """{split: [file names]} of a shard set (train-00000.jsonl.gz, ...)."""
     from .. import io
     from ..errors import DataError
@@ -390,11 +390,11 @@ def export(cfg: ExportConfig) -> dict:
     args_as_string = 0
     for teacher, shards_name in sorted(cfg.shards.items()):
         shards_location = cfg.shard_locations[teacher]
-        files = _shard_files(shards_location)
+        files = shard_files(shards_location)
         entry = {"shards": shards_name, "weight": cfg.weights[teacher], "messages_rows": {}, "llamafactory_rows": {},
                  "llamafactory_rows_exact": {}, "skipped": {}}
         for split, fnames in sorted(files.items()):
-            recs = _read_split(shards_location, fnames)
+            recs = read_split(shards_location, fnames)
             msg_rows = [messages_row(r) for r in recs]
             args_as_string += sum(n for _, n in msg_rows)
             msg_files[f"{teacher}/{split}"] = [f"messages/{teacher}/{f}" for f in

@@ -10,15 +10,13 @@ render is an HTTP 400 naming the field, and Qwen3's ``<tool_call>`` JSON in the 
 from __future__ import annotations
 
 import json
-import re
 import uuid
 from typing import Any, Mapping, Optional
 
 from ..data.template import load_template
+from ..data.turns import parse_output
 
 ROLES = ("system", "user", "assistant", "tool")
-END_OF_TURN = "<|im_end|>"  # every assistant turn the student trained on ends with it (the loss covers it)
-_TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
 
 
 class BadRequest(ValueError):
@@ -143,27 +141,16 @@ def assistant_message(text: str, *, ended: bool, stops: list[str]) -> tuple[dict
 
     ``ended``: the student closed its turn (``<|im_end|>``). Every ``<tool_call>`` block that holds a JSON object
     with a ``name`` becomes a ``tool_calls`` entry (its ``arguments`` a JSON string) and leaves the content; if any
-    block does not parse, or a block is left open, the whole output is the content and there are no tool calls."""
+    block does not parse, or a block is left open, the whole output is the content and there are no tool calls
+    (:func:`trajsft.data.turns.parse_output`)."""
     for s in stops:  # the client's stop strings: the output ends before the first one
         cut = text.find(s)
         if cut >= 0:
             text, ended = text[:cut], True
-    calls = []
-    for block in _TOOL_CALL.findall(text):
-        try:
-            obj = json.loads(block)
-        except ValueError:
-            calls = None
-            break
-        args = obj.get("arguments", {}) if isinstance(obj, dict) else None
-        if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not isinstance(args, (dict, str)):
-            calls = None
-            break
-        calls.append({"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-                      "function": {"name": obj["name"],
-                                   "arguments": args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)}})
-    rest = _TOOL_CALL.sub("", text)
-    if not calls or "<tool_call>" in rest:
+    parsed = parse_output(text)
+    if not parsed.calls:
         return {"role": "assistant", "content": text}, "stop" if ended else "length"
-    content = rest.strip()
-    return {"role": "assistant", "content": content or None, "tool_calls": calls}, "tool_calls"
+    calls = [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+              "function": {"name": c.name, "arguments": c.arguments if isinstance(c.arguments, str)
+                           else json.dumps(c.arguments, ensure_ascii=False)}} for c in parsed.calls]
+    return {"role": "assistant", "content": parsed.content or None, "tool_calls": calls}, "tool_calls"

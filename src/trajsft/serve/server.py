@@ -14,9 +14,7 @@ once, prints the URL, the model name and where the start-up time went, and serve
 
 import asyncio
 import copy
-import glob
 import logging
-import os
 import socket
 import time
 import uuid
@@ -29,6 +27,7 @@ from ..fit.facts import HF_KEYS
 from ..plan import step_configs
 from ..plan.config import Plan
 from ..report.matrix import hf_exports, model_source
+from ..train.generate import END_OF_TURN
 from . import chat
 
 log = logging.getLogger("trajsft")
@@ -100,29 +99,6 @@ def check_architecture(model: dict, hf_export: str) -> None:
         raise ConfigError(f"{hf_export} is a checkpoint of another architecture than the run's model: " + "; ".join(wrong))
 
 
-def serve_config(train_cfg: dict) -> dict:
-    """The run's train_lm config as the server parses it: no tracker, no HF saving, its own trainer id and logs."""
-    cfg = copy.deepcopy(train_cfg)
-    tr = cfg["trainer"]
-    tr["tracker"] = []
-    tr["id"] = f"serve-{tr['id']}"[:64]
-    tr["log_dir"] = os.path.abspath(os.path.join("logs", "serve"))
-    tr.pop("watch", None)
-    cfg.pop("hf_save_path", None)
-    return cfg
-
-
-def jax_platforms() -> Optional[str]:
-    """``JAX_PLATFORMS`` for the server: the caller's if set; none (JAX picks) on a machine with an accelerator
-    device (a TPU VM's /dev/accel* or /dev/vfio, a GPU's /dev/nvidia*); else ``cpu``: libtpu is installed here
-    for the fit check, and JAX would otherwise look for a TPU first."""
-    if os.environ.get("JAX_PLATFORMS"):
-        return os.environ["JAX_PLATFORMS"]
-    if glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*") or glob.glob("/dev/nvidia[0-9]*"):
-        return None
-    return "cpu"
-
-
 def bind(host: str, port: int) -> socket.socket:
     """The listening socket, bound before anything loads (a busy port: one line, at once)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -149,7 +125,7 @@ def create_app(served: Served, tokenizer, submit: Callable, max_seq_len: int, ma
     from fastapi import FastAPI, Request
 
     app = FastAPI(title=f"trajsft serve {served.target}")
-    end = tokenizer.convert_tokens_to_ids(chat.END_OF_TURN)
+    end = tokenizer.convert_tokens_to_ids(END_OF_TURN)
     names = (served.name, served.target)
 
     @app.get("/health")
@@ -216,61 +192,37 @@ def serve(served: Served, *, host: str = "127.0.0.1", port: int = 8701, max_seqs
     the caller turns the re-raised KeyboardInterrupt into exit 0)."""
     t0 = time.time()
     sock = bind(host, port)
-    platforms = jax_platforms()
-    if platforms:
-        os.environ["JAX_PLATFORMS"] = platforms
-    import haliax as hax
     import uvicorn
 
-    from levanter.inference.engine import InferenceEngine, InferenceEngineConfig
     from levanter.inference.openai import InferenceContext, InferenceServerConfig
 
-    from ..train import eval as train_eval
+    from ..train import generate
 
-    config = train_eval.initialize(serve_config(served.train_cfg))
-    trainer = config.trainer
-    tokenizer = config.data.the_tokenizer
-    t_build = time.time()
+    loaded = generate.load(served.train_cfg, served.source, max_seqs)
     src = served.source
-    max_seq_len = int(config.model.seq_len)
-    page_size = min(128, max_seq_len)
-    engine_cfg = InferenceEngineConfig(
-        max_seq_len=max_seq_len, max_seqs=max_seqs, page_size=page_size,
-        max_pages=max_seqs * ((max_seq_len + page_size - 1) // page_size),
-        compute_dtype=trainer.mp.compute_dtype, max_stop_seqs=1, max_stop_tokens=1,
-        max_seqs_in_prefill=min(16, max_seqs), max_queued_tokens=max(512, max_seqs))
-    with trainer.use_device_mesh(), hax.axis_mapping(trainer.parameter_axis_mapping):
-        try:
-            # in the run's compute dtype (an HF export holds hf_save_dtype's), as the KV cache: they must agree
-            model = trainer.mp.cast_to_compute(train_eval.load_model(config, tokenizer, **{src["kind"]: src["path"]}))
-        except Exception as e:  # noqa: BLE001 - a checkpoint that does not load as the run's model: one line
-            raise ConfigError(f"{src['path']} does not load as the run's model ({config.model.model_type}): "
-                              f"{one_line(e)}") from None
-        t_load = time.time()
-        engine = InferenceEngine.from_model_with_config(model=model, tokenizer=tokenizer, config=engine_cfg)
-    server_cfg = InferenceServerConfig(trainer=trainer, service=engine_cfg, host=host, port=port)
-    ctx = InferenceContext(model, tokenizer, engine, server_cfg)
-    end = tokenizer.convert_tokens_to_ids(chat.END_OF_TURN)
+    server_cfg = InferenceServerConfig(trainer=loaded.config.trainer, service=loaded.engine_cfg, host=host, port=port)
+    ctx = InferenceContext(loaded.model, loaded.tokenizer, loaded.engine, server_cfg)
 
     async def submit(prompt, max_tokens, temperature, seed, n):
         future = asyncio.get_running_loop().create_future()
-        ctx.submit_request(prompt_tokens=prompt, max_tokens=max_tokens, temperature=temperature, stop_tokens=[end],
-                           seed=seed, future=future, n_generations=n)
+        ctx.submit_request(prompt_tokens=prompt, max_tokens=max_tokens, temperature=temperature,
+                           stop_tokens=[loaded.end], seed=seed, future=future, n_generations=n)
         return await future
 
     ctx.start()
     try:
         # the first generation compiles prefill and decode: before the port answers, so the first client waits
         # on nothing (a JAX compilation cache, as training uses, makes the next start faster)
-        warm = chat.render(tokenizer, [{"role": "user", "content": "hi"}], None)
+        t_loaded = time.time()
+        warm = chat.render(loaded.tokenizer, [{"role": "user", "content": "hi"}], None)
         asyncio.run(_first(submit, warm))
         t_compile = time.time()
-        app = create_app(served, tokenizer, submit, max_seq_len, max_seqs)
+        app = create_app(served, loaded.tokenizer, submit, loaded.max_seq_len, max_seqs)
         shown = f"[{host}]" if ":" in host else host
         out(f"trajsft serve: {served.target} ({src['kind']} step {src['step']}, {src['path']}) at "
             f"http://{shown}:{sock.getsockname()[1]}/v1 as model {served.name}")
-        out(f"trajsft serve: ready in {t_compile - t0:.1f}s (build {t_build - t0:.1f}s, load {t_load - t_build:.1f}s, "
-            f"first compile {t_compile - t_load:.1f}s); Ctrl-C stops it")
+        out(f"trajsft serve: ready in {t_compile - t0:.1f}s (build {loaded.seconds['build']:.1f}s, load "
+            f"{loaded.seconds['load']:.1f}s, first compile {t_compile - t_loaded:.1f}s); Ctrl-C stops it")
         server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
         server.run(sockets=[sock])
     finally:

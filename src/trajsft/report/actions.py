@@ -1,0 +1,213 @@
+"""Next-action scores: the student's turn against the teacher's, on held-out chats.
+
+For each held-out chat of a teacher (the validation split of its shard set), each assistant turn is a candidate; a
+deterministic sample of them (by a hash of the chat's ``traj_id`` and the turn's index, capped by ``max_turns``) is
+scored. The model gets the conversation up to the turn, rendered with the template training uses, and generates
+once (greedy, up to ``max_tokens``). Its output is parsed as ``trajsft serve`` parses it
+(:func:`trajsft.data.turns.parse_output`) and compared with the teacher's turn:
+
+- ``valid``: the output parses (every ``<tool_call>`` a JSON object with a name, none left open) and the model ended
+  its turn before the token cap;
+- ``tool_or_text``: both call a tool, or both answer in text;
+- ``tool_name`` (turns where the teacher calls a tool): the first call's tool is the teacher's;
+- ``arguments_exact`` (same turns): the first call's arguments equal the teacher's, as JSON objects;
+- ``command_program`` and ``command_similarity`` (turns where the teacher's first call runs a shell command: a
+  ``command`` or ``cmd`` argument): the command's program (first word) is the teacher's, and the commands' normalised
+  edit similarity (whitespace collapsed, difflib's ratio; 0 without a command);
+- ``ends_episode``: both end the episode or both go on (a turn ends it when it calls no tool, or its command
+  submits: ``COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT``, mini-swe-agent's signal);
+- ``tokens``: the mean tokens generated (not an agreement: no upper bound).
+
+An output that does not parse is counted (``valid`` 0, and ``unparsed``), never an error. Two built-in models prove
+the scores honest: :class:`Replay` answers with the teacher's own turn as the template renders it (no token cap),
+which must score 1.0 on every agreement; :class:`ConstantText` answers every turn with the same text.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import shlex
+from dataclasses import dataclass
+from typing import Iterable, Mapping, Optional, Protocol, Sequence
+
+from ..data.export import read_split, shard_files
+from ..data.template import load_template
+from ..data.turns import Parsed, command, parse_message, parse_output
+from ..errors import DataError
+
+FORMAT = 1
+SUBMIT = "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
+AGREEMENTS = ("valid", "tool_or_text", "tool_name", "arguments_exact", "command_program", "command_similarity",
+              "ends_episode")
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One scored turn: the conversation before it and the teacher's assistant message."""
+
+    teacher: str
+    traj_id: str
+    index: int  # the assistant message's index in the chat
+    context: tuple[dict, ...]
+    reference: dict
+
+
+def held_out_turns(teacher: str, shards_location: str, max_turns: int) -> list[Turn]:
+    """The sampled assistant turns of ``teacher``'s held-out chats (the shard set's validation split)."""
+    files = shard_files(shards_location).get("validation") or []
+    chats = read_split(shards_location, files) if files else []
+    if not chats:
+        raise DataError(f"{teacher}: the held-out split is empty ({shards_location} has no validation chats): set "
+                        f"teachers.{teacher}.transform.heldout_fraction (or eval.heldout_fraction) above 0")
+    turns = []
+    for chat in chats:
+        msgs = chat["messages"]
+        for i, m in enumerate(msgs):
+            if m["role"] == "assistant":
+                turns.append(Turn(teacher, str(chat["traj_id"]), i, tuple(msgs[:i]), m))
+
+    def key(t: Turn) -> str:
+        return hashlib.sha256(f"{t.traj_id}:{t.index}".encode()).hexdigest()
+
+    return sorted(turns, key=key)[:max_turns]
+
+
+def prompt_text(tokenizer, turn: Turn) -> str:
+    """The conversation before the turn, rendered as training renders it, the assistant's turn opened."""
+    return tokenizer.apply_chat_template(list(turn.context), chat_template=load_template(), tokenize=False,
+                                         add_generation_prompt=True)
+
+
+class Model(Protocol):
+    name: str
+
+    def answer(self, turns: Sequence[Turn]) -> list[tuple[str, bool, int]]:
+        """Each turn's output text, whether the model ended its turn, and the tokens it generated."""
+
+
+class Replay:
+    """The teacher's own turn, rendered by the template from the held-out chat (what the student trained to say)."""
+
+    name = "replay"
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+
+    def answer(self, turns: Sequence[Turn]) -> list[tuple[str, bool, int]]:
+        out = []
+        for t in turns:
+            before = prompt_text(self.tokenizer, t)
+            full = self.tokenizer.apply_chat_template([*t.context, t.reference], chat_template=load_template(),
+                                                      tokenize=False)
+            if not full.startswith(before):
+                raise DataError(f"{t.teacher}/{t.traj_id} turn {t.index}: the template renders the turn's context "
+                                "differently with the turn after it")
+            text = full[len(before):].rstrip("\n").removesuffix("<|im_end|>")
+            out.append((text, True, len(self.tokenizer.encode(text, add_special_tokens=False))))
+        return out
+
+
+class ConstantText:
+    """The same text for every turn: a model that never acts."""
+
+    name = "constant-text"
+
+    def __init__(self, text: str = "I am done."):
+        self.text = text
+
+    def answer(self, turns: Sequence[Turn]) -> list[tuple[str, bool, int]]:
+        return [(self.text, True, 1) for _ in turns]
+
+
+class Student:
+    """A trained model through the engine ``trajsft serve`` uses (:mod:`trajsft.train.generate`), greedy."""
+
+    def __init__(self, name: str, loaded, max_tokens: int):
+        self.name, self.loaded, self.max_tokens = name, loaded, max_tokens
+
+    def answer(self, turns: Sequence[Turn]) -> list[tuple[str, bool, int]]:
+        from ..train import generate
+
+        tok = self.loaded.tokenizer
+        prompts = [tok.encode(prompt_text(tok, t), add_special_tokens=False) for t in turns]
+        out = []
+        for toks, ended in generate.generate(self.loaded, prompts, self.max_tokens):
+            out.append((tok.decode(toks, skip_special_tokens=True), ended, len(toks) + (1 if ended else 0)))
+        return out
+
+
+def _program(cmd: str) -> str:
+    try:
+        words = shlex.split(cmd)
+    except ValueError:
+        words = cmd.split()
+    return words[0] if words else ""
+
+
+def _normal(cmd: str) -> str:
+    return " ".join(cmd.split())
+
+
+def ends_episode(p: Parsed) -> bool:
+    if not p.calls:
+        return True
+    cmd = command(p.calls[0])
+    return bool(cmd and SUBMIT in cmd) or p.calls[0].name == "submit"
+
+
+def score(student: Parsed, ended: bool, teacher: Parsed) -> dict[str, Optional[float]]:
+    """One turn's metrics (None: not applicable to this teacher turn)."""
+    s_call = student.calls[0] if student.calls else None
+    t_call = teacher.calls[0] if teacher.calls else None
+    out: dict[str, Optional[float]] = {
+        "valid": float(student.parsed and ended),
+        "tool_or_text": float(bool(student.calls) == bool(teacher.calls)),
+        "tool_name": None, "arguments_exact": None, "command_program": None, "command_similarity": None,
+        "ends_episode": float(ends_episode(student) == ends_episode(teacher)),
+    }
+    if t_call is not None:
+        out["tool_name"] = float(s_call is not None and s_call.name == t_call.name)
+        out["arguments_exact"] = float(s_call is not None and s_call.arguments == t_call.arguments)
+        t_cmd = command(t_call)
+        if t_cmd is not None:
+            s_cmd = command(s_call)
+            out["command_program"] = float(s_cmd is not None and _program(s_cmd) == _program(t_cmd))
+            out["command_similarity"] = (0.0 if s_cmd is None else
+                                         difflib.SequenceMatcher(None, _normal(s_cmd), _normal(t_cmd)).ratio())
+    return out
+
+
+def evaluate(model: Model, turns: Sequence[Turn]) -> dict:
+    """The split's figures: turns scored, the mean of each metric over the turns it applies to (with that count),
+    unparsed outputs, mean tokens generated."""
+    sums: dict[str, float] = {k: 0.0 for k in AGREEMENTS}
+    counts: dict[str, int] = {k: 0 for k in AGREEMENTS}
+    unparsed, tokens = 0, 0
+    for turn, (text, ended, n) in zip(turns, model.answer(turns), strict=True):
+        student = parse_output(text)
+        unparsed += not student.parsed
+        tokens += n
+        for k, v in score(student, ended, parse_message(turn.reference)).items():
+            if v is not None:
+                sums[k] += v
+                counts[k] += 1
+    n = len(turns)
+    return {"turns": n, **{k: (sums[k] / counts[k] if counts[k] else None) for k in AGREEMENTS},
+            "applies_to": {k: counts[k] for k in AGREEMENTS if k not in ("valid", "tool_or_text", "ends_episode")},
+            "unparsed": unparsed, "tokens": tokens / n if n else None}
+
+
+def table(rows: Mapping[str, Mapping[str, Mapping]], metrics: Iterable[str] = ("valid", "tool_name", "tool_or_text",
+                                                                              "command_similarity")) -> str:
+    """A student x teacher table per metric (rows: models, columns: held-out teacher splits)."""
+    metrics = list(metrics)
+    cols = list(dict.fromkeys(c for r in rows.values() for c in r))
+    lines = []
+    for m in metrics:
+        lines.append(f"{m}:")
+        lines.append("  " + "".join(f"{c:>18}" for c in ["model", *cols]))
+        for name, splits in rows.items():
+            cells = [("-" if splits.get(c, {}).get(m) is None else f"{splits[c][m]:.3f}") for c in cols]
+            lines.append("  " + "".join(f"{x:>18}" for x in [name, *cells]))
+    return "\n".join(lines)

@@ -1,0 +1,133 @@
+"""A trained model generating with Levanter's inference engine (``levanter.inference.engine.InferenceEngine``: paged
+attention, single host): what ``trajsft serve`` answers with and what the next-action scores generate with.
+
+:func:`load` parses the run's train_lm config (no tracker, no HF saving), loads the model as the cross-teacher
+matrix does (:func:`trajsft.train.eval.load_model`) in the run's compute dtype (the KV cache's: they must agree)
+and builds the engine; :func:`generate` runs a batch of prompts through it, as Levanter's own server batches
+requests (``levanter.inference.openai.InferenceContext._execute_batch``). Imported lazily: it pulls in jax.
+"""
+
+from __future__ import annotations
+
+import copy
+import glob
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from ..errors import ConfigError, one_line
+
+END_OF_TURN = "<|im_end|>"  # every assistant turn the student trained on ends with it (the loss covers it)
+
+
+def jax_platforms() -> Optional[str]:
+    """``JAX_PLATFORMS`` for generation: the caller's if set; none (JAX picks) on a machine with an accelerator
+    device (a TPU VM's /dev/accel* or /dev/vfio, a GPU's /dev/nvidia*); else ``cpu``: libtpu is installed here
+    for the fit check, and JAX would otherwise look for a TPU first."""
+    if os.environ.get("JAX_PLATFORMS"):
+        return os.environ["JAX_PLATFORMS"]
+    if glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*") or glob.glob("/dev/nvidia[0-9]*"):
+        return None
+    return "cpu"
+
+
+def inference_config(train_cfg: dict) -> dict:
+    """The run's train_lm config as generation parses it: no tracker, no HF saving, its own trainer id and logs."""
+    cfg = copy.deepcopy(train_cfg)
+    tr = cfg["trainer"]
+    tr["tracker"] = []
+    tr["id"] = f"serve-{tr['id']}"[:64]
+    tr["log_dir"] = os.path.abspath(os.path.join("logs", "serve"))
+    tr.pop("watch", None)
+    cfg.pop("hf_save_path", None)
+    return cfg
+
+
+@dataclass
+class Loaded:
+    """A model ready to generate: Levanter's config, tokenizer, model and engine, and where its start went."""
+
+    config: Any
+    tokenizer: Any
+    model: Any
+    engine: Any
+    engine_cfg: Any
+    max_seq_len: int
+    end: int  # the token id of END_OF_TURN
+    seconds: dict = field(default_factory=dict)  # build, load
+
+
+def load(train_cfg: dict, source: dict, max_seqs: int = 4) -> Loaded:
+    """The model at ``source`` (``{"kind": "hf_export"|"checkpoint", "path"}``) of the run whose train_lm config is
+    ``train_cfg``, with an engine for ``max_seqs`` sequences at once. A checkpoint that does not load as the run's
+    model is one line (ConfigError)."""
+    t0 = time.time()
+    platforms = jax_platforms()
+    if platforms:
+        os.environ["JAX_PLATFORMS"] = platforms
+    import haliax as hax
+
+    from levanter.inference.engine import InferenceEngine, InferenceEngineConfig
+
+    from . import eval as train_eval
+
+    config = train_eval.initialize(inference_config(train_cfg))
+    trainer = config.trainer
+    tokenizer = config.data.the_tokenizer
+    t_build = time.time()
+    max_seq_len = int(config.model.seq_len)
+    page_size = min(128, max_seq_len)
+    engine_cfg = InferenceEngineConfig(
+        max_seq_len=max_seq_len, max_seqs=max_seqs, page_size=page_size,
+        max_pages=max_seqs * ((max_seq_len + page_size - 1) // page_size),
+        compute_dtype=trainer.mp.compute_dtype, max_stop_seqs=1, max_stop_tokens=1,
+        max_seqs_in_prefill=min(16, max_seqs), max_queued_tokens=max(512, max_seqs))
+    with trainer.use_device_mesh(), hax.axis_mapping(trainer.parameter_axis_mapping):
+        try:
+            # in the run's compute dtype (an HF export holds hf_save_dtype's), as the KV cache: they must agree
+            model = trainer.mp.cast_to_compute(
+                train_eval.load_model(config, tokenizer, **{source["kind"]: source["path"]}))
+        except Exception as e:  # noqa: BLE001 - a checkpoint that does not load as the run's model: one line
+            raise ConfigError(f"{source['path']} does not load as the run's model ({config.model.model_type}): "
+                              f"{one_line(e)}") from None
+        t_load = time.time()
+        engine = InferenceEngine.from_model_with_config(model=model, tokenizer=tokenizer, config=engine_cfg)
+    return Loaded(config, tokenizer, model, engine, engine_cfg, max_seq_len,
+                  tokenizer.convert_tokens_to_ids(END_OF_TURN),
+                  {"build": t_build - t0, "load": t_load - t_build})
+
+
+def generate(loaded: Loaded, prompts: list[list[int]], max_tokens: int, temperature: float = 0.0,
+             seed: int = 0) -> list[tuple[list[int], bool]]:
+    """Each prompt's generated tokens (up to END_OF_TURN, excluded) and whether the model ended its turn; greedy at
+    temperature 0. Prompts go through the engine ``engine_cfg.max_seqs`` at a time."""
+    import haliax as hax
+    import jax.numpy as jnp
+    import jax.random as jrandom
+
+    from levanter.inference.engine import Request
+    from levanter.inference.jit_scheduler import SeqDecodingParams
+
+    trainer = loaded.config.trainer
+    out: list[tuple[list[int], bool]] = []
+    stop = hax.named(jnp.asarray([loaded.end], dtype=jnp.int32), axis="position").broadcast_axis({"stop_seq": 1})
+    step = loaded.engine_cfg.max_seqs
+    for start in range(0, len(prompts), step):
+        batch = prompts[start:start + step]
+        reqs = []
+        for i, prompt in enumerate(batch):
+            cap = min(max_tokens, loaded.max_seq_len - len(prompt))
+            params = SeqDecodingParams(max_num_tokens=jnp.array(len(prompt) + cap, dtype=jnp.int32),
+                                       stop_tokens=stop, temperature=jnp.array(temperature, dtype=jnp.float32),
+                                       key=jrandom.PRNGKey(seed + start + i))
+            reqs.append(Request(prompt_tokens=list(prompt), request_id=i, decode_params=params, n_generations=1,
+                                enable_logprobs=False))
+        with hax.partitioning.set_mesh(trainer.device_mesh), hax.axis_mapping(trainer.compute_axis_mapping):
+            result = loaded.engine.generate(reqs)
+        for i, prompt in enumerate(batch):
+            toks = list(result.tokens[i])
+            cap = min(max_tokens, loaded.max_seq_len - len(prompt))
+            ended = loaded.end in toks or len(toks) < cap
+            out.append((toks[:toks.index(loaded.end)] if loaded.end in toks else toks, ended))
+    return out

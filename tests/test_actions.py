@@ -1,0 +1,105 @@
+"""Next-action scores (trajsft.report.actions) on the demo teacher's held-out chats, proven honest: the replay model
+(the teacher's own turns) scores 1.0 on every agreement, a constant-text model exactly what the data says it should,
+and output that does not parse is counted, never an error. The trained student: tests/test_pipeline.py."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from transformers import AutoTokenizer
+
+from trajsft.data import download, shard
+from trajsft.data.turns import Call, Parsed, parse_message
+from trajsft.errors import DataError
+from trajsft.plan import config as C
+from trajsft.plan import step_configs
+from trajsft.report import actions as A
+
+
+def _shards(tmp_path, heldout: float) -> str:
+    plan = C.Plan(C.load(None, {"storage_root": str(tmp_path / "store"),
+                                "teachers": {"demo": {"transform": {"heldout_fraction": heldout}}}}),
+                  base_dir=C.REPO_DIR, state_dir=str(tmp_path / "state"))
+    names = {a.kind: a.name for a in plan.chain("demo")}
+    download.download(step_configs.download(plan, names["raw"]))
+    cfg = step_configs.shard(plan, names["shards"])
+    shard.shard(cfg)
+    return cfg.location
+
+
+@pytest.fixture(scope="module")
+def turns(tmp_path_factory):
+    return A.held_out_turns("demo", _shards(tmp_path_factory.mktemp("actions"), 0.1), max_turns=40)
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return AutoTokenizer.from_pretrained(str(C.REPO_DIR / "demo" / "tokenizer"))
+
+
+def test_the_sample_is_deterministic_capped_and_held_out(turns, tmp_path):
+    assert 0 < len(turns) <= 40 and all(t.reference["role"] == "assistant" for t in turns)
+    assert len({(t.traj_id, t.index) for t in turns}) == len(turns)
+    again = A.held_out_turns("demo", _shards(tmp_path, 0.1), max_turns=5)
+    assert [(t.traj_id, t.index) for t in again] == [(t.traj_id, t.index) for t in turns[:5]]
+    assert any(t.reference.get("tool_calls") for t in turns) and any(not t.reference.get("tool_calls") for t in turns)
+
+
+def test_the_replay_model_scores_one_on_every_agreement(turns, tok):
+    got = A.evaluate(A.Replay(tok), turns)
+    assert got["turns"] == len(turns) and got["unparsed"] == 0 and got["tokens"] > 0
+    assert {k: got[k] for k in A.AGREEMENTS} == {k: 1.0 for k in A.AGREEMENTS}
+    assert got["applies_to"]["tool_name"] == sum(bool(t.reference.get("tool_calls")) for t in turns)
+
+
+def test_a_constant_text_model_scores_what_the_data_says(turns):
+    got = A.evaluate(A.ConstantText("I am done."), turns)
+    with_calls = [t for t in turns if t.reference.get("tool_calls")]
+    ends = [A.ends_episode(parse_message(t.reference)) for t in turns]
+    assert got["valid"] == 1.0 and got["unparsed"] == 0
+    assert got["tool_or_text"] == pytest.approx(1 - len(with_calls) / len(turns))
+    assert got["ends_episode"] == pytest.approx(sum(ends) / len(turns))  # text ends an episode
+    assert got["tool_name"] == got["arguments_exact"] == got["command_program"] == got["command_similarity"] == 0.0
+
+
+def test_output_that_does_not_parse_is_counted_not_raised(turns):
+    class Broken:
+        name = "broken"
+
+        def answer(self, ts):
+            return [('<tool_call>\n{"name": "bash", "arguments": {"command": \n</tool_call>', False, 64) for _ in ts]
+
+    got = A.evaluate(Broken(), turns)
+    assert got["valid"] == 0.0 and got["unparsed"] == len(turns) and got["tokens"] == 64
+
+
+def test_each_metric_on_one_turn():
+    ls = Parsed("", (Call("bash", {"command": "ls  -la src"}),), True)
+    teacher = Parsed("", (Call("bash", {"command": "ls -la"}),), True)
+    got = A.score(ls, True, teacher)
+    assert got["valid"] == got["tool_or_text"] == got["tool_name"] == got["command_program"] == 1.0
+    assert got["arguments_exact"] == 0.0 and 0.7 < got["command_similarity"] < 1.0 and got["ends_episode"] == 1.0
+    submit = Parsed("", (Call("bash", {"command": f"echo {A.SUBMIT} && git diff"}),), True)
+    assert A.score(ls, True, submit)["ends_episode"] == 0.0 and A.ends_episode(submit)
+    other = A.score(Parsed("", (Call("str_replace", {"path": "a"}),), True), False, teacher)
+    assert other["valid"] == 0.0 and other["tool_name"] == 0.0 and other["command_program"] == 0.0  # cut by the cap
+    text = A.score(Parsed("done", (), True), True, Parsed("All fixed.", (), True))
+    assert text["tool_name"] is None and text["tool_or_text"] == 1.0 and text["ends_episode"] == 1.0
+    # arguments written as a JSON string or an object are the same action
+    same = parse_message({"role": "assistant", "content": "", "tool_calls": [
+        {"type": "function", "function": {"name": "bash", "arguments": json.dumps({"command": "ls -la"})}}]})
+    assert A.score(same, True, teacher)["arguments_exact"] == 1.0
+
+
+def test_an_empty_held_out_split_says_which_setting_to_change(tmp_path):
+    with pytest.raises(DataError) as e:
+        A.held_out_turns("demo", _shards(tmp_path, 0.0), max_turns=8)
+    assert "demo: the held-out split is empty" in str(e.value) and "teachers.demo.transform.heldout_fraction" in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_the_table_is_student_by_teacher():
+    rows = {"replay": {"demo": {"valid": 1.0, "tool_name": 1.0}}, "demo-abc": {"demo": {"valid": 0.5, "tool_name": None}}}
+    text = A.table(rows, ("valid", "tool_name"))
+    assert "valid:" in text and "1.000" in text and "0.500" in text and text.count("\n") == 7
