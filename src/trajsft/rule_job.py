@@ -129,15 +129,15 @@ def _run_step(job, snakemake) -> dict | None:
     if step == "eval_matrix":
         return function(EVAL)(step_configs.eval_matrix(plan), dict(snakemake.output.items()))
     kind = BY_RULE[step]
+    cfg, run = kind.resolve(plan, name), kind.step_function()  # the step's typed config, resolved once
     if step == "train":
         on_ray = None
         if plan.cfg.get("executor") == "ray":
             from .cluster.submit import train_on_ray as on_ray
-        train, cfg = kind.step_function(), kind.resolve(plan, name)
-        return storage.train(plan, job.artifact, lambda: train(cfg, done_path=snakemake.output[0], on_ray=on_ray))
-    result = storage.build(plan, job.artifact, lambda: kind.run(plan, name))
+        return storage.train(plan, job.artifact, lambda: run(cfg, done_path=snakemake.output[0], on_ray=on_ray))
+    result = storage.build(plan, job.artifact, lambda: run(cfg))
     if step == "shard" and result["payload_from"] != "built":
-        _shards_skipped_listing(kind.resolve(plan, name))
+        _shards_skipped_listing(cfg)
     if step == "export":  # every row the sharegpt export could not hold, next to the manifest (like shard's)
         io.write_bytes(str(Path(snakemake.output[0]).parent / "skipped.jsonl"),
                        io.read_bytes(f"{job.artifact.location}/llamafactory/skipped.jsonl"))

@@ -53,10 +53,6 @@ class Kind:
         """The typed config of the step that writes artifact ``name`` (of a target's: the target's name)."""
         return function(self.config)(plan, name)
 
-    def run(self, plan, name: str) -> Any:
-        """The step on one artifact, given its typed config."""
-        return self.step_function()(self.resolve(plan, name))
-
     def step_function(self) -> Callable[..., Any]:
         return function(self.function)
 

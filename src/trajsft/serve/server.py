@@ -27,7 +27,7 @@ from ..fit.facts import HF_KEYS
 from ..plan import step_configs
 from ..plan.config import Plan
 from ..report.matrix import hf_exports, model_source
-from ..train.generate import END_OF_TURN
+from ..train.generate import END_OF_TURN, end_turn
 from . import chat
 
 log = logging.getLogger("trajsft")
@@ -168,10 +168,7 @@ def create_app(served: Served, tokenizer, submit: Callable, max_seq_len: int, ma
             return _error(500, f"generation failed: {one_line(e)}", "server_error")
         choices, generated = [], 0
         for i, r in enumerate(results):
-            toks = list(r.tokens)
-            ended = end in toks or len(toks) < max_tokens
-            if end in toks:
-                toks = toks[:toks.index(end)]
+            toks, ended = end_turn(r.tokens, end, max_tokens)
             text = tokenizer.decode(toks, skip_special_tokens=True)
             message, finish = chat.assistant_message(text, ended=ended, stops=gen["stop"])
             choices.append({"index": i, "message": message, "finish_reason": finish, "logprobs": None})

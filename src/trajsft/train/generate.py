@@ -98,6 +98,15 @@ def load(train_cfg: dict, source: dict, max_seqs: int = 4) -> Loaded:
                   {"build": t_build - t0, "load": t_load - t_build})
 
 
+def end_turn(tokens: list[int], end: int, cap: int) -> tuple[list[int], bool]:
+    """A generation's tokens up to ``end`` (excluded), and whether the model ended its turn: it wrote ``end``, or
+    stopped before the ``cap`` it was given."""
+    toks = list(tokens)
+    if end in toks:
+        return toks[:toks.index(end)], True
+    return toks, len(toks) < cap
+
+
 def generate(loaded: Loaded, prompts: list[list[int]], max_tokens: int, temperature: float = 0.0,
              seed: int = 0) -> list[tuple[list[int], bool]]:
     """Each prompt's generated tokens (up to END_OF_TURN, excluded) and whether the model ended its turn; greedy at
@@ -126,8 +135,5 @@ def generate(loaded: Loaded, prompts: list[list[int]], max_tokens: int, temperat
         with hax.partitioning.set_mesh(trainer.device_mesh), hax.axis_mapping(trainer.compute_axis_mapping):
             result = loaded.engine.generate(reqs)
         for i, prompt in enumerate(batch):
-            toks = list(result.tokens[i])
-            cap = min(max_tokens, loaded.max_seq_len - len(prompt))
-            ended = loaded.end in toks or len(toks) < cap
-            out.append((toks[:toks.index(loaded.end)] if loaded.end in toks else toks, ended))
+            out.append(end_turn(result.tokens[i], loaded.end, min(max_tokens, loaded.max_seq_len - len(prompt))))
     return out
