@@ -128,19 +128,23 @@ def job_step(step):
 
 
 def typo_target(wildcards):
-    """Input function for a typo in checkpoints/<target>/done (see unknown_target in train.smk)."""
+    """Input function for a typo in checkpoints/<target>/done or evals/<target>/done (see unknown_target in
+    train.smk)."""
     try:
         PLAN.target(wildcards.other)
     except ConfigError as e:  # unknown target 'x' (teachers and mixtures: ...)
         raise WorkflowStop(
-            f"trajsft: checkpoints/{wildcards.other}/done: {e}"
+            f"trajsft: {wildcards.marker}/{wildcards.other}/done: {e}"
         ) from None
     return []
 
 
 def not_a_target():
-    """Wildcard constraint: a checkpoints/<x>/done name that is not a configured target."""
-    return "(?!(" + "|".join(re.escape(t) for t in PLAN.targets) + r")$)[^/]+"
+    """Wildcard constraint: a checkpoints/<x>/done or evals/<x>/done name that is not a configured target (the
+    name ends at the next / in the output's pattern, or at the end of a wildcard value checked alone).
+    """
+    names = "|".join(re.escape(t) for t in PLAN.targets)
+    return f"(?!(?:{names})(?:/|$))[^/]+"
 
 
 def train_inputs(wildcards):
@@ -172,6 +176,34 @@ def eval_matrix_inputs(wildcards):
             "matrix is opt-in): e.g. --configfile config/eval.yaml"
         )
     return eval_inputs(PLAN)
+
+
+def eval_actions_inputs(wildcards):
+    """Input function of eval_actions: the target's done marker and the shard sets whose held-out chats are
+    scored; a teacher that holds out nothing stops the workflow in one line (which setting to change).
+    """
+    problem = step_configs.held_out_problem(PLAN, wildcards.target)
+    if problem:
+        raise WorkflowStop(
+            f"trajsft: {PLAN.evals_done_path(wildcards.target)}: {problem}"
+        )
+    ev = PLAN.target(wildcards.target)["evals"]
+    return [PLAN.done_path(wildcards.target)] + [
+        PLAN.get(*dep).manifest for dep in ev.deps if dep[0] == "shards"
+    ]
+
+
+def evals_of(targets):
+    """The evals/<target>/done markers built by default: those of ``targets`` that hold out chats to score, when
+    training runs here (on a Ray profile the student would be evaluated on this machine's CPUs: name them).
+    """
+    if not TRAIN_LOCAL:
+        return []
+    return [
+        PLAN.evals_done_path(t)
+        for t in targets
+        if step_configs.held_out_problem(PLAN, t) is None
+    ]
 
 
 def forward_signals_to_jobs():

@@ -1,7 +1,11 @@
 # The cross-teacher matrix (opt-in: config `eval:`): held-out loss of every trained target on every
 # teacher's held-out split. Logic in trajsft.report.matrix (Levanter's own evaluator).
 #
-# Needs from rules/common.smk: PLAN, STATE_DIR, eval_matrix_inputs. For `rule all`: EVAL_OUTPUTS.
+# Next-action scores (rule eval_actions, evals/<target>/done): the target's trained student generates
+# each sampled held-out assistant turn greedily and is scored against the teacher's (trajsft.report.actions).
+#
+# Needs from rules/common.smk: PLAN, STATE_DIR, eval_matrix_inputs, eval_actions_inputs, evals_of. For
+# `rule all`: EVAL_OUTPUTS.
 
 from trajsft.report import matrix as eval_matrix
 
@@ -10,7 +14,35 @@ EVAL_OUTPUTS = (
     list(eval_matrix.outputs(STATE_DIR).values())
     if config.get("eval") is not None
     else []
-)
+) + evals_of(config["default_targets"])
+
+
+# The payload (actions.json) is content-addressed (<storage_root>/evals/<target>-<hash>/: the run, the
+# held-out shard sets, the actions: settings); `params.name` reruns the rule when that hash changes.
+rule eval_actions:
+    input:
+        eval_actions_inputs,
+    output:
+        report(
+            "evals/{target}/done",
+            caption="../report/actions.rst",
+            category="Next actions",
+            subcategory="{target}",
+            labels={"target": "{target}", "file": "done"},
+        ),
+    log:
+        "logs/eval_actions/{target}.log",
+    benchmark:
+        "benchmarks/eval_actions/{target}.tsv"
+    threads: job_resources("evals").threads
+    resources:
+        mem_mb=job_resources("evals").mem_mb,
+    params:
+        name=artifact_name("evals"),
+        location=payload_location("evals"),
+        step=job_step("eval_actions"),
+    script:
+        "../scripts/rule.py"
 
 
 rule eval_matrix:

@@ -13,10 +13,12 @@ report: "../report/workflow.rst"
 
 # targets compared in results/cards/teachers.html: config `report_targets`, else `default_targets`
 REPORT_TARGETS = report_build.report_targets(PLAN, config)
-# table + cards of the report targets and default targets + curves of the default targets
+# the targets whose next-action scores the report tabulates (those that hold out chats, trained here)
+ACTIONS_TARGETS = evals_of(dict.fromkeys([*REPORT_TARGETS, *config["default_targets"]]))
+# table + cards of the report targets and default targets + curves of the default targets (+ next actions)
 REPORT_OUTPUTS = report_build.report_outputs(
     PLAN, REPORT_TARGETS, config["default_targets"], STATE_DIR
-)
+) + ([f"{STATE_DIR}/evals/actions.html"] if ACTIONS_TARGETS else [])
 
 
 rule report_card:
@@ -89,6 +91,27 @@ rule report_curves:
         json=f"{STATE_DIR}/curves/{{target}}.json",
     log:
         "logs/report/curves/{target}.log",
+    threads: 1
+    resources:
+        mem_mb=2000,
+    script:
+        "../scripts/rule.py"
+
+
+rule report_actions:
+    input:
+        ACTIONS_TARGETS,
+    output:
+        html=report(
+            f"{STATE_DIR}/evals/actions.html",
+            caption="../report/actions_table.rst",
+            category="Next actions",
+            subcategory="all evaluated targets",
+            labels={"target": "all evaluated targets", "file": "actions.html"},
+        ),
+        json=f"{STATE_DIR}/evals/actions.json",
+    log:
+        "logs/report/actions.log",
     threads: 1
     resources:
         mem_mb=2000,

@@ -70,16 +70,17 @@ rule train:
         "../scripts/rule.py"
 
 
-# A typo in the target (checkpoints/minimax/done): fail with the list of valid targets
-# instead of Snakemake's MissingRuleException.
+# A typo in the target (checkpoints/minimax/done, evals/minimax/done): fail with the list of valid
+# targets instead of Snakemake's MissingRuleException.
 rule unknown_target:
     input:
         typo_target,
     output:
-        "checkpoints/{other}/done",
+        "{marker}/{other}/done",
     log:
-        "logs/unknown_target/{other}.log",
+        "logs/unknown_target/{marker}/{other}.log",
     wildcard_constraints:
+        marker="checkpoints|evals",
         other=not_a_target(),
     localrule: True
     threads: 1
@@ -90,3 +91,4 @@ rule unknown_target:
 
 
 ruleorder: train > unknown_target
+ruleorder: eval_actions > unknown_target

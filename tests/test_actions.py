@@ -103,3 +103,46 @@ def test_the_table_is_student_by_teacher():
     rows = {"replay": {"demo": {"valid": 1.0, "tool_name": 1.0}}, "demo-abc": {"demo": {"valid": 0.5, "tool_name": None}}}
     text = A.table(rows, ("valid", "tool_name"))
     assert "valid:" in text and "1.000" in text and "0.500" in text and text.count("\n") == 7
+
+
+# ---- the evals artifact (rule eval_actions) ----------------------------------------------------------
+def test_a_targets_evaluation_is_content_addressed_by_its_run_held_out_chats_and_settings():
+    """evals/<target>/done is one artifact per target: its name changes with the run, the held-out shard sets and
+    the actions: settings (the target's own over the config's), and its step config says exactly what it scores."""
+    plan = C.Plan(C.load(), base_dir=C.REPO_DIR)
+    ev = step_configs.eval_actions(plan, "demo")
+    art = plan.target("demo")["evals"]
+    assert (ev.target, ev.name, ev.location) == ("demo", art.name, art.location) and art.manifest == "evals/demo/done"
+    assert (ev.max_turns, ev.max_tokens) == (8, 64)  # the demo's own actions: over the config's (32, 256)
+    assert ev.held_out == {"demo": plan.shards("demo").location} and ev.train.run is plan.target("demo")["run"]
+    assert art.inputs["run"] == ev.train.run.hash and art.inputs["held_out"] == [
+        {"teacher": "demo", "shards": plan.shards("demo").hash}]
+    assert (step_configs.eval_actions(plan, "gpt-5-mini").max_turns,
+            step_configs.eval_actions(plan, "gpt-5-mini").max_tokens) == (32, 256)
+    other = C.Plan(C.load(None, {"teachers": {"demo": {"actions": {"teachers": ["demo", "gpt-5-mini"]}}}}),
+                   base_dir=C.REPO_DIR)
+    assert list(step_configs.eval_actions(other, "demo").held_out) == ["demo", "gpt-5-mini"]
+    assert other.target("demo")["evals"].name != art.name and other.target("demo")["run"].name == ev.train.run.name
+
+
+def test_a_teacher_that_holds_out_nothing_says_which_setting_to_change():
+    plan = C.Plan(C.load(), base_dir=C.REPO_DIR)
+    assert step_configs.held_out_problem(plan, "demo") is None
+    why = step_configs.held_out_problem(plan, "mix-minimax-gemini")
+    assert why.startswith("teacher 'gemini-3-flash' holds out no chats (its transform.heldout_fraction is 0): set "
+                          "teachers.gemini-3-flash.transform.heldout_fraction (or eval.heldout_fraction) above 0")
+    with pytest.raises(C.ConfigError, match=r"^config: teachers\.demo\.actions\.teachers: unknown teacher 'nope' "):
+        C.load(None, {"teachers": {"demo": {"actions": {"teachers": ["nope"]}}}})
+    with pytest.raises(C.ConfigError, match=r"actions\.max_tokens: 0 is not allowed \(allowed: >= 1\)"):
+        C.load(None, {"actions": {"max_tokens": 0}})
+
+
+def test_the_reports_table_holds_every_split_and_figure():
+    result = {"target": "demo", "model": "demo-0123456789", "max_turns": 8, "max_tokens": 64,
+              "splits": {"demo": {"turns": 8, "valid": 0.25, "tool_or_text": 1.0, "tool_name": None,
+                                  "arguments_exact": None, "command_program": None, "command_similarity": None,
+                                  "ends_episode": 0.5, "tokens": 12.5, "unparsed": 1}}}
+    page = A.render_html([result])
+    assert page.count("<table") == 1 and "demo-0123456789" in page and "(8, 64)" in page
+    row = page.split('<th class="row">')[1]
+    assert "<td>8</td><td>0.250</td><td>1.000</td><td>-</td>" in row and "<td>12.500</td><td>1</td>" in row

@@ -37,6 +37,8 @@ NOT_RUN = {
     "uv run trajsft eval demo": "needs a finished demo run (tests/test_pipeline.py)",
     "uv run trajsft serve demo --port 8701": "a server that runs until Ctrl-C, on a finished demo run (tests/test_pipeline.py)",
     "uv run trajsft eval demo --actions": "needs a finished demo run (tests/test_pipeline.py)",
+    "uv run trajsft eval demo --actions [--json]": "needs a finished demo run (tests/test_pipeline.py)",
+    "uv run snakemake evals/demo/done": "trains the demo, then evaluates it (tests/test_pipeline.py: the demo's snakemake)",
     "uv run trajsft eval demo --actions --replay --json": "needs the demo's shards (tests/test_pipeline.py, tests/test_actions.py)",
     "uv run trajsft logs demo -n 20": "needs a training log",
     "uv run trajsft logs minimax-m2.5 -n 20 --follow --profile tpu-east5": "a TPU cluster",

@@ -368,6 +368,22 @@ def test_snakemake_typo_target_lists_valid_targets(tmp_path):
     assert sm("-n", "checkpoints/demo/done", cwd=tmp_path).returncode == 0  # real targets unaffected
 
 
+def test_snakemake_evals_of_a_typo_or_of_a_target_without_held_out_chats_is_one_line(tmp_path):
+    """evals/<target>/done (rule eval_actions): a typo lists the targets; a target whose teachers hold out nothing
+    (the reference config) says which setting to change, before anything runs."""
+    typo = sm("-n", "evals/minimax/done", cwd=tmp_path)
+    assert typo.returncode == 1 and "Traceback" not in typo.stderr and "MissingRuleException" not in typo.stderr
+    assert typo.stderr.strip().splitlines()[-1].startswith(
+        "trajsft: evals/minimax/done: unknown target 'minimax' (teachers and mixtures: ")
+    none = sm("-n", "evals/minimax-m2.5/done", cwd=tmp_path)
+    assert none.returncode == 1 and "Traceback" not in none.stderr
+    assert none.stderr.strip().splitlines()[-1].startswith(
+        "trajsft: evals/minimax-m2.5/done: teacher 'minimax-m2.5' holds out no chats (its transform.heldout_fraction "
+        "is 0): set teachers.minimax-m2.5.transform.heldout_fraction (or eval.heldout_fraction) above 0")
+    plan = sm("-n", "evals/demo/done", cwd=tmp_path)
+    assert plan.returncode == 0 and "eval_actions" in plan.stdout and "train" in plan.stdout
+
+
 def test_target_after_configfile_is_named_in_one_line(tmp_path):
     """--configfile takes every following argument: an existing done marker would load as YAML."""
     mine = write(tmp_path / "mine.yaml", "training: {learning_rate: 1e-3}\n")

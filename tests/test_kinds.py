@@ -40,7 +40,9 @@ def test_every_kind_has_a_rule_a_step_function_a_format_and_a_plan_path(kind, pl
     assert body.count(f'job_resources("{kind.name}")') == 2, body  # threads and mem_mb from the record
     assert callable(kind.step_function())
     # a rule spells its output (readable in the rule, as snakemake-workflows do): it is where the plan says
-    out = "checkpoints/{target}/done" if kind.rule == "train" else f'f"{{STATE_DIR}}/{kind.name}/{{{{'
+    # (a training run and its next-action scores: a done marker per target, beside each other)
+    markers = {"train": "checkpoints/{target}/done", "eval_actions": "evals/{target}/done"}
+    out = markers.get(kind.rule, f'f"{{STATE_DIR}}/{kind.name}/{{{{')
     assert out in body.split("log:")[0], (kind.rule, body)
     assert BY_RULE[kind.rule] is kind and kind.rule in ST.STEPS
     assert isinstance(kind.format, int) and kind.format >= 1
@@ -49,7 +51,10 @@ def test_every_kind_has_a_rule_a_step_function_a_format_and_a_plan_path(kind, pl
     for a in arts:
         assert a.inputs["format"] == kind.format
         assert a.location == join(plan.root, kind.name, a.name)
-        assert a.manifest.startswith(f"{plan.state_dir}/{kind.name}/")
+        if kind.rule == "eval_actions":
+            assert a.manifest == C.Plan.evals_done_path(a.spec["target"]) and a.name.startswith(a.spec["target"] + "-")
+        else:
+            assert a.manifest.startswith(f"{plan.state_dir}/{kind.name}/")
         assert set(kind.checked_settings(a.spec)) == set(kind.checked)
     assert set(kind.downstream) <= set(KINDS)
     if kind.of_target:  # a per-target kind: each target's record holds its one artifact of the kind

@@ -212,9 +212,11 @@ def test_report_of_the_demo_renders_in_chromium(demo, tmp_path):
     info = chromium.check_snakemake_report(wd / "report.html", tmp_path / "shots")
     assert info["errors"] == []
     assert {"Dataset cards", "Teacher comparison", "Training curves", "Checkpoints",
-            "Cross-teacher matrix"} <= set(info["categories"])
+            "Cross-teacher matrix", "Next actions"} <= set(info["categories"])
     res = info["results"]
     assert res["results/eval/matrix.png"]["ok"] and res["results/eval/matrix.png"]["w"] > 600
+    acts = res["results/evals/actions.html"]
+    assert acts["ok"] and acts["tables"] == 1 and "tool_name" in acts["text"] and "demo" in acts["text"]
     matrix = res["results/eval/matrix.html"]
     assert matrix["ok"] and matrix["tables"] == 1 and "demo" in matrix["text"] and "tokens" in matrix["text"]
     for name in ("results/cards/demo/card.png", "results/curves/demo.png"):
@@ -406,21 +408,32 @@ def test_serve_the_demo_to_the_openai_sdk(demo, tmp_path):
 
 
 def test_next_action_scores_of_the_demo_student_and_of_the_replay(demo):
-    """`trajsft eval demo --actions` (issue 40, its first part): the trained student generates greedily through the
-    engine `trajsft serve` uses, on the demo's held-out turns; every metric is in [0, 1]. With --replay the teacher's
-    own turns score 1.0 on every agreement (tests/test_actions.py proves the same without the CLI)."""
+    """Issue 40: the demo's `snakemake` wrote evals/demo/done (rule eval_actions: its student generated each sampled
+    held-out turn greedily through the engine `trajsft serve` uses), content-addressed by the run, the held-out
+    shard set and the demo's actions: settings; `trajsft eval demo --actions` prints those figures, every metric in
+    [0, 1]. Other settings are computed on the spot; with --replay the teacher's own turns score 1.0 on every
+    agreement (tests/test_actions.py proves the same without the CLI)."""
     from trajsft.report.actions import AGREEMENTS
 
     wd, _ = demo
-    p = cli(wd, "eval", "demo", "--actions", "--json", "--max-turns", "4", "--max-tokens", "24")
+    done = json.loads((wd / "evals/demo/done").read_text())
+    run = json.loads((wd / "checkpoints/demo/done").read_text())["run"]
+    assert done["kind"] == "evals" and done["model"] == run and done["hash_inputs"]["run"] == run.split("-")[-1]
+    assert (done["max_turns"], done["max_tokens"]) == (8, 64) and done["source"]["kind"] in ("hf_export", "checkpoint")
+    assert json.loads((wd / done["location"] / "actions.json").read_text())["splits"] == done["splits"]
+    p = cli(wd, "eval", "demo", "--actions", "--json")
     assert p.returncode == 0, p.stderr[-3000:]
     [row] = json.loads(p.stdout)
-    assert row["target"] == "demo" and row["model"].startswith("demo-") and list(row["splits"]) == ["demo"]
+    assert row["from"] == "evals/demo/done" and row["model"] == run and list(row["splits"]) == ["demo"]
     split = row["splits"]["demo"]
-    assert split["turns"] == 4 and 0 < split["tokens"] <= 25
+    assert split == done["splits"]["demo"] and split["turns"] == 8 and 0 < split["tokens"] <= 65
     names = [k for k in split if k in AGREEMENTS]
     assert any("valid" in k for k in names) and any("tool_name" in k for k in names)
     assert all(split[k] is None or 0.0 <= split[k] <= 1.0 for k in names), split
+    other = cli(wd, "eval", "demo", "--actions", "--json", "--max-turns", "2", "--max-tokens", "8")
+    assert other.returncode == 0, other.stderr[-3000:]
+    [o] = json.loads(other.stdout)
+    assert o["from"] == "computed" and o["splits"]["demo"]["turns"] == 2 and o["splits"]["demo"]["tokens"] <= 9
     replay = cli(wd, "eval", "demo", "--actions", "--replay", "--json", "--max-turns", "4")
     assert replay.returncode == 0, replay.stderr[-3000:]
     [r] = json.loads(replay.stdout)

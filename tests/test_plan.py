@@ -119,11 +119,14 @@ def test_plan_cli_prints_locations_without_running(tmp_path):
     assert t["checkpoint_dir"].startswith("gs://marin-us-east5/trajsft/checkpoints/minimax-m2.5-")
     assert t["checkpoint_dir"] == C.join("gs://marin-us-east5/trajsft", "checkpoints", names(plan(), "minimax-m2.5")["checkpoints"])
     # upstream first: the student's snapshot holds the tokenizer the tokenized data is made with
-    assert [a["kind"] for a in t["artifacts"]] == ["raw", "shards", "models", "tokenized", "checkpoints", "exports"]
+    assert [a["kind"] for a in t["artifacts"]] == ["raw", "shards", "models", "tokenized", "checkpoints", "exports",
+                                                   "evals"]
     model = step_configs.train(plan(), "minimax-m2.5").model  # the initial weights: once, in the bucket
     assert t["init_weights"] == t["artifacts"][2]["location"] == f"gs://marin-us-east5/trajsft/models/{model.name}"
     assert model.name.startswith("Qwen3-8B-")
-    export = t["artifacts"][-1]
+    export, evals = t["artifacts"][-2:]
+    assert evals["on_request"] == "snakemake evals/minimax-m2.5/done" and evals["manifest"] == "evals/minimax-m2.5/done"
+    assert evals["location"] == C.join("gs://marin-us-east5/trajsft", "evals", plan().target("minimax-m2.5")["evals"].name)
     assert export["location"] == C.join("gs://marin-us-east5/trajsft", "exports", plan().target("minimax-m2.5")["export"].name)
     assert export["on_request"] == "snakemake results/exports/minimax-m2.5/manifest.json"
     text = subprocess.run([sys.executable, "-m", "trajsft.cli", "plan", "minimax-m2.5"], capture_output=True, text=True,

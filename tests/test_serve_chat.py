@@ -1,4 +1,4 @@
-"""The chat route of ``trajsft serve`` without the engine (trajsft.serve.chat, trajsft.serve.server.locate): requests
+"""The chat route of ``trajsft serve`` without the engine (trajsft.serve.chat, trajsft.report.trained.locate): requests
 render with the template training uses, tools included; the student's ``<tool_call>`` output comes back as OpenAI
 ``tool_calls``; bad requests and unservable targets are one line each. The server itself, driven by the openai
 SDK: tests/test_pipeline.py::test_serve_the_demo_to_the_openai_sdk."""
@@ -14,6 +14,8 @@ from transformers import AutoTokenizer
 from trajsft.data.template import load_template
 from trajsft.errors import ConfigError
 from trajsft.plan import config as C
+from trajsft.plan import step_configs
+from trajsft.report import trained
 from trajsft.serve import chat, server
 
 TOOLS = [{"type": "function", "function": {"name": "bash", "description": "run a command",
@@ -118,12 +120,12 @@ def test_what_cannot_be_served_is_one_line(tmp_path, monkeypatch):
     plan = C.Plan(C.load(None, {"storage_root": str(tmp_path / "store")}), base_dir=C.REPO_DIR,
                   state_dir=str(tmp_path / "results"))
     with pytest.raises(ConfigError) as e:
-        server.locate(plan, "demo")
+        trained.locate(step_configs.train(plan, "demo"))
     run = plan.get("checkpoints", next(a.name for a in plan.chain("demo") if a.kind == "checkpoints"))
     assert str(e.value) == (f"demo is not trained: no run {run.name} under {tmp_path}/store/checkpoints/{run.name} or "
                             "the other storage roots (train it: snakemake checkpoints/demo/done)")
     with pytest.raises(ConfigError, match=r"^unknown target 'nope'"):
-        server.locate(plan, "nope")
+        trained.locate(step_configs.train(plan, "nope"))
     # a run that started: its provenance, no model yet; then an HF export of another architecture at a step
     run_dir = tmp_path / "store/checkpoints" / run.name
     train_cfg = {"model": {"type": "qwen3", "hidden_dim": 64, "num_layers": 2}, "hf_save_path": "elsewhere",
@@ -131,21 +133,21 @@ def test_what_cannot_be_served_is_one_line(tmp_path, monkeypatch):
     (run_dir / "provenance").mkdir(parents=True)
     (run_dir / "provenance/config.json").write_text(json.dumps({"levanter": train_cfg}))
     with pytest.raises(ConfigError, match=rf"^demo is not trained: run {run.name} at {run_dir} has no checkpoint or HF"):
-        server.locate(plan, "demo")
+        trained.locate(step_configs.train(plan, "demo"))
     with pytest.raises(ConfigError, match=rf"^demo: run {run.name} has no HF export at step 7 under {run_dir}/hf "
                                           r"\(complete exports at steps: none\)$"):
-        server.locate(plan, "demo", 7)
+        trained.locate(step_configs.train(plan, "demo"), 7)
     export = run_dir / "hf/step-7"
     export.mkdir(parents=True)
     (export / "config.json").write_text(json.dumps({"model_type": "qwen3", "hidden_size": 64, "num_hidden_layers": 28}))
     (export / "model.safetensors").write_bytes(b"x")
     monkeypatch.setattr("trajsft.train.checkpoints.hf_export_complete", lambda path: True)
     with pytest.raises(ConfigError) as e:
-        server.locate(plan, "demo", 7)
+        trained.locate(step_configs.train(plan, "demo"), 7)
     assert str(e.value) == (f"{export} is a checkpoint of another architecture than the run's model: num_layers 2 but "
                             "config.json num_hidden_layers 28")
     (export / "config.json").write_text(json.dumps({"model_type": "qwen3", "hidden_size": 64, "num_hidden_layers": 2}))
-    served = server.locate(plan, "demo", 7)
+    served = trained.locate(step_configs.train(plan, "demo"), 7)
     assert served.source == {"kind": "hf_export", "path": str(export), "step": 7} and served.name == run.name
     assert served.train_cfg["trainer"]["checkpointer"]["base_path"] == f"{run_dir}/checkpoints"  # where it was found
     shutil.rmtree(run_dir)

@@ -117,6 +117,7 @@ SECTIONS = {
     "students.model": (SCHEMA["properties"]["students"]["additionalProperties"]["properties"]["model"], (S.ModelSpec,)),
     "teachers": (SCHEMA["properties"]["teachers"], (S.TeacherSpec, S.TargetSpec)),
     "mixtures": (SCHEMA["properties"]["mixtures"], (S.TargetSpec,)),
+    "actions": (SCHEMA["definitions"]["actions"], (S.ActionsSpec,)),
 }
 
 
@@ -192,6 +193,7 @@ def kind_hashes(p, target) -> dict[str, set[str]]:
     for a in p.chain(target):
         out[a.kind].add(a.hash)
     out["exports"].add(p.target(target)["export"].hash)
+    out["evals"].add(p.target(target)["evals"].hash)
     return out
 
 
@@ -294,6 +296,11 @@ PERTURB = {
                                  "mix-minimax-gemini", None)],
     ("TargetSpec", "student"): [(teacher("demo", student="qwen3-8b"), "demo", None)],
     ("TargetSpec", "training"): [(teacher("demo", training={"seq_len": 512}), "demo", None)],
+    ("TargetSpec", "actions"): [(teacher("demo", actions={"max_turns": 5}), "demo", None),
+                                (lambda c: c.update(actions={"max_tokens": 32}), "gpt-5-mini", None)],
+    ("ActionsSpec", "max_turns"): [(lambda c: c.update(actions={"max_turns": 4}), "mix-all", None)],
+    ("ActionsSpec", "max_tokens"): [(teacher("demo", actions={"max_tokens": 16}), "demo", None)],
+    ("ActionsSpec", "teachers"): [(teacher("gpt-5-mini", actions={"teachers": ["demo"]}), "gpt-5-mini", None)],
     # Ref: held by TeacherSpec.dataset here (tests below use a local copy of the demo dataset)
     ("Ref", "ref"): [(teacher("gpt-5-mini", dataset="someone/else"), "gpt-5-mini", None)],
     ("Ref", "revision"): [(teacher("gpt-5-mini", revision="1234567"), "gpt-5-mini", None)],

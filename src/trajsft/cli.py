@@ -200,14 +200,17 @@ def cmd_plan(args) -> int:
     for tc in _trainings(plan, targets):
         t = tc.target
         rows = []
-        # the training chain, then the export (built on request: snakemake results/exports/<t>/manifest.json)
-        for a in [*plan.chain(t), plan.get("exports", step_configs.export(plan, t).name)]:
+        # the training chain, then the export and the next-action scores (built on request: snakemake
+        # results/exports/<t>/manifest.json, evals/<t>/done)
+        extra = [plan.get("exports", step_configs.export(plan, t).name),
+                 plan.get("evals", step_configs.eval_actions(plan, t).name)]
+        for a in [*plan.chain(t), *extra]:
             row = {
                 "kind": a.kind, "name": a.name, "hash": a.hash, "location": a.location,
                 "manifest": a.manifest, "exists": _manifest_here(a),
                 "present_at": _present_at(plan, a) if not args.offline else None,
             }
-            if a.kind == "exports":
+            if a.kind in ("exports", "evals"):
                 row["on_request"] = f"snakemake {a.manifest}"
             if args.explain:
                 row["hash_inputs"] = a.inputs
@@ -260,33 +263,50 @@ def cmd_plan(args) -> int:
     return 0
 
 
-def _held_out(plan: C.Plan, row: TrainConfig, teacher: str) -> str:
-    """The shard set holding ``teacher``'s held-out chats as ``row``'s student reads them (built: else one line)."""
-    tok = row.tokenized.get(teacher) or plan.eval_cells.get((row.target, teacher))
-    if tok is None:
-        raise C.ConfigError(f"{teacher} is not a teacher of {row.target} nor an eval column of it "
-                            f"(teachers: {', '.join(row.tokenized)})")
-    shards = plan.get("shards", tok.spec["shards"])
+def _held_out(plan: C.Plan, teacher: str) -> str:
+    """Where ``teacher``'s held-out chats are (its shard set: built, else one line saying how)."""
+    if teacher not in plan.cfg["teachers"]:
+        raise C.ConfigError(f"unknown teacher '{teacher}' (teachers: {', '.join(plan.cfg['teachers'])})")
+    shards = plan.shards(teacher)
     if not os.path.exists(shards.manifest):
         raise C.ConfigError(f"{teacher}: {shards.manifest} is missing: build it first (snakemake {shards.manifest})")
     return shards.location
 
 
+def _stored_actions(ev) -> dict | None:
+    """The figures rule eval_actions wrote for exactly this evaluation (same hash), else None."""
+    try:
+        done = json.loads(Path(C.Plan.evals_done_path(ev.target)).read_text())
+    except (FileNotFoundError, ValueError):
+        return None
+    return done if done.get("name") == ev.name else None
+
+
 def cmd_eval_actions(args) -> int:
     """Next-action scores of each target's student (or, with --replay, of the teachers' own turns) on the held-out
-    chats of each teacher: its own, and the eval columns when the config has an ``eval:`` section."""
+    chats its ``actions:`` settings name: the figures rule eval_actions wrote (evals/<target>/done) when they are of
+    these settings, else computed here (--max-turns, --max-tokens and --teachers override the settings)."""
     from . import logs
     from .report import actions
 
     plan = _load(args)
     logs.setup(None, plan.cfg.get("log_level", "INFO"))
-    names = args.targets or (plan.cfg.get("eval") or {}).get("targets") or plan.cfg["default_targets"]
     out = []
-    for row in _trainings(plan, names):
-        columns = list(dict.fromkeys([*row.tokenized, *(plan.eval_columns() if plan.cfg.get("eval") else [])]))
-        if args.teachers:
-            columns = args.teachers
-        turns = {c: actions.held_out_turns(c, _held_out(plan, row, c), args.max_turns) for c in columns}
+    for row in _trainings(plan, args.targets or plan.cfg["default_targets"]):
+        ev = step_configs.eval_actions(plan, row.target)
+        max_turns = args.max_turns or ev.max_turns
+        max_tokens = args.max_tokens or ev.max_tokens
+        stored = None
+        if not args.replay and (max_turns, max_tokens) == (ev.max_turns, ev.max_tokens) and not args.teachers:
+            stored = _stored_actions(ev)
+        if stored is not None:
+            out.append({"target": row.target, "model": stored["model"], "max_turns": max_turns,
+                        "max_tokens": max_tokens, "splits": stored["splits"], "from": C.Plan.evals_done_path(row.target)})
+            continue
+        if not args.teachers and (problem := step_configs.held_out_problem(plan, row.target)):
+            raise C.ConfigError(f"{row.target}: {problem}")
+        held_out = {t: _held_out(plan, t) for t in args.teachers or ev.held_out}
+        turns = actions.sampled(held_out, max_turns)
         if args.replay:
             from transformers import AutoTokenizer
 
@@ -294,19 +314,20 @@ def cmd_eval_actions(args) -> int:
             model = actions.Replay(AutoTokenizer.from_pretrained(
                 plan.resolve_ref(student["tokenizer"], student.get("tokenizer_revision"))))
         else:
-            from .serve import server
+            from .report.trained import locate
             from .train import generate
 
-            served = server.locate(plan, row.target)
-            model = actions.Student(served.name, generate.load(served.train_cfg, served.source), args.max_tokens)
-        splits = {c: actions.evaluate(model, ts) for c, ts in turns.items()}
-        out.append({"target": row.target, "model": model.name, "max_turns": args.max_turns,
-                    "max_tokens": None if args.replay else args.max_tokens, "splits": splits})
+            trained = locate(row)
+            model = actions.Student(trained.name, generate.load(trained.train_cfg, trained.source), max_tokens)
+        out.append({"target": row.target, "model": model.name, "max_turns": max_turns,
+                    "max_tokens": None if args.replay else max_tokens, "splits": actions.scores(model, turns),
+                    "from": "computed"})
     if args.json:
         print(json.dumps(out, indent=2))
     else:
         for r in out:
-            print(f"{r['target']} ({r['model']}), turns per split: "
+            src = "" if r["from"] == "computed" else f", from {r['from']}"
+            print(f"{r['target']} ({r['model']}{src}), turns per split: "
                   + ", ".join(f"{c} {s['turns']}" for c, s in r["splits"].items()))
             print(actions.table({r["model"]: r["splits"]}))
     return 0
@@ -393,11 +414,12 @@ def cmd_serve(args) -> int:
     import signal
 
     from . import logs
+    from .report.trained import locate
     from .serve import server
 
     plan = _load(args)
     [tc] = _trainings(plan, [args.target])
-    served = server.locate(plan, tc.target, args.step)
+    served = locate(tc, args.step)
     logs.setup(None, plan.cfg.get("log_level", "INFO"))
     # SIGTERM as SIGINT: both end the server the same way (uvicorn's graceful shutdown, then exit 0)
     signal.signal(signal.SIGTERM, signal.default_int_handler)
@@ -462,7 +484,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("eval", help="cross-teacher matrix: held-out loss of trained targets on teachers' held-out splits")
     common(sp)
     sp.add_argument("targets", nargs="*", help="rows (default: eval.targets, else default_targets)")
-    sp.add_argument("--teachers", nargs="+", help="columns (default: eval.teachers, else every teacher of the rows)")
+    sp.add_argument("--teachers", nargs="+", help="columns (default: eval.teachers, else every teacher of the rows); with --actions: "
+                                                       "whose held-out chats (default: actions.teachers)")
     sp.add_argument("--model", choices=["latest", "hf_export", "checkpoint"],
                     help="which model of a target (default: eval.model, else latest)")
     sp.add_argument("--max-eval-batches", type=int, help="cap per held-out split")
@@ -473,9 +496,10 @@ def build_parser() -> argparse.ArgumentParser:
                          "(tool calls, tool names, arguments, commands, ending the episode)")
     sp.add_argument("--replay", action="store_true",
                     help="with --actions: score the teachers' own turns (every agreement is 1.0: the scores' check)")
-    sp.add_argument("--max-turns", type=int, default=8, help="with --actions: turns sampled per teacher split (default 8)")
-    sp.add_argument("--max-tokens", type=int, default=64,
-                    help="with --actions: tokens the student may generate per turn (default 64)")
+    sp.add_argument("--max-turns", type=int, help="with --actions: turns sampled per teacher split (default: the "
+                                                  "target's actions.max_turns)")
+    sp.add_argument("--max-tokens", type=int,
+                    help="with --actions: tokens the student may generate per turn (default: actions.max_tokens)")
     sp.set_defaults(func=cmd_eval)
 
     sp = sub.add_parser("fit", help="will the train step fit the profile's TPU slice, and what will the run cost? "

@@ -34,7 +34,8 @@ FIT = "trajsft.cluster.check_fit:check_fit"  # rule check_fit: no artifact, the 
 EVAL = "trajsft.report.matrix:eval_matrix"  # rule eval_matrix: the matrix files are the outputs
 # the report rules get no Step: their entries read the job's inputs and params
 REPORT_RULES = {"report_card": "trajsft.report.build:rule_card", "report_table": "trajsft.report.build:rule_table",
-                "report_curves": "trajsft.report.curves:rule_curves"}
+                "report_curves": "trajsft.report.curves:rule_curves",
+                "report_actions": "trajsft.report.actions:rule_actions"}
 
 
 def _shards_skipped_listing(cfg: step_configs.ShardConfig) -> None:

@@ -158,9 +158,14 @@ def _roots_file(plan) -> Path:
 def known_roots(plan) -> list[str]:
     """Roots to look in, current first: the current root, the config's ``copy_from``, then every
     root this workdir has written to."""
-    roots = [absolute(plan.root), *(absolute(r) for r in plan.cfg.get("copy_from") or [])]
+    return roots_of(plan.root, plan.cfg.get("copy_from"), plan.state_dir)
+
+
+def roots_of(root: str, copy_from: list[str] | None, state_dir: str) -> list[str]:
+    """:func:`known_roots` of a workflow config's ``storage_root`` and ``copy_from`` and its local state dir."""
+    roots = [absolute(root), *(absolute(r) for r in copy_from or [])]
     with contextlib.suppress(FileNotFoundError, json.JSONDecodeError):
-        roots += json.loads(_roots_file(plan).read_text())
+        roots += json.loads(Path(state_dir, ROOTS_FILE).read_text())
     return list(dict.fromkeys(r.rstrip("/") for r in roots))
 
 
@@ -296,8 +301,13 @@ def unusable(root: str) -> str | None:
 def where(plan, art) -> list[str]:
     """The reachable roots holding a finished payload of ``art`` (sealed: the seal is read, the objects
     are not verified)."""
+    return where_in(known_roots(plan), art)
+
+
+def where_in(roots: list[str], art) -> list[str]:
+    """:func:`where`, among ``roots``."""
     out = []
-    for root in known_roots(plan):
+    for root in roots:
         if not reachable(root):
             continue
         loc = io.join(root, art.kind, art.name)

@@ -170,6 +170,13 @@ def check_references(cfg: dict) -> None:
         for t in ev.get("teachers") or []:
             if t not in teachers:
                 raise ConfigError(f"config: eval.teachers: unknown teacher '{t}' (teachers: {', '.join(teachers)})")
+    scored = [("actions", cfg.get("actions") or {})] + [
+        (f"{kind}.{name}.actions", e["actions"]) for kind, entries in (("teachers", teachers), ("mixtures", mixtures))
+        for name, e in entries.items() if e.get("actions")]
+    for where, actions in scored:
+        for t in actions.get("teachers") or []:
+            if t not in teachers:
+                raise ConfigError(f"config: {where}.teachers: unknown teacher '{t}' (teachers: {', '.join(teachers)})")
     for name, t in teachers.items():
         if not REVISION_RE.match(str(t["revision"])):
             raise ConfigError(f"config: teachers.{name}.revision {t['revision']!r} is not a commit sha "
@@ -286,12 +293,29 @@ class Plan:
             },
         )
         return {"name": name, "run": run, "tokenized": [a for _, _, a in tokenized],
-                "export": self._export(name, dict(spec.weights), int(spec.training.seq_len), spec.student.hf_checkpoint)}
+                "export": self._export(name, dict(spec.weights), int(spec.training.seq_len), spec.student.hf_checkpoint),
+                "evals": self._evals(spec, run)}
+
+    def _evals(self, spec: S.TargetSpec, run: Artifact) -> Artifact:
+        """The next-action scores of the target's trained student (rule ``eval_actions``) on the held-out chats of
+        ``spec.scored_teachers``: content-addressed by the run (its final model) and those shard sets (their
+        validation splits) and the evaluation's settings; its done marker is ``evals/<target>/done``."""
+        shards = {t: self.shards(t) for t in spec.scored_teachers}
+        inputs = {"format": KINDS["evals"].format, "target": spec.name, "run": run.hash,
+                  "held_out": [{"teacher": t, "shards": a.hash} for t, a in shards.items()],
+                  **spec.actions.identity("evals")}
+        h = hashing.short(inputs)
+        art = self._add("evals", f"{spec.name}-{h}", h, inputs,
+                        deps=[(run.kind, run.name)] + [(a.kind, a.name) for a in shards.values()],
+                        spec={"target": spec.name, "shards": {t: a.name for t, a in shards.items()},
+                              "max_turns": spec.actions.max_turns, "max_tokens": spec.actions.max_tokens})
+        art.manifest = self.evals_done_path(spec.name)  # per target, beside checkpoints/<target>/done
+        return art
 
     def _export(self, target: str, weights: dict[str, float], seq_len: int, model: S.Ref | None) -> Artifact:
         """The target's shards for other trainers (rule `export`): LLaMA-Factory + messages jsonl, with
         the training arguments that render them as trajsft trains (cutoff_len = seq_len, the template)."""
-        shards = {t: self._shards(t) for t in sorted(weights)}
+        shards = {t: self.shards(t) for t in sorted(weights)}
         inputs = {"format": KINDS["exports"].format, "target": target,
                   "data": [{"teacher": t, "weight": weights[t], "shards": a.hash} for t, a in shards.items()],
                   "seq_len": seq_len, "model": model.identity() if model else None, "template": hashing.file_digest(TEMPLATE_PATH)}
@@ -355,7 +379,8 @@ class Plan:
         h = hashing.short(inputs)
         return self._add("raw", f"{teacher}-{h}", h, inputs, spec={"teacher": teacher, **t})
 
-    def _shards(self, teacher: str) -> Artifact:
+    def shards(self, teacher: str) -> Artifact:
+        """The teacher's validated chats (rule ``shard``): its training split and its held-out (validation) one."""
         raw = self._raw(teacher)
         transform = self.teacher_transform(teacher)
         # TransformSpec: `strict` is cosmetic, `long_chats` is hashed at tokenize time
@@ -367,7 +392,7 @@ class Plan:
         )
 
     def _tokenized(self, teacher: str, student: S.StudentSpec, training: S.TrainingSpec) -> Artifact:
-        shards = self._shards(teacher)
+        shards = self.shards(teacher)
         if not TEMPLATE_PATH.exists():
             raise ConfigError(f"chat template missing: {TEMPLATE_PATH}")
         transform = self.specs.teachers[teacher].transform
@@ -451,3 +476,7 @@ class Plan:
     @staticmethod
     def done_path(target: str) -> str:
         return f"checkpoints/{target}/done"
+
+    @staticmethod
+    def evals_done_path(target: str) -> str:
+        return f"evals/{target}/done"

@@ -66,29 +66,34 @@ def function(ref: str) -> Callable[..., Any]:
 REGISTRY = (
     Kind("raw", rule="download", format=2, function="trajsft.data.download:download",
          config="trajsft.plan.step_configs:download",
-         downstream=("shards", "tokenized", "checkpoints", "exports"), checked={"rows": lambda s: int(s["rows"])},
+         downstream=("shards", "tokenized", "checkpoints", "exports", "evals"), checked={"rows": lambda s: int(s["rows"])},
          resources=Resources(threads=1, mem_mb=4000)),  # network-bound: parquet pages from the Hub
     Kind("shards", rule="shard", format=3, function="trajsft.data.shard:shard",
          config="trajsft.plan.step_configs:shard",
-         downstream=("tokenized", "checkpoints", "exports"),
+         downstream=("tokenized", "checkpoints", "exports", "evals"),
          checked={"strict": lambda s: bool(s["transform"].get("strict"))}, resources=Resources(threads=1, mem_mb=4000)),
     Kind("tokenized", rule="tokenize", format=3, function="trajsft.data.tokenize:tokenize",
          config="trajsft.plan.step_configs:tokenize",
-         downstream=("checkpoints",), resources=Resources(threads=2, mem_mb=8000)),  # tokenizer workers share the cores
+         downstream=("checkpoints", "evals"), resources=Resources(threads=2, mem_mb=8000)),  # tokenizer workers share the cores
     Kind("models", rule="download_model", format=1, function="trajsft.train.model_snapshot:download_model",
          config="trajsft.plan.step_configs:download_model",
-         downstream=("checkpoints",), resources=Resources(threads=1, mem_mb=4000)),  # network-bound: safetensors
+         downstream=("checkpoints", "evals"), resources=Resources(threads=1, mem_mb=4000)),  # network-bound: safetensors
     # a training run's seal covers its weights only (trainer checkpoints, HF exports): its records (attempts,
     # provenance, result, logs) change with every attempt and are written again where it runs
     Kind("checkpoints", rule="train", format=1, function="trajsft.train.target:train",
          config="trajsft.plan.step_configs:train",
-         sealed=("checkpoints/", "hf/"), of_target="run",
+         sealed=("checkpoints/", "hf/"), of_target="run", downstream=("evals",),
          # Levanter on this machine's CPUs, or, on a Ray profile, a light submitter that follows the job (so that
          # every target of a `--cores 4` profile can be submitted at once)
          resources=Resources(threads=2, mem_mb=16000), on_cluster=Resources(threads=1, mem_mb=1000)),
     Kind("exports", rule="export", format=2, function="trajsft.data.export:export", of_target="export",
          config="trajsft.plan.step_configs:export",
          resources=Resources(threads=1, mem_mb=4000)),
+    # the next-action scores of a target's trained student on the held-out chats (its done marker is
+    # evals/<target>/done, beside checkpoints/<target>/done): generation on this machine's CPUs
+    Kind("evals", rule="eval_actions", format=1, function="trajsft.report.actions:eval_actions", of_target="evals",
+         config="trajsft.plan.step_configs:eval_actions",
+         resources=Resources(threads=2, mem_mb=8000)),
 )
 KINDS: dict[str, Kind] = {k.name: k for k in REGISTRY}
 BY_RULE: dict[str, Kind] = {k.rule: k for k in REGISTRY}

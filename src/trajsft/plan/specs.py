@@ -2,7 +2,7 @@
 
 Every field of every spec says, in its ``field(metadata=...)``, whether it is **hashed** (and into
 which artifact kinds: ``raw``, ``shards``, ``tokenized``, ``checkpoints`` (a training run),
-``exports``) or **cosmetic**, with a one-line reason. :meth:`Spec.identity` returns exactly the
+``exports``, ``evals``) or **cosmetic**, with a one-line reason. :meth:`Spec.identity` returns exactly the
 fields hashed into one kind; :class:`trajsft.plan.config.Plan` builds every artifact's hashed ``inputs``
 from those identities (plus upstream hashes and code versions). ``tests/test_specs.py`` checks that
 every field is declared, that every config key reaches a field, and that each declaration is true
@@ -57,6 +57,7 @@ SPEC_SETTINGS = {
     "teachers": "TeacherSpec (data); TargetSpec (a teacher trained on its own: student, training)",
     "mixtures": "TargetSpec",
     "eval": "eval.heldout_fraction: TransformSpec.heldout_fraction; the rest picks the matrix (no artifact)",
+    "actions": "ActionsSpec: the defaults under every target's own actions (the next-action evaluation, evals)",
 }
 
 
@@ -211,6 +212,19 @@ class TeacherSpec(Spec):
 
 
 @dataclass(frozen=True)
+class ActionsSpec(Spec):
+    """The next-action evaluation of a trained target (rule ``eval_actions``, ``evals/<target>/done``): its own
+    settings over the config's ``actions:``, over these defaults (what a researcher reads: a few dozen turns, long
+    enough for one tool call)."""
+
+    max_turns: int = hashed("evals", why="how many held-out assistant turns are scored per teacher split", default=32)
+    max_tokens: int = hashed("evals", why="the student's greedy generation cap per turn (reaching it: invalid)",
+                             default=256)
+    teachers: Optional[tuple[str, ...]] = hashed("evals", why="whose held-out splits are scored (None: the target's "
+                                                 "own teachers)", default=None)
+
+
+@dataclass(frozen=True)
 class TargetSpec(Spec):
     """A trained target: a teacher on its own, or a mixture."""
 
@@ -220,13 +234,19 @@ class TargetSpec(Spec):
                                                     config=("teachers",))
     student: StudentSpec = hashed("tokenized", "models", "checkpoints", "exports", why="see StudentSpec")
     training: TrainingSpec = hashed("tokenized", "checkpoints", "exports", why="see TrainingSpec")
+    actions: ActionsSpec = hashed("evals", why="see ActionsSpec", default=ActionsSpec())
 
     @property
     def teachers(self) -> list[str]:
         return [t for t, _ in self.weights]
 
+    @property
+    def scored_teachers(self) -> list[str]:
+        """Whose held-out splits the next-action evaluation scores: ``actions.teachers``, else its own teachers."""
+        return list(self.actions.teachers or self.teachers)
 
-SPEC_CLASSES = (Ref, TransformSpec, TrainingSpec, ModelSpec, StudentSpec, TeacherSpec, TargetSpec)
+
+SPEC_CLASSES = (Ref, TransformSpec, TrainingSpec, ModelSpec, StudentSpec, TeacherSpec, ActionsSpec, TargetSpec)
 
 
 @dataclass(frozen=True)
@@ -328,8 +348,10 @@ def build(cfg: Mapping, base_dir: str | os.PathLike) -> Specs:
     for name, entry, weights in entries:
         total = sum(weights.values())
         training = _spec(TrainingSpec, _merge(cfg["training"], entry.get("training")), f"{name}: training")
+        actions = _spec(ActionsSpec, _merge(cfg.get("actions"), entry.get("actions")), f"{name}: actions")
         targets[name] = TargetSpec(name=name, weights=tuple((t, w / total) for t, w in sorted(weights.items())),
-                                   student=students[entry.get("student", cfg["student"])], training=training)
+                                   student=students[entry.get("student", cfg["student"])], training=training,
+                                   actions=actions)
     return Specs(teachers=teachers, students=students, targets=targets)
 
 

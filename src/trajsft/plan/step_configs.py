@@ -173,6 +173,41 @@ def export(plan: Plan, name: str) -> ExportConfig:
 
 
 @dataclass(frozen=True)
+class EvalActionsConfig:
+    """The next-action scores of one target's trained student (rule ``eval_actions``), to ``location``
+    (``evals/<name>``); its done marker is ``evals/<target>/done``."""
+
+    target: str
+    name: str
+    location: str
+    train: TrainConfig  # the target's run: where its model is found (the current storage root first)
+    held_out: Mapping[str, str]  # teacher -> the location of the shard set whose validation split is scored
+    max_turns: int  # turns scored per teacher split (a deterministic sample)
+    max_tokens: int  # the greedy generation cap per turn
+
+
+def eval_actions(plan: Plan, name: str) -> EvalActionsConfig:
+    """The target ``name``'s next-action evaluation."""
+    art = plan.target(name)["evals"]
+    spec = art.spec
+    return EvalActionsConfig(target=name, name=art.name, location=art.location, train=train(plan, name),
+                             held_out={t: plan.get("shards", s).location for t, s in spec["shards"].items()},
+                             max_turns=int(spec["max_turns"]), max_tokens=int(spec["max_tokens"]))
+
+
+def held_out_problem(plan: Plan, name: str) -> str | None:
+    """Why the target's next-action evaluation has nothing to score, in one line (a teacher it scores holds out no
+    chats: the reference config's transform holds out nothing), else None."""
+    for t in plan.target(name)["evals"].spec["shards"]:
+        if float(plan.specs.teachers[t].transform.heldout_fraction) <= 0:
+            return (f"teacher '{t}' holds out no chats (its transform.heldout_fraction is 0): set "
+                    f"teachers.{t}.transform.heldout_fraction (or eval.heldout_fraction) above 0 (hashed: it trains "
+                    f"again without them), or score other "
+                    f"teachers' held-out chats with {name}'s actions.teachers")
+    return None
+
+
+@dataclass(frozen=True)
 class EvalRow:
     """One row of the cross-teacher matrix: a trained target."""
 

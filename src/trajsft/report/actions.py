@@ -21,22 +21,32 @@ once (greedy, up to ``max_tokens``). Its output is parsed as ``trajsft serve`` p
 An output that does not parse is counted (``valid`` 0, and ``unparsed``), never an error. Two built-in models prove
 the scores honest: :class:`Replay` answers with the teacher's own turn as the template renders it (no token cap),
 which must score 1.0 on every agreement; :class:`ConstantText` answers every turn with the same text.
+
+Rule ``eval_actions`` (:func:`eval_actions`) scores a target's trained student with its settings (``actions:``) and
+writes ``actions.json`` under ``<storage_root>/evals/<target>-<hash>/``, its figures also in
+``evals/<target>/done``; ``trajsft eval --actions`` prints them.
 """
 
 from __future__ import annotations
 
 import difflib
 import hashlib
+import html as _html
+import logging
 import shlex
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Optional, Protocol, Sequence
 
+from .. import io
 from ..data.export import read_split, shard_files
 from ..data.template import load_template
 from ..data.turns import Parsed, command, parse_message, parse_output
 from ..errors import DataError
+from ..plan.step_configs import EvalActionsConfig
 
-FORMAT = 1
+log = logging.getLogger("trajsft")
+
+RESULTS = "actions.json"  # the payload of an evals artifact
 SUBMIT = "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
 AGREEMENTS = ("valid", "tool_or_text", "tool_name", "arguments_exact", "command_program", "command_similarity",
               "ends_episode")
@@ -211,3 +221,62 @@ def table(rows: Mapping[str, Mapping[str, Mapping]], metrics: Iterable[str] = ("
             cells = [("-" if splits.get(c, {}).get(m) is None else f"{splits[c][m]:.3f}") for c in cols]
             lines.append("  " + "".join(f"{x:>18}" for x in [name, *cells]))
     return "\n".join(lines)
+
+
+def scores(model: Model, turns: Mapping[str, Sequence[Turn]]) -> dict[str, dict]:
+    """Each teacher split's figures (:func:`evaluate`)."""
+    return {teacher: evaluate(model, ts) for teacher, ts in turns.items()}
+
+
+def sampled(held_out: Mapping[str, str], max_turns: int) -> dict[str, list[Turn]]:
+    """Each teacher's sampled held-out turns (an empty split: one line naming the setting to change)."""
+    return {teacher: held_out_turns(teacher, location, max_turns) for teacher, location in held_out.items()}
+
+
+def eval_actions(cfg: EvalActionsConfig) -> dict:
+    """Rule ``eval_actions``: the target's trained student (its run's newest model) on each scored teacher's held-out
+    turns, greedily through the engine ``trajsft serve`` uses; the figures go to ``actions.json`` and the result."""
+    from ..train import generate
+    from .trained import locate
+
+    trained = locate(cfg.train)
+    turns = sampled(cfg.held_out, cfg.max_turns)  # before the model loads: an empty split fails in seconds
+    model = Student(trained.name, generate.load(trained.train_cfg, trained.source), cfg.max_tokens)
+    result = {"target": cfg.target, "model": trained.name, "source": trained.source, "max_turns": cfg.max_turns,
+              "max_tokens": cfg.max_tokens, "splits": scores(model, turns)}
+    io.write_json(io.join(cfg.location, RESULTS), result)
+    return result
+
+
+COLUMNS = ("turns", *AGREEMENTS, "tokens", "unparsed")
+
+
+def render_html(results: Sequence[Mapping]) -> str:
+    """The report's table: one row per (target's student, held-out teacher split), one column per figure."""
+    esc = _html.escape
+    cell = lambda v: "-" if v is None else (f"{v:.3f}" if isinstance(v, float) else str(v))  # noqa: E731
+    body = [f'<tr><th class="row">{esc(r["target"])}<br><span class="tok">{esc(r["model"])}</span></th>'
+            f"<th>{esc(teacher)}</th>" + "".join(f"<td>{cell(split.get(k))}</td>" for k in COLUMNS) + "</tr>"
+            for r in results for teacher, split in r["splits"].items()]
+    settings = sorted({(r["max_turns"], r["max_tokens"]) for r in results})
+    css = ("body{font-family:sans-serif;font-size:13px}table{border-collapse:collapse}"
+           "td,th{border:1px solid #bbb;padding:4px 8px;text-align:right}.tok{color:#666;font-size:11px}"
+           "caption{font-weight:bold;margin-bottom:4px}")
+    return ("<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>trajsft next-action scores"
+            f"</title><style>{css}</style></head><body>\n<table id=\"actions\"><caption>Next-action scores: each "
+            "target's student against the teacher's turn, per held-out teacher split (greedy)</caption>\n"
+            "<thead><tr><th>target (model)</th><th>held-out split</th>"
+            + "".join(f"<th>{esc(k)}</th>" for k in COLUMNS) + "</tr></thead>\n<tbody>\n" + "\n".join(body)
+            + "\n</tbody></table>\n<p>Agreements are means over the turns each applies to (tool_name and "
+            "arguments_exact: turns where the teacher calls a tool; command_*: where its call runs a shell command); "
+            "tokens is the mean generated. Settings (max_turns, max_tokens): "
+            + ", ".join(f"({a}, {b})" for a, b in settings) + ".</p>\n</body></html>\n")
+
+
+def rule_actions(snakemake) -> None:
+    """Rule report_actions: the report's table of every evaluated target's next-action scores."""
+    results = [io.read_json(p) for p in snakemake.input]
+    io.write_text(snakemake.output.html, render_html(results))
+    io.write_json(snakemake.output.json, [{k: r[k] for k in ("target", "model", "max_turns", "max_tokens", "splits")}
+                                          for r in results])
+    log.info("next-action scores of %d target(s) written to %s", len(results), snakemake.output.html)

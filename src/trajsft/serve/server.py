@@ -6,97 +6,28 @@ loads it (:func:`trajsft.train.eval.load_model`) from the run's newest model or 
 route is ours (:mod:`trajsft.serve.chat`): requests render with trajsft's template, tools included, and tool calls
 come back as ``tool_calls``.
 
-:func:`locate` (no jax) finds what to serve and says in one line why it cannot; :func:`serve` loads, compiles
+:func:`trajsft.report.trained.locate` (no jax) finds what to serve and says in one line why it cannot; :func:`serve` loads, compiles
 once, prints the URL, the model name and where the start-up time went, and serves until SIGINT/SIGTERM.
 (No ``from __future__ import annotations`` here: FastAPI reads the routes' annotations, ``Request`` included.)
 """
 
 
 import asyncio
-import copy
 import logging
 import socket
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable
 
-from .. import io, storage
-from ..errors import ConfigError, one_line
-from ..fit.facts import HF_KEYS
-from ..plan import step_configs
-from ..plan.config import Plan
-from ..report.matrix import hf_exports, model_source
+from ..errors import ConfigError
+from ..report.trained import Trained
 from ..train.generate import END_OF_TURN, end_turn
 from . import chat
 
 log = logging.getLogger("trajsft")
 
 DEFAULT_MAX_TOKENS = 512  # a reply's tokens when the request sets no max_tokens (within the student's seq_len)
-
-
-@dataclass(frozen=True)
-class Served:
-    """What ``trajsft serve`` serves: one model of a target's run."""
-
-    target: str
-    name: str  # the model name clients send: the run's content-addressed name
-    run_dir: str  # where the run was found (the current storage root first)
-    source: dict  # {"kind": "hf_export"|"checkpoint", "path", "step"} (trajsft.report.matrix.model_source)
-    train_cfg: dict  # the run's train_lm config, its paths pointing at run_dir
-
-
-def locate(plan: Plan, target: str, step: Optional[int] = None) -> Served:
-    """The model of ``target`` to serve: its newest (trainer checkpoint or HF export), or its HF export at ``step``,
-    from whichever storage root holds the run (the current one first). ConfigError, one line: not trained, no such
-    step, an HF export of another architecture than the run's."""
-    train = step_configs.train(plan, target)
-    run = train.run
-    here = storage.absolute(run.location).rstrip("/")
-    places = [io.join(root, "checkpoints", run.name) for root in storage.where(plan, run)]
-    train_cfg, run_dir = None, None
-    for loc in dict.fromkeys([*places, here]):
-        try:
-            train_cfg, run_dir = io.read_json(io.join(loc, "provenance", "config.json"))["levanter"], loc
-            break
-        except (FileNotFoundError, KeyError, ValueError):
-            continue
-    if train_cfg is None:
-        raise ConfigError(f"{target} is not trained: no run {run.name} under {here} or the other storage roots "
-                          f"(train it: snakemake {Plan.done_path(target)})")
-    # the run's own paths, wherever it was found (the config names the root it trained on)
-    train_cfg = copy.deepcopy(train_cfg)
-    train_cfg["hf_save_path"] = io.join(run_dir, "hf")
-    train_cfg["trainer"]["checkpointer"]["base_path"] = io.join(run_dir, "checkpoints")
-    if step is None:
-        source = model_source(train_cfg, "latest")
-        if source is None:
-            raise ConfigError(f"{target} is not trained: run {run.name} at {run_dir} has no checkpoint or HF export "
-                              f"yet (train it: snakemake {Plan.done_path(target)})")
-    else:
-        exports = dict(hf_exports(train_cfg["hf_save_path"]))
-        if step not in exports:
-            have = ", ".join(str(s) for s in sorted(exports)) or "none"
-            raise ConfigError(f"{target}: run {run.name} has no HF export at step {step} under "
-                              f"{train_cfg['hf_save_path']} (complete exports at steps: {have})")
-        source = {"kind": "hf_export", "path": exports[step], "step": step}
-    if source["kind"] == "hf_export":
-        check_architecture(train_cfg["model"], source["path"])
-    return Served(target=target, name=run.name, run_dir=run_dir, source=source, train_cfg=train_cfg)
-
-
-def check_architecture(model: dict, hf_export: str) -> None:
-    """An HF export whose ``config.json`` is not the run's model: one line naming what differs."""
-    try:
-        hf = io.read_json(io.join(hf_export, "config.json"))
-    except (FileNotFoundError, ValueError) as e:
-        raise ConfigError(f"{hf_export}: no readable config.json ({one_line(e)})") from None
-    if hf.get("model_type") not in (None, model.get("type")):
-        raise ConfigError(f"{hf_export} holds a {hf.get('model_type')} checkpoint, the run trained a {model.get('type')}")
-    wrong = [f"{k} {model[k]} but config.json {hf_key} {hf[hf_key]}" for k, hf_key in HF_KEYS.items()
-             if k in model and hf_key in hf and int(hf[hf_key]) != int(model[k])]
-    if wrong:
-        raise ConfigError(f"{hf_export} is a checkpoint of another architecture than the run's model: " + "; ".join(wrong))
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -119,7 +50,7 @@ def _error(status: int, message: str, kind: str = "invalid_request_error"):
     return JSONResponse(status_code=status, content={"error": {"message": message, "type": kind}})
 
 
-def create_app(served: Served, tokenizer, submit: Callable, max_seq_len: int, max_seqs: int):
+def create_app(served: Trained, tokenizer, submit: Callable, max_seq_len: int, max_seqs: int):
     """The FastAPI app: ``/health``, ``/v1/models`` and ``/v1/chat/completions``. ``submit(prompt, max_tokens,
     temperature, seed, n)`` awaits the engine's generations (``InferenceResponse`` objects)."""
     from fastapi import FastAPI, Request
@@ -183,7 +114,7 @@ def create_app(served: Served, tokenizer, submit: Callable, max_seq_len: int, ma
     return app
 
 
-def serve(served: Served, *, host: str = "127.0.0.1", port: int = 8701, max_seqs: int = 4,
+def serve(served: Trained, *, host: str = "127.0.0.1", port: int = 8701, max_seqs: int = 4,
           out: Callable[[str], None] = print) -> None:
     """Load ``served``'s model, compile generation once, then serve until SIGINT/SIGTERM (uvicorn's own shutdown;
     the caller turns the re-raised KeyboardInterrupt into exit 0)."""
