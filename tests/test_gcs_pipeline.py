@@ -53,8 +53,10 @@ def test_demo_built_locally_trained_on_a_bucket_and_back(gcs, local_data):
     t = plan(wd, "demo", over)
     assert {a["kind"]: (a["exists"], a["present_at"]) for a in t["artifacts"]} == {
         "raw": (False, [str(wd / "results")]), "shards": (False, [str(wd / "results")]),
-        "tokenized": (False, [str(wd / "results")]), "checkpoints": (False, []), "exports": (False, [])}
-    # `all`: done, the report (cards, table, curves) and the eval matrix; plus the export rule
+        "tokenized": (False, [str(wd / "results")]), "checkpoints": (False, []), "exports": (False, []),
+        "evals": (False, [])}
+    # `all`: done, the next-action scores, the report (cards, table, curves, next actions) and the eval matrix; plus
+    # the export rule
     run(wd, "all", "results/exports/demo/manifest.json", config=over)
     objs = gcs.objects()
     for k in DATA:
@@ -80,10 +82,15 @@ def test_demo_built_locally_trained_on_a_bucket_and_back(gcs, local_data):
     matrix = json.loads((wd / "results/eval/matrix.json").read_text())
     assert matrix["models"]["demo"]["path"].startswith(done["checkpoint_dir"] + "/"), matrix["models"]
     assert math.isfinite(matrix["cells"]["demo"]["demo"]["loss"]) and matrix["cells"]["demo"]["demo"]["tokens"] > 0
+    # the student's next actions: the model and the held-out chats read from the bucket, the scores written there
+    evals = json.loads((wd / "evals/demo/done").read_text())
+    assert evals["location"].startswith(f"{root}/evals/demo-") and evals["model"] == Path(done["checkpoint_dir"]).name
+    assert evals["source"]["path"].startswith(done["checkpoint_dir"] + "/") and evals["splits"]["demo"]["turns"] == 8
+    assert io.read_json(f"{evals['location']}/actions.json")["splits"] == evals["splits"]
     t = plan(wd, "demo", over)
     assert all(a["exists"] for a in t["artifacts"]) and t["done_exists"]
     assert {a["kind"]: a["present_at"] for a in t["artifacts"]} == (
-        {k: [root, str(wd / "results")] for k in DATA} | {"checkpoints": [root], "exports": [root]})
+        {k: [root, str(wd / "results")] for k in DATA} | {"checkpoints": [root], "exports": [root], "evals": [root]})
     assert "Nothing to be done" in run(wd, "-n", "checkpoints/demo/done", config=over).stdout
 
     # 3. back on the local root: the bucket's manifests are not done here either; the local payloads
