@@ -396,6 +396,13 @@ def _report_workflow(tmp_path: Path) -> Path:
             if target == MIX:
                 ev.update({"eval/minimax-m2.5/loss": 2.4, "eval/gemini-3-flash/loss": 2.6})
             f.write(levanter_log_line("log", 9, ev))
+    # the demo's next-action scores (rule eval_actions' done marker: the mixture's teachers hold out nothing)
+    (wd / "evals" / "demo").mkdir(parents=True)
+    split = {"turns": 8, "valid": 0.25, "tool_or_text": 0.75, "tool_name": 0.5, "arguments_exact": 0.0,
+             "command_program": 0.5, "command_similarity": 0.41, "ends_episode": 0.875, "tokens": 21.5, "unparsed": 1,
+             "applies_to": {"tool_name": 6, "arguments_exact": 6, "command_program": 6, "command_similarity": 6}}
+    (wd / "evals" / "demo" / "done").write_text(json.dumps(
+        {"target": "demo", "model": "demo-0123456789", "max_turns": 8, "max_tokens": 64, "splits": {"demo": split}}))
     return wd
 
 
@@ -432,7 +439,7 @@ def test_report_rules_and_html_report(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     info = chromium.check_snakemake_report(wd / "report.html", tmp_path / "shots")
     assert info["errors"] == []
-    assert set(info["categories"]) == {"Dataset cards", "Teacher comparison", "Training curves"}
+    assert set(info["categories"]) == {"Dataset cards", "Teacher comparison", "Training curves", "Next actions"}
     assert all(info["navbar"].values()), info["navbar"]
     res = info["results"]
     assert set(info["categories"]["Dataset cards"]) == {"demo", MIX}
@@ -441,6 +448,8 @@ def test_report_rules_and_html_report(tmp_path):
             assert res[name]["ok"] and res[name]["w"] > 600, res[name]
     table = res["results/cards/teachers.html"]
     assert table["ok"] and table["tables"] == 1 and "rows in" in table["text"]
+    acts = res["results/evals/actions.html"]
+    assert acts["ok"] and acts["tables"] == 1 and "demo-0123456789" in acts["text"] and "0.875" in acts["text"]
     assert_png(tmp_path / "shots" / "landing.png", min_bytes=5_000)
 
 
