@@ -146,3 +146,67 @@ def test_the_reports_table_holds_every_split_and_figure():
     assert page.count("<table") == 1 and "demo-0123456789" in page and "(8, 64)" in page
     row = page.split('<th class="row">')[1]
     assert "<td>8</td><td>0.250</td><td>1.000</td><td>-</td>" in row and "<td>12.500</td><td>1</td>" in row
+
+
+# ---- streaming per chat, the side-by-side file ---------------------------------------------------------
+class Counting:
+    """The constant-text model, counting the turns it is asked; ``stop_after``: interrupted (as a kill would) once it
+    has answered that many batches."""
+
+    name = "counting"
+
+    def __init__(self, stop_after: int | None = None):
+        self.asked, self.batches, self.stop_after = [], 0, stop_after
+
+    def answer(self, ts):
+        if self.stop_after is not None and self.batches >= self.stop_after:
+            raise KeyboardInterrupt("killed")
+        self.batches += 1
+        self.asked += [(t.traj_id, t.index) for t in ts]
+        return [("I am done.", True, 3) for _ in ts]
+
+
+def _cfg(tmp_path, location: str, max_turns: int = 12) -> step_configs.EvalActionsConfig:
+    return step_configs.EvalActionsConfig(target="demo", name="demo-0123456789", location=location, train=None,
+                                          held_out={"demo": _shards(tmp_path, 0.3)}, max_turns=max_turns, max_tokens=8)
+
+
+def test_an_interrupted_evaluation_reruns_only_the_missing_chats_and_ends_as_an_uninterrupted_one(tmp_path):
+    cfg = _cfg(tmp_path, str(tmp_path / "evals" / "demo-0123456789"))
+    turns = A.sampled(cfg.held_out, cfg.max_turns)["demo"]
+    chats = list(dict.fromkeys(t.traj_id for t in turns))
+    assert len(chats) >= 3  # the sample spans several chats
+    whole = A.eval_actions(_cfg(tmp_path, str(tmp_path / "whole")), model=Counting())
+    # answered two turns at a time, killed after the second batch: the chats completed by then are on disk
+    first = Counting(stop_after=2)
+    with pytest.raises(KeyboardInterrupt):
+        A.score_chats(lambda: first, {"demo": turns}, cfg.location, batch=lambda m: 2)
+    kept = list((tmp_path / "evals/demo-0123456789/chats").glob("*.json"))
+    assert 0 < len(kept) < len(chats) and len(first.asked) == 4
+    again = Counting()
+    result = A.eval_actions(cfg, model=again)
+    assert (result["chats"], result["chats_reused"], result["chats_scored"]) == (len(chats), len(kept),
+                                                                                   len(chats) - len(kept))
+    done_turns = {(json.loads(p.read_text())["traj_id"], r["index"]) for p in kept
+                  for r in json.loads(p.read_text())["turns"]}
+    assert set(again.asked) == {(t.traj_id, t.index) for t in turns} - done_turns  # only the missing chats' turns
+    assert result["splits"] == whole["splits"] and result["splits"]["demo"]["turns"] == len(turns)
+    assert json.loads((tmp_path / "evals/demo-0123456789/actions.json").read_text())["splits"] == whole["splits"]
+    # everything scored: a rerun asks the model nothing (a real student is not even loaded)
+    never = Counting(stop_after=0)
+    assert A.eval_actions(cfg, model=never)["chats_scored"] == 0 and never.asked == []
+
+
+def test_the_side_by_side_file_shows_context_teacher_and_student(tmp_path):
+    cfg = _cfg(tmp_path, str(tmp_path / "sbs"), max_turns=3)
+    result = A.eval_actions(cfg, model=A.ConstantText("I am done."))
+    text = (tmp_path / "sbs" / A.SIDE_BY_SIDE).read_text()
+    assert result["side_by_side"] == str(tmp_path / "sbs" / A.SIDE_BY_SIDE)
+    turns = A.sampled(cfg.held_out, 3)["demo"]
+    assert "## demo: the first 3 of 3 scored turns" in text and text.count("**teacher**") == 3
+    assert text.count("**student**") == 3 and text.count("I am done.") >= 3 and "(context)" in text
+    for t in turns:
+        assert f"### {t.traj_id}, turn {t.index}" in text
+    call = next((t for t in turns if t.reference.get("tool_calls")), None)
+    if call is not None:  # a teacher's tool call is shown as name(arguments)
+        assert f"{call.reference['tool_calls'][0]['function']['name']}(" in text

@@ -421,10 +421,13 @@ def test_next_action_scores_of_the_demo_student_and_of_the_replay(demo):
     assert done["kind"] == "evals" and done["model"] == run and done["hash_inputs"]["run"] == run.split("-")[-1]
     assert (done["max_turns"], done["max_tokens"]) == (8, 64) and done["source"]["kind"] in ("hf_export", "checkpoint")
     assert json.loads((wd / done["location"] / "actions.json").read_text())["splits"] == done["splits"]
+    assert (done["chats_scored"], done["chats_reused"]) == (done["chats"], 0) and done["chats"] > 0
+    assert (wd / done["side_by_side"]).read_text().count("**student**") == 8  # every scored turn (8 < 12 shown)
     p = cli(wd, "eval", "demo", "--actions", "--json")
     assert p.returncode == 0, p.stderr[-3000:]
     [row] = json.loads(p.stdout)
     assert row["from"] == "evals/demo/done" and row["model"] == run and list(row["splits"]) == ["demo"]
+    assert row["side_by_side"] == done["side_by_side"]
     split = row["splits"]["demo"]
     assert split == done["splits"]["demo"] and split["turns"] == 8 and 0 < split["tokens"] <= 65
     names = [k for k in split if k in AGREEMENTS]
@@ -440,3 +443,15 @@ def test_next_action_scores_of_the_demo_student_and_of_the_replay(demo):
     assert r["model"] == "replay" and r["splits"]["demo"]["turns"] == 4
     assert all(r["splits"]["demo"][k] == 1.0 for k in AGREEMENTS if r["splits"]["demo"][k] is not None)
     assert r["splits"]["demo"]["valid"] == r["splits"]["demo"]["tool_name"] == 1.0
+
+
+def test_the_generation_benchmark_measures_two_engine_settings_on_the_demo(demo):
+    """scripts/bench_generate.py (issue 41): tokens/s of the evaluation's engine at its settings, in one run, on the
+    trained demo (a small version: its figures are the benchmark's, not a test's)."""
+    wd, _ = demo
+    p = subprocess.run([sys.executable, str(REPO / "scripts" / "bench_generate.py"), "--workdir", str(wd), "--turns",
+                        "4", "--max-tokens", "8", "--json"], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    r = json.loads(p.stdout)
+    assert len(r["settings"]) >= 2 and all(s["steady_tokens_per_s"] > 0 and s["turns"] == 4 for s in r["settings"])
+    assert {"max_seqs", "page_size"} == set(r["fastest"]) and min(s["steady_ratio_to_slowest"] for s in r["settings"]) == 1.0

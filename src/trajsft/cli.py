@@ -301,7 +301,8 @@ def cmd_eval_actions(args) -> int:
             stored = _stored_actions(ev)
         if stored is not None:
             out.append({"target": row.target, "model": stored["model"], "max_turns": max_turns,
-                        "max_tokens": max_tokens, "splits": stored["splits"], "from": C.Plan.evals_done_path(row.target)})
+                        "max_tokens": max_tokens, "splits": stored["splits"], "from": C.Plan.evals_done_path(row.target),
+                        "side_by_side": stored.get("side_by_side")})
             continue
         if not args.teachers and (problem := step_configs.held_out_problem(plan, row.target)):
             raise C.ConfigError(f"{row.target}: {problem}")
@@ -330,6 +331,8 @@ def cmd_eval_actions(args) -> int:
             print(f"{r['target']} ({r['model']}{src}), turns per split: "
                   + ", ".join(f"{c} {s['turns']}" for c, s in r["splits"].items()))
             print(actions.table({r["model"]: r["splits"]}))
+            if r.get("side_by_side"):
+                print(f"  the student's turns beside the teacher's: {r['side_by_side']}")
     return 0
 
 

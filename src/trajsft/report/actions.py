@@ -32,10 +32,12 @@ from __future__ import annotations
 import difflib
 import hashlib
 import html as _html
+import json
 import logging
+import re
 import shlex
 from dataclasses import dataclass
-from typing import Iterable, Mapping, Optional, Protocol, Sequence
+from typing import Callable, Iterable, Mapping, Optional, Protocol, Sequence
 
 from .. import io
 from ..data.export import read_split, shard_files
@@ -188,24 +190,34 @@ def score(student: Parsed, ended: bool, teacher: Parsed) -> dict[str, Optional[f
     return out
 
 
-def evaluate(model: Model, turns: Sequence[Turn]) -> dict:
-    """The split's figures: turns scored, the mean of each metric over the turns it applies to (with that count),
-    unparsed outputs, mean tokens generated."""
+def answered(turn: Turn, text: str, ended: bool, tokens: int) -> dict:
+    """One scored turn: the model's output, whether it ended its turn, its tokens and its metrics against the
+    teacher's (what a chat's record holds and the side-by-side file shows)."""
+    student = parse_output(text)
+    return {"index": turn.index, "output": text, "ended": ended, "tokens": tokens, "unparsed": not student.parsed,
+            "metrics": score(student, ended, parse_message(turn.reference))}
+
+
+def figures(records: Sequence[Mapping]) -> dict:
+    """A split's figures from its scored turns: turns scored, the mean of each metric over the turns it applies to
+    (with that count), unparsed outputs, mean tokens generated."""
     sums: dict[str, float] = {k: 0.0 for k in AGREEMENTS}
     counts: dict[str, int] = {k: 0 for k in AGREEMENTS}
-    unparsed, tokens = 0, 0
-    for turn, (text, ended, n) in zip(turns, model.answer(turns), strict=True):
-        student = parse_output(text)
-        unparsed += not student.parsed
-        tokens += n
-        for k, v in score(student, ended, parse_message(turn.reference)).items():
+    for r in records:
+        for k, v in r["metrics"].items():
             if v is not None:
                 sums[k] += v
                 counts[k] += 1
-    n = len(turns)
+    n = len(records)
     return {"turns": n, **{k: (sums[k] / counts[k] if counts[k] else None) for k in AGREEMENTS},
             "applies_to": {k: counts[k] for k in AGREEMENTS if k not in ("valid", "tool_or_text", "ends_episode")},
-            "unparsed": unparsed, "tokens": tokens / n if n else None}
+            "unparsed": sum(bool(r["unparsed"]) for r in records),
+            "tokens": sum(r["tokens"] for r in records) / n if n else None}
+
+
+def evaluate(model: Model, turns: Sequence[Turn]) -> dict:
+    """The split's figures (:func:`figures`) of ``model``'s answers to ``turns``."""
+    return figures([answered(t, *a) for t, a in zip(turns, model.answer(turns), strict=True)])
 
 
 def table(rows: Mapping[str, Mapping[str, Mapping]], metrics: Iterable[str] = ("valid", "tool_name", "tool_or_text",
@@ -233,19 +245,127 @@ def sampled(held_out: Mapping[str, str], max_turns: int) -> dict[str, list[Turn]
     return {teacher: held_out_turns(teacher, location, max_turns) for teacher, location in held_out.items()}
 
 
-def eval_actions(cfg: EvalActionsConfig) -> dict:
-    """Rule ``eval_actions``: the target's trained student (its run's newest model) on each scored teacher's held-out
-    turns, greedily through the engine ``trajsft serve`` uses; the figures go to ``actions.json`` and the result."""
-    from ..train import generate
-    from .trained import locate
+CHATS = "chats"  # <location>/chats/<key>.json: one chat's scored turns, written as soon as they are scored
+SIDE_BY_SIDE = "side_by_side.md"  # the first scored turns of each split: context tail, teacher, student
+SIDE_BY_SIDE_TURNS = 12  # per teacher split
 
-    trained = locate(cfg.train)
+
+def chat_key(teacher: str, traj_id: str) -> str:
+    return hashlib.sha256(f"{teacher}\0{traj_id}".encode()).hexdigest()[:20]
+
+
+def _stored_chats(location: str) -> dict[str, dict]:
+    """The chats already scored at ``location`` (by an earlier, interrupted attempt of the same evaluation)."""
+    out = {}
+    for path in io.glob(io.join(location, CHATS, "*.json")):
+        try:
+            rec = io.read_json(path)
+        except (ValueError, OSError):  # unreadable: scored again
+            continue
+        out[chat_key(rec["teacher"], rec["traj_id"])] = rec
+    return out
+
+
+def score_chats(make_model: Callable[[], Model], turns: Mapping[str, Sequence[Turn]], location: str,
+                batch: Callable[[Model], int] = lambda m: 1 << 30) -> tuple[dict[str, list[dict]], dict]:
+    """Every sampled turn scored, chat by chat: a chat's record goes to ``<location>/chats/`` as soon as all its turns
+    are answered, and a chat already recorded there is not asked again (an interrupted evaluation reruns only the
+    missing chats; the model is not even loaded when none is missing). Turns are answered ``batch(model)`` at a
+    time (the engine's sequences). Returns each teacher's scored turns in sampled order, and the chat counts."""
+    chats: dict[str, list[Turn]] = {}
+    for teacher, ts in turns.items():
+        for t in ts:
+            chats.setdefault(chat_key(teacher, t.traj_id), []).append(t)
+    stored = _stored_chats(location)
+    todo = {k: ts for k, ts in chats.items() if k not in stored}
+    counts = {"chats": len(chats), "chats_scored": len(todo), "chats_reused": len(chats) - len(todo)}
+    if counts["chats_reused"]:
+        log.info("next actions: %d of %d chat(s) found scored by an earlier attempt at %s", counts["chats_reused"],
+                 len(chats), location)
+    if todo:
+        model = make_model()
+        flat = [t for ts in todo.values() for t in ts]
+        done: dict[tuple[str, str, int], dict] = {}
+        size = max(1, batch(model))
+        for start in range(0, len(flat), size):
+            chunk = flat[start:start + size]
+            for t, a in zip(chunk, model.answer(chunk), strict=True):
+                done[(t.teacher, t.traj_id, t.index)] = answered(t, *a)
+            for k, ts in list(todo.items()):
+                if all((t.teacher, t.traj_id, t.index) in done for t in ts):
+                    rec = {"teacher": ts[0].teacher, "traj_id": ts[0].traj_id,
+                           "turns": [done[(t.teacher, t.traj_id, t.index)] for t in ts]}
+                    io.write_json(io.join(location, CHATS, f"{k}.json"), rec)
+                    stored[k] = rec
+                    del todo[k]
+    by_turn = {(k, r["index"]): r for k in chats for r in stored[k]["turns"]}
+    records = {teacher: [by_turn[(chat_key(teacher, t.traj_id), t.index)] for t in ts] for teacher, ts in turns.items()}
+    return records, counts
+
+
+def eval_actions(cfg: EvalActionsConfig, model: Optional[Model] = None) -> dict:
+    """Rule ``eval_actions``: the target's trained student (its run's newest model) on each scored teacher's held-out
+    turns, greedily through the engine ``trajsft serve`` uses (``model``: another model, for a test); each chat's
+    scored turns stream to ``chats/`` (a rerun scores only the missing chats), the figures go to ``actions.json``
+    and the result, the first turns of each split side by side to ``side_by_side.md``."""
     turns = sampled(cfg.held_out, cfg.max_turns)  # before the model loads: an empty split fails in seconds
-    model = Student(trained.name, generate.load(trained.train_cfg, trained.source), cfg.max_tokens)
-    result = {"target": cfg.target, "model": trained.name, "source": trained.source, "max_turns": cfg.max_turns,
-              "max_tokens": cfg.max_tokens, "splits": scores(model, turns)}
+    source = None
+    if model is None:
+        from .trained import locate
+
+        trained = locate(cfg.train)
+        name, source = trained.name, trained.source
+
+        def make_model() -> Model:
+            from ..train import generate
+
+            return Student(trained.name, generate.load(trained.train_cfg, trained.source), cfg.max_tokens)
+
+        def batch(m: Model) -> int:
+            return m.loaded.engine_cfg.max_seqs
+    else:
+        name, make_model, batch = model.name, (lambda: model), (lambda m: 1 << 30)
+    records, counts = score_chats(make_model, turns, cfg.location, batch)
+    result = {"target": cfg.target, "model": name, "source": source, "max_turns": cfg.max_turns,
+              "max_tokens": cfg.max_tokens, "splits": {t: figures(rs) for t, rs in records.items()}}
     io.write_json(io.join(cfg.location, RESULTS), result)
-    return result
+    io.write_text(io.join(cfg.location, SIDE_BY_SIDE), side_by_side(turns, records, name))
+    return {**result, **counts, "side_by_side": io.join(cfg.location, SIDE_BY_SIDE)}
+
+
+def _message_text(m: Mapping, limit: int) -> str:
+    """A message as the side-by-side file shows it: its text, then each tool call as ``name(arguments)``."""
+    parts = [str(m.get("content") or "")]
+    for c in m.get("tool_calls") or []:
+        f = c.get("function") or c
+        args = f.get("arguments")
+        parts.append(f"{f.get('name')}({args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)})")
+    text = "\n".join(p for p in parts if p).strip()
+    return text if len(text) <= limit else text[:limit] + f" ... [{len(text) - limit} more characters]"
+
+
+def _fence(text: str) -> str:
+    ticks = "`" * max(3, 1 + max((len(r) for r in re.findall(r"`+", text)), default=0))
+    return f"{ticks}\n{text}\n{ticks}"
+
+
+def side_by_side(turns: Mapping[str, Sequence[Turn]], records: Mapping[str, Sequence[Mapping]], model: str,
+                 first: int = SIDE_BY_SIDE_TURNS, context: int = 2, limit: int = 1500) -> str:
+    """The first ``first`` scored turns of each teacher split, readable: the last ``context`` messages before the
+    turn, the teacher's turn, the student's, and the turn's metrics."""
+    out = [f"# Next actions of {model}: the student's turn beside the teacher's", ""]
+    for teacher, ts in turns.items():
+        out += [f"## {teacher}: the first {min(first, len(ts))} of {len(ts)} scored turns", ""]
+        for t, r in list(zip(ts, records[teacher]))[:first]:
+            out += [f"### {t.traj_id}, turn {t.index}", ""]
+            for m in t.context[-context:]:
+                out += [f"**{m['role']}** (context)", "", _fence(_message_text(m, limit)), ""]
+            out += ["**teacher**", "", _fence(_message_text(t.reference, limit)), ""]
+            ended = "" if r["ended"] else " (cut at the token cap)"
+            out += [f"**student**{ended}", "", _fence(r["output"][:limit]), ""]
+            shown = ", ".join(f"{k} {v:.2f}" for k, v in r["metrics"].items() if v is not None)
+            out += [f"{shown}; {r['tokens']} tokens", ""]
+    return "\n".join(out)
 
 
 COLUMNS = ("turns", *AGREEMENTS, "tokens", "unparsed")
