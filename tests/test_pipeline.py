@@ -455,3 +455,37 @@ def test_the_generation_benchmark_measures_two_engine_settings_on_the_demo(demo)
     r = json.loads(p.stdout)
     assert len(r["settings"]) >= 2 and all(s["steady_tokens_per_s"] > 0 and s["turns"] == 4 for s in r["settings"])
     assert {"max_seqs", "page_size"} == set(r["fastest"]) and min(s["steady_ratio_to_slowest"] for s in r["settings"]) == 1.0
+
+
+def test_watch_scores_each_export_of_a_running_training_and_the_report_grows_a_row_per_step(demo, tmp_path):
+    """`trajsft eval demo --actions --watch` beside a running demo training (issue 41): each HF export is scored as it
+    appears (here two: every 12 steps, and the final one), under the evaluation's steps/step-<N>/; it ends when the
+    run is done; the report's table then has a row per step and one for the final evaluation. Another seed names
+    another run (its data comes from the demo's root through copy_from: not rebuilt)."""
+    demo_wd, _ = demo
+    wd = tmp_path / "watch"
+    wd.mkdir()
+    over = {"copy_from": [str(demo_wd / "results")], "checkpointing": {"hf_export_every_steps": 12},
+            "teachers": {"demo": {"training": {"seed": 7}}}}
+    [tokenized] = [a["manifest"] for a in plan(wd, "demo", over)["artifacts"] if a["kind"] == "tokenized"]
+    run(wd, tokenized, config=over)  # the data, copied from the demo's root
+    train = start(wd, "checkpoints/demo/done", config=over, log=wd / "train.log")
+    try:
+        w = subprocess.run([sys.executable, "-m", "trajsft.cli", "eval", "demo", "--actions", "--watch", "--interval",
+                            "1", "--json", "--configfile", str(wd / "test-overrides.yaml")],
+                           capture_output=True, text=True, cwd=wd, env=env(), timeout=600)
+        assert train.wait(timeout=600) == 0, (wd / "train.log").read_text()[-3000:]
+    finally:
+        kill_group(train)
+    assert w.returncode == 0, w.stderr[-3000:]
+    rows = [json.loads(line) for line in w.stdout.splitlines()]
+    steps = [r["step"] for r in rows]
+    done = json.loads((wd / "checkpoints/demo/done").read_text())
+    assert len(steps) == 2 and steps == sorted(steps) and steps[-1] == int(Path(done["hf_export"]).name[5:]), steps
+    assert all(r["model"] == done["run"] and r["splits"]["demo"]["turns"] == 8 for r in rows)
+    # the rule's final evaluation, then the report: a row per watched step and the final one
+    run(wd, "evals/demo/done", "results/evals/actions.html", config=over)
+    table = (wd / "results/evals/actions.html").read_text()
+    assert all(f"export step {s}</span>" in table for s in steps) and "final step" in table
+    report = json.loads((wd / "results/evals/actions.json").read_text())
+    assert [r["step"] for r in report] == [*steps, steps[-1]] and [r["final"] for r in report] == [False, False, True]

@@ -282,6 +282,51 @@ def _stored_actions(ev) -> dict | None:
     return done if done.get("name") == ev.name else None
 
 
+def cmd_eval_watch(args, plan: C.Plan, row: TrainConfig) -> int:
+    """``trajsft eval TARGET --actions --watch``: score each HF export of the target's run as it appears (its figures
+    under the evaluation's ``steps/step-<N>/``, a row per step in the report), until the run is done (its done
+    marker) and every export is scored, or Ctrl-C. One line (``--json``: one JSON object) per export scored."""
+    import time
+
+    from .report import actions
+    from .report.matrix import hf_exports
+    from .report.trained import locate
+
+    ev = step_configs.eval_actions(plan, row.target)
+    if args.max_turns or args.max_tokens or args.teachers or args.replay:
+        raise C.ConfigError("--watch scores with the target's actions: settings (no --max-turns, --max-tokens, "
+                            "--teachers or --replay): change them in the config")
+    if problem := step_configs.held_out_problem(plan, row.target):
+        raise C.ConfigError(f"{row.target}: {problem}")
+    done_path = C.Plan.done_path(row.target)
+    scored = set(actions.evaluated_steps(ev.location))
+    print(f"trajsft eval --watch: {row.target} (run {row.run.name}): scoring each new HF export into "
+          f"{io.join(ev.location, actions.STEPS)} (already scored: {sorted(scored) or 'none'})", file=sys.stderr,
+          flush=True)
+    while True:
+        finished = _done_hash(done_path) == row.run.hash  # read before the exports: none appears after it
+        try:
+            exports = hf_exports(locate(row).train_cfg["hf_save_path"])
+        except C.ConfigError:  # not started yet: no provenance, no export
+            exports = []
+        for step, _ in exports:
+            if step in scored:
+                continue
+            trained = locate(row, step)
+            r = actions.evaluate_trained(ev, trained, actions.step_location(ev, step))
+            scored.add(step)
+            if args.json:
+                print(json.dumps({k: r[k] for k in ("target", "model", "step", "splits", "chats_scored")}), flush=True)
+            else:
+                s = next(iter(r["splits"].values()))
+                print(f"{row.target} step {step}: " + ", ".join(
+                    f"{k} {s[k]:.3f}" for k in ("valid", "tool_or_text", "tool_name") if s.get(k) is not None),
+                      flush=True)
+        if finished:
+            return 0
+        time.sleep(args.interval)
+
+
 def cmd_eval_actions(args) -> int:
     """Next-action scores of each target's student (or, with --replay, of the teachers' own turns) on the held-out
     chats its ``actions:`` settings name: the figures rule eval_actions wrote (evals/<target>/done) when they are of
@@ -291,6 +336,11 @@ def cmd_eval_actions(args) -> int:
 
     plan = _load(args)
     logs.setup(None, plan.cfg.get("log_level", "INFO"))
+    if args.watch:
+        rows = _trainings(plan, args.targets or plan.cfg["default_targets"])
+        if len(rows) != 1:
+            raise C.ConfigError("--watch follows one target: name it (trajsft eval demo --actions --watch)")
+        return cmd_eval_watch(args, plan, rows[0])
     out = []
     for row in _trainings(plan, args.targets or plan.cfg["default_targets"]):
         ev = step_configs.eval_actions(plan, row.target)
@@ -344,8 +394,8 @@ def cmd_eval(args) -> int:
 
     if args.actions:
         return cmd_eval_actions(args)
-    if args.replay:
-        raise C.ConfigError("--replay scores the teachers' own turns: use it with --actions")
+    if args.replay or args.watch:
+        raise C.ConfigError(f"--{'replay' if args.replay else 'watch'} is of the next-action scores: use it with --actions")
 
     overrides = {}
     if args.targets:
@@ -499,6 +549,10 @@ def build_parser() -> argparse.ArgumentParser:
                          "(tool calls, tool names, arguments, commands, ending the episode)")
     sp.add_argument("--replay", action="store_true",
                     help="with --actions: score the teachers' own turns (every agreement is 1.0: the scores' check)")
+    sp.add_argument("--watch", action="store_true",
+                    help="with --actions and one target: score each HF export of its run as it appears, until the run "
+                         "is done (a row per step in the report)")
+    sp.add_argument("--interval", type=float, default=30.0, help="with --watch: seconds between looks (default 30)")
     sp.add_argument("--max-turns", type=int, help="with --actions: turns sampled per teacher split (default: the "
                                                   "target's actions.max_turns)")
     sp.add_argument("--max-tokens", type=int,

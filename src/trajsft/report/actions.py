@@ -303,34 +303,61 @@ def score_chats(make_model: Callable[[], Model], turns: Mapping[str, Sequence[Tu
     return records, counts
 
 
+STEPS = "steps"  # <location>/steps/step-<N>/: the scores of the run's HF export at step N (trajsft eval --watch)
+
+
 def eval_actions(cfg: EvalActionsConfig, model: Optional[Model] = None) -> dict:
     """Rule ``eval_actions``: the target's trained student (its run's newest model) on each scored teacher's held-out
     turns, greedily through the engine ``trajsft serve`` uses (``model``: another model, for a test); each chat's
     scored turns stream to ``chats/`` (a rerun scores only the missing chats), the figures go to ``actions.json``
     and the result, the first turns of each split side by side to ``side_by_side.md``."""
-    turns = sampled(cfg.held_out, cfg.max_turns)  # before the model loads: an empty split fails in seconds
-    source = None
-    if model is None:
-        from .trained import locate
+    if model is not None:
+        return _evaluate(cfg, cfg.location, model.name, None, lambda: model, lambda m: 1 << 30)
+    from .trained import locate
 
-        trained = locate(cfg.train)
-        name, source = trained.name, trained.source
+    return evaluate_trained(cfg, locate(cfg.train), cfg.location)
 
-        def make_model() -> Model:
-            from ..train import generate
 
-            return Student(trained.name, generate.load(trained.train_cfg, trained.source), cfg.max_tokens)
+def evaluate_trained(cfg: EvalActionsConfig, trained, location: str) -> dict:
+    """The student ``trained`` (:class:`trajsft.report.trained.Trained`: one model of the target's run) scored as
+    :func:`eval_actions` scores, its files under ``location``."""
+    sampled(cfg.held_out, cfg.max_turns)  # before the model loads: an empty split fails in seconds
 
-        def batch(m: Model) -> int:
-            return m.loaded.engine_cfg.max_seqs
-    else:
-        name, make_model, batch = model.name, (lambda: model), (lambda m: 1 << 30)
-    records, counts = score_chats(make_model, turns, cfg.location, batch)
+    def make_model() -> Model:
+        from ..train import generate
+
+        return Student(trained.name, generate.load(trained.train_cfg, trained.source), cfg.max_tokens)
+
+    return _evaluate(cfg, location, trained.name, trained.source, make_model, lambda m: m.loaded.engine_cfg.max_seqs)
+
+
+def step_location(cfg: EvalActionsConfig, step: int) -> str:
+    return io.join(cfg.location, STEPS, f"step-{step}")
+
+
+def evaluated_steps(location: str) -> dict[int, dict]:
+    """The per-step scores under an evaluation's ``location`` (``steps/step-<N>/actions.json``), by step."""
+    out = {}
+    for path in io.glob(io.join(location, STEPS, "step-*", RESULTS)):
+        try:
+            step = int(path.rstrip("/").split("/")[-2].removeprefix("step-"))
+            out[step] = io.read_json(path)
+        except (ValueError, OSError):
+            continue
+    return dict(sorted(out.items()))
+
+
+def _evaluate(cfg: EvalActionsConfig, location: str, name: str, source: Optional[dict],
+              make_model: Callable[[], Model], batch: Callable[[Model], int]) -> dict:
+    turns = sampled(cfg.held_out, cfg.max_turns)
+    records, counts = score_chats(make_model, turns, location, batch)
     result = {"target": cfg.target, "model": name, "source": source, "max_turns": cfg.max_turns,
               "max_tokens": cfg.max_tokens, "splits": {t: figures(rs) for t, rs in records.items()}}
-    io.write_json(io.join(cfg.location, RESULTS), result)
-    io.write_text(io.join(cfg.location, SIDE_BY_SIDE), side_by_side(turns, records, name))
-    return {**result, **counts, "side_by_side": io.join(cfg.location, SIDE_BY_SIDE)}
+    if source is not None and source.get("kind") == "hf_export":
+        result["step"] = source["step"]
+    io.write_json(io.join(location, RESULTS), result)
+    io.write_text(io.join(location, SIDE_BY_SIDE), side_by_side(turns, records, name))
+    return {**result, **counts, "side_by_side": io.join(location, SIDE_BY_SIDE)}
 
 
 def _message_text(m: Mapping, limit: int) -> str:
@@ -375,7 +402,11 @@ def render_html(results: Sequence[Mapping]) -> str:
     """The report's table: one row per (target's student, held-out teacher split), one column per figure."""
     esc = _html.escape
     cell = lambda v: "-" if v is None else (f"{v:.3f}" if isinstance(v, float) else str(v))  # noqa: E731
-    body = [f'<tr><th class="row">{esc(r["target"])}<br><span class="tok">{esc(r["model"])}</span></th>'
+    def label(r: Mapping) -> str:  # a watched export's row says its step; the final evaluation's its model's
+        step = r.get("step")
+        return f'{esc(r["model"])}, {"final" if r.get("final") else "export"}{"" if step is None else f" step {step}"}'
+
+    body = [f'<tr><th class="row">{esc(r["target"])}<br><span class="tok">{label(r)}</span></th>'
             f"<th>{esc(teacher)}</th>" + "".join(f"<td>{cell(split.get(k))}</td>" for k in COLUMNS) + "</tr>"
             for r in results for teacher, split in r["splits"].items()]
     settings = sorted({(r["max_turns"], r["max_tokens"]) for r in results})
@@ -394,9 +425,14 @@ def render_html(results: Sequence[Mapping]) -> str:
 
 
 def rule_actions(snakemake) -> None:
-    """Rule report_actions: the report's table of every evaluated target's next-action scores."""
-    results = [io.read_json(p) for p in snakemake.input]
+    """Rule report_actions: the report's table of every evaluated target's next-action scores: a row per HF export
+    ``trajsft eval --actions --watch`` scored while it trained (by step), then its final evaluation."""
+    results = []
+    for p in snakemake.input:
+        final = io.read_json(p)
+        results += list(evaluated_steps(final["location"]).values()) if final.get("location") else []
+        results.append({**final, "final": True})
     io.write_text(snakemake.output.html, render_html(results))
-    io.write_json(snakemake.output.json, [{k: r[k] for k in ("target", "model", "max_turns", "max_tokens", "splits")}
-                                          for r in results])
+    io.write_json(snakemake.output.json, [{**{k: r[k] for k in ("target", "model", "max_turns", "max_tokens", "splits")},
+                                           "step": r.get("step"), "final": bool(r.get("final"))} for r in results])
     log.info("next-action scores of %d target(s) written to %s", len(results), snakemake.output.html)
