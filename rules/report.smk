@@ -6,6 +6,7 @@
 # Needs from rules/common.smk: PLAN, STATE_DIR. For `rule all`: REPORT_OUTPUTS.
 
 from trajsft.report import build as report_build
+from trajsft.report.actions import evaluated_steps as eval_actions_steps
 
 
 report: "../report/workflow.rst"
@@ -14,7 +15,11 @@ report: "../report/workflow.rst"
 # targets compared in results/cards/teachers.html: config `report_targets`, else `default_targets`
 REPORT_TARGETS = report_build.report_targets(PLAN, config)
 # the targets whose next-action scores the report tabulates (those that hold out chats, trained here)
-ACTIONS_TARGETS = evals_of(dict.fromkeys([*REPORT_TARGETS, *config["default_targets"]]))
+ACTIONS_TARGETS = [
+    t
+    for t in dict.fromkeys([*REPORT_TARGETS, *config["default_targets"]])
+    if evals_of([t])
+]
 # table + cards of the report targets and default targets + curves of the default targets (+ next actions)
 REPORT_OUTPUTS = report_build.report_outputs(
     PLAN, REPORT_TARGETS, config["default_targets"], STATE_DIR
@@ -100,7 +105,7 @@ rule report_curves:
 
 rule report_actions:
     input:
-        ACTIONS_TARGETS,
+        [PLAN.evals_done_path(t) for t in ACTIONS_TARGETS],
     output:
         html=report(
             f"{STATE_DIR}/evals/actions.html",
@@ -115,5 +120,11 @@ rule report_actions:
     threads: 1
     resources:
         mem_mb=2000,
+    params:
+        # the exports `trajsft eval --actions --watch` scored since: a new one reruns the table (a row per step)
+        steps=lambda wildcards: {
+            t: list(eval_actions_steps(PLAN.target(t)["evals"].location))
+            for t in ACTIONS_TARGETS
+        },
     script:
         "../scripts/rule.py"

@@ -1,7 +1,7 @@
 """Generation throughput of the next-action evaluation's engine (Levanter's, as ``trajsft serve`` uses it), measured in
 one run on the demo's trained tiny Qwen3 on CPU, at several engine settings (sequences at once, KV page size).
 
-    .venv/bin/python scripts/bench_generate.py [--workdir DIR] [--turns 24] [--max-tokens 64] [--json]
+    .venv/bin/python scripts/bench_generate.py [--workdir DIR] [--turns 24] [--max-tokens 64] [--settings 4x128,8x32] [--json]
 
 ``--workdir``: a Snakemake workdir where the demo is trained (``checkpoints/demo/done``); without it the demo is
 trained in a temp dir first (not measured). For each setting: the engine is built and the sampled held-out turns of
@@ -33,7 +33,7 @@ def trained_demo(workdir: Path) -> None:
                         "checkpoints/demo/done"], check=True, cwd=workdir)
 
 
-def measure(workdir: Path, turns: int, max_tokens: int) -> list[dict]:
+def measure(workdir: Path, turns: int, max_tokens: int, settings=SETTINGS) -> list[dict]:
     os.chdir(workdir)  # the demo's storage root (results) is relative to the workdir
     from trajsft.plan import config as C
     from trajsft.plan import step_configs
@@ -48,7 +48,7 @@ def measure(workdir: Path, turns: int, max_tokens: int) -> list[dict]:
     sample = [held[i % len(held)] for i in range(turns)]  # the demo holds out a few turns: cycled to --turns
     generate.load(trained.train_cfg, trained.source)  # JAX's and Levanter's process start-up, not measured
     out = []
-    for max_seqs, page_size in SETTINGS:
+    for max_seqs, page_size in settings:
         t0 = time.perf_counter()
         loaded = generate.load(trained.train_cfg, trained.source, max_seqs=max_seqs, page_size=page_size)
         tok = loaded.tokenizer
@@ -75,12 +75,16 @@ def main(argv=None) -> int:
     ap.add_argument("--workdir", type=Path)
     ap.add_argument("--turns", type=int, default=24)
     ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--settings", help="engine settings as max_seqs x page_size, e.g. 4x128,8x32 (default: "
+                    + ",".join(f"{a}x{b}" for a, b in SETTINGS) + ")")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="bench-generate-") as tmp:
         wd = (args.workdir or Path(tmp)).resolve()
         trained_demo(wd)
-        rows = measure(wd, args.turns, args.max_tokens)
+        settings = (tuple(tuple(int(x) for x in s.split("x")) for s in args.settings.split(","))
+                    if args.settings else SETTINGS)
+        rows = measure(wd, args.turns, args.max_tokens, settings)
     best = max(rows, key=lambda r: r["steady_tokens_per_s"])
     if args.json:
         print(json.dumps({"settings": rows, "fastest": {k: best[k] for k in ("max_seqs", "page_size")}}, indent=2))
