@@ -320,8 +320,8 @@ def eval_actions(cfg: EvalActionsConfig, model: Optional[Model] = None) -> dict:
 
 def evaluate_trained(cfg: EvalActionsConfig, trained, location: str) -> dict:
     """The student ``trained`` (:class:`trajsft.report.trained.Trained`: one model of the target's run) scored as
-    :func:`eval_actions` scores, its files under ``location``."""
-    sampled(cfg.held_out, cfg.max_turns)  # before the model loads: an empty split fails in seconds
+    :func:`eval_actions` scores, its files under ``location`` (the model loads only when a chat is left to score,
+    after the held-out turns are read: an empty split fails in seconds)."""
 
     def make_model() -> Model:
         from ..train import generate
@@ -435,4 +435,5 @@ def rule_actions(snakemake) -> None:
     io.write_text(snakemake.output.html, render_html(results))
     io.write_json(snakemake.output.json, [{**{k: r[k] for k in ("target", "model", "max_turns", "max_tokens", "splits")},
                                            "step": r.get("step"), "final": bool(r.get("final"))} for r in results])
-    log.info("next-action scores of %d target(s) written to %s", len(results), snakemake.output.html)
+    log.info("next-action scores of %d target(s), %d row(s), written to %s", len(snakemake.input), len(results),
+             snakemake.output.html)
