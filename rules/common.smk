@@ -195,7 +195,7 @@ def eval_actions_inputs(wildcards):
 
 def evals_of(targets):
     """The evals/<target>/done markers built by default: those of ``targets`` that hold out chats to score, when
-    training runs here (on a Ray profile the student would be evaluated on this machine's CPUs: name them).
+    training runs here. On a Ray profile each is a Ray job on a TPU host: built when named (snakemake evals/<t>/done).
     """
     if not TRAIN_LOCAL:
         return []

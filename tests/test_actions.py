@@ -123,6 +123,10 @@ def test_a_targets_evaluation_is_content_addressed_by_its_run_held_out_chats_and
                    base_dir=C.REPO_DIR)
     assert list(step_configs.eval_actions(other, "demo").held_out) == ["demo", "gpt-5-mini"]
     assert other.target("demo")["evals"].name != art.name and other.target("demo")["run"].name == ev.train.run.name
+    # the engine's batch (actions.max_seqs) reaches the evaluation and names nothing: a greedy turn is the same in any
+    assert ev.max_seqs is None
+    batched = C.Plan(C.load(None, {"actions": {"max_seqs": 1}}), base_dir=C.REPO_DIR)
+    assert step_configs.eval_actions(batched, "demo").max_seqs == 1 and batched.target("demo")["evals"].name == art.name
 
 
 def test_a_teacher_that_holds_out_nothing_says_which_setting_to_change():

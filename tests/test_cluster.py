@@ -156,6 +156,20 @@ def test_ray_settings_refuse_the_old_shape_and_unknown_types():
     assert submit.preflight(_cfg(entrypoint_resources={"TPU-v5p-32-head": 1}))[0].startswith("ray.entrypoint")
 
 
+def test_the_evaluation_job_asks_for_one_whole_single_host_slice():
+    from trajsft.cluster import single_host
+
+    assert single_host.slice_of(_cfg()["ray"]) == ("v5p-8", {"TPU-v5p-8-head": 1.0, "TPU": 4.0})
+    assert single_host.slice_of(_cfg(eval_tpu_type="v4-8")["ray"]) == ("v4-8", {"TPU-v4-8-head": 1.0, "TPU": 4.0})
+    with pytest.raises(ConfigError, match="ray.eval_tpu_type v5p-16 has 2 hosts: the generation engine is single-host"):
+        single_host.slice_of(_cfg(eval_tpu_type="v5p-16")["ray"])
+    with pytest.raises(ConfigError, match="ray.eval_tpu_type: unknown TPU type 'v9-1'"):
+        single_host.slice_of(_cfg(eval_tpu_type="v9-1")["ray"])
+    for name in ("tpu-east5", "tpu-central1"):  # the profiles say which slice their evaluations take
+        prof = C.load([C.DEFAULT_CONFIG, C.REPO_DIR / "profiles" / name / "cluster.yaml"])
+        assert single_host.slice_of(prof["ray"])[0] == "v5p-8"
+
+
 def test_runtime_env_of_the_driver():
     env = submit.runtime_env(_cfg(pip_requirements="envs/tpu-requirements.txt"))
     assert env["worker_process_setup_hook"] == "trajsft.cluster.hooks.setup"

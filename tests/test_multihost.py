@@ -47,7 +47,7 @@ from trajsft.train import run as train_run
 from trajsft.plan import config as C
 from trajsft.cluster import jobs as cluster_jobs
 from trajsft.train.target import train_lm_config_for
-from trajsft.cluster.entrypoint import _absolute_local_refs
+from trajsft.cluster.entrypoint import absolute_local_refs
 
 pytestmark = pytest.mark.integration
 
@@ -204,7 +204,7 @@ def single_process_run(run_dir: Path, tmp_path: Path, out: dict) -> None:
 
 def _single_process_run(run_dir: Path, tmp_path: Path) -> dict:
     cfg = json.loads((run_dir / "levanter_config.json").read_text())
-    _absolute_local_refs(cfg)  # the tokenizer ships with the job's working dir: here, the repo
+    absolute_local_refs(cfg)  # the tokenizer ships with the job's working dir: here, the repo
     single = tmp_path / "single"
     cfg["trainer"]["checkpointer"]["base_path"] = str(single / "checkpoints")
     cfg["hf_save_path"] = str(single / "hf")

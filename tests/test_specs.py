@@ -301,6 +301,7 @@ PERTURB = {
     ("ActionsSpec", "max_turns"): [(lambda c: c.update(actions={"max_turns": 4}), "mix-all", None)],
     ("ActionsSpec", "max_tokens"): [(teacher("demo", actions={"max_tokens": 16}), "demo", None)],
     ("ActionsSpec", "teachers"): [(teacher("gpt-5-mini", actions={"teachers": ["demo"]}), "gpt-5-mini", None)],
+    ("ActionsSpec", "max_seqs"): [(lambda c: c["teachers"]["demo"]["actions"].update(max_seqs=1), "demo", None)],
     # Ref: held by TeacherSpec.dataset here (tests below use a local copy of the demo dataset)
     ("Ref", "ref"): [(teacher("gpt-5-mini", dataset="someone/else"), "gpt-5-mini", None)],
     ("Ref", "revision"): [(teacher("gpt-5-mini", revision="1234567"), "gpt-5-mini", None)],

@@ -15,6 +15,7 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -186,6 +187,7 @@ def test_end_to_end_two_targets_at_once_and_no_secret_leaks(data, ray_head):
     assert job["status"] == "SUCCEEDED"
     log = (wd / "logs/train/demo.log").read_text()  # the Ray job's log, streamed into the rule log
     assert "levanter.json_logger" in log and f"Ray job trajsft-{h}-a0 finished: SUCCEEDED" in log
+    next_actions_on_a_slice_host_killed_then_resumed(wd, ray_head, data)
     # secrets: nowhere in files, logs or Ray's job metadata
     for root in (wd, data[1], data[2]):
         for f in root.rglob("*"):
@@ -231,6 +233,63 @@ def test_end_to_end_two_targets_at_once_and_no_secret_leaks(data, ray_head):
         "but the head has that much (the largest other node declares 19.6 GiB" in out, out[-3000:]
     assert {f: f.read_text().count("export ") for f in sorted(data[1].rglob("export_hf.log"))} == before
     assert not checkpoints.hf_export_complete(done["hf_export"])
+
+
+def next_actions_on_a_slice_host_killed_then_resumed(wd: Path, ray_head, data) -> None:
+    """The trained demo's next-action evaluation (evals/demo/done) on the cluster: one Ray job whose driver runs its
+    work as one task on the host of a v5p-8 slice, each scored chat streamed to the storage root. The task's worker
+    killed (SIGKILL, as a lost host) once it stored its first chat, Ray retries it on a v5p-8 host within the same
+    job and the retry scores only the missing chats, ending with the figures an uninterrupted evaluation computes
+    here. One turn at a time (actions.max_seqs 1: cosmetic, the same artifacts), so the chats end one by one."""
+    import psutil
+
+    prof = profile(wd.parent / "e2e-eval-profile", ray_head.address, data[1], {
+        "teachers": {"demo": {"training": {"max_steps": 4}, "actions": {"max_seqs": 1}}}})
+    ev = next(a for a in plan_of(wd, prof)["artifacts"] if a["kind"] == "evals")
+    chats = Path(ev["location"]) / "chats"
+    reference = subprocess.Popen(  # uninterrupted, on this machine's CPU, meanwhile (--teachers: computed, not read)
+        [sys.executable, "-m", "trajsft.cli", "eval", "demo", "--actions", "--teachers", "demo", "--json",
+         "--profile", str(prof)], cwd=wd, env=sm_env(ray_head), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True)
+    cmd = [SNAKEMAKE, "-s", str(REPO / "Snakefile"), "-d", str(wd), "--profile", str(prof), "evals/demo/done"]
+    p = subprocess.Popen(cmd, stdout=open(wd / "eval-snakemake.log", "w"), stderr=subprocess.STDOUT,
+                         env=sm_env(ray_head), start_new_session=True, cwd=REPO)
+    a0 = f"trajsft-{ev['hash']}-a0"
+    try:
+        worker = wait_for(lambda: next((q for q in psutil.process_iter(["cmdline"])
+                                        if "ray::score_next_actions" in " ".join(q.info["cmdline"] or [])), None),
+                          300, "the evaluation's task to run on a host", p, poll=0.1)
+        wait_for(lambda: chats.is_dir() and any(chats.glob("*.json")), 300, "the first scored chat", p, poll=0.005)
+        worker.kill()
+        stored = len(list(chats.glob("*.json")))
+        assert p.wait(timeout=600) == 0, (wd / "eval-snakemake.log").read_text()[-4000:]
+        ref_out, ref_err = reference.communicate(timeout=300)
+    finally:
+        if p.poll() is None:
+            kill_group(p)
+        if reference.poll() is None:
+            reference.kill()
+    assert reference.returncode == 0, ref_err[-3000:]
+    done = json.loads((wd / "evals/demo/done").read_text())
+    assert {j["submission_id"]: j["status"] for j in jobs(ray_head, ev["hash"])} == {a0: "SUCCEEDED"}
+    assert done["ray_job_id"] == a0 and done["location"] == ev["location"]
+    assert 1 <= stored < done["chats"] and (done["chats_reused"], done["chats_scored"]) == (stored, done["chats"] - stored)
+    [computed] = json.loads(ref_out)
+    assert computed["from"] == "computed" and done["splits"] == computed["splits"], (done["splits"], computed["splits"])
+    assert done["splits"]["demo"]["turns"] == 8 and (Path(ev["location"]) / "side_by_side.md").exists()
+    # the driver on the head; both attempts of its task on a v5p-8 slice's host (the TPU-v5p-8-head it asked for)
+    nodes = {n["node_id"]: n for n in ray_head_nodes(ray_head)}
+    [job] = jobs(ray_head, ev["hash"])
+    assert nodes[job["driver_node_id"]].get("is_head_node"), job
+    r = requests.get(f"{ray_head.address}/api/v0/tasks?detail=true&limit=1000&filter_keys=name&filter_predicates=%3D"
+                     "&filter_values=score_next_actions", headers=ray_head.headers(), timeout=10)
+    r.raise_for_status()
+    tries = sorted(r.json()["data"]["result"]["result"], key=lambda t: t["attempt_number"])
+    assert [(t["attempt_number"], t["state"]) for t in tries] == [(0, "FAILED"), (1, "FINISHED")], tries
+    assert all("TPU-v5p-8-head" in nodes[t["node_id"]]["resources_total"] for t in tries), tries
+    assert "trajsft_forwarded_env" not in job["metadata"]  # the demo reads nothing from the Hub: no secret goes
+    log = (wd / "logs/eval_actions/demo.log").read_text()  # the job's log, the task's lines in it
+    assert log.count("scoring demo") == 2 and f"{stored} reused from an earlier attempt" in log, log[-3000:]
 
 
 def ray_head_nodes(head) -> list[dict]:

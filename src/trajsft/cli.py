@@ -369,7 +369,8 @@ def cmd_eval_actions(args) -> int:
             from .train import generate
 
             trained = locate(row)
-            model = actions.Student(trained.name, generate.load(trained.train_cfg, trained.source), max_tokens)
+            model = actions.Student(trained.name, generate.load(trained.train_cfg, trained.source, ev.max_seqs),
+                                    max_tokens)
         out.append({"target": row.target, "model": model.name, "max_turns": max_turns,
                     "max_tokens": None if args.replay else max_tokens, "splits": actions.scores(model, turns),
                     "from": "computed"})

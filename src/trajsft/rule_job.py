@@ -136,6 +136,10 @@ def _run_step(job, snakemake) -> dict | None:
         if plan.cfg.get("executor") == "ray":
             from .cluster.submit import train_on_ray as on_ray
         return storage.train(plan, job.artifact, lambda: run(cfg, done_path=snakemake.output[0], on_ray=on_ray))
+    if step == "eval_actions" and plan.cfg.get("executor") == "ray":  # a Ray job on a single-host slice
+        from .report.actions_job import submit
+
+        return storage.build(plan, job.artifact, lambda: submit(cfg, snakemake.log[0]))
     result = storage.build(plan, job.artifact, lambda: run(cfg))
     if step == "shard" and result["payload_from"] != "built":
         _shards_skipped_listing(cfg)

@@ -40,7 +40,7 @@ SECRETS_URI_ENV = "TRAJSFT_SECRETS_URI"  # set by the secret wrapper: the bundle
 SECRET_NAMES_ENV = "TRAJSFT_SECRET_NAMES"  # set by the secret wrapper: the names it delivered
 
 
-def _absolute_local_refs(cfg: dict) -> None:
+def absolute_local_refs(cfg: dict) -> None:
     """Local tokenizer paths come relative to the job's working dir (the uploaded workflow)."""
     for section in ("data", "model"):
         ref = cfg.get(section, {}).get("tokenizer")
@@ -153,7 +153,7 @@ def _main(argv: list[str] | None = None) -> int:
     channel = slices.driver_channel(forwarded_secrets())
 
     cfg = json.loads(io.read_bytes(args.config))
-    _absolute_local_refs(cfg)
+    absolute_local_refs(cfg)
     work = args.run_dir if not is_remote(args.run_dir) else tempfile.mkdtemp(prefix="trajsft-driver-")
     run = train_run.prepare_run(cfg, work)
     progress = _record(args.run_dir, args.attempt)

@@ -280,7 +280,7 @@ def job_env(ray: dict) -> dict:
     return env
 
 
-def _setup_fingerprint(address: str, renv: dict) -> str:
+def setup_fingerprint(address: str, renv: dict) -> str:
     """What a configuration error of this job depends on: its runtime env, the cluster's Ray version, our code."""
     try:
         ray_version = cluster_jobs.Conn(address).check().get("ray_version")
@@ -289,7 +289,7 @@ def _setup_fingerprint(address: str, renv: dict) -> str:
     return setup_failure.fingerprint(renv, ray_version, REPO_DIR / "src")
 
 
-def _configuration_error(address: str, job_id: str) -> str | None:
+def configuration_error(address: str, job_id: str) -> str | None:
     """The one-line cause when the failed job never got to train (:mod:`trajsft.cluster.setup_failure`)."""
     conn = cluster_jobs.Conn(address)
     try:
@@ -324,7 +324,7 @@ def train_on_ray(train: TrainConfig, lev: dict, attempt: int) -> dict:
     refuse_foreign_paths(cfg, job_paths(run_dir, lev))  # instant: before the fit check's compile
     renv = runtime_env(cfg)
     prior = setup_failure.read(run_dir)
-    if prior and prior.get("fingerprint") == _setup_fingerprint(ray["address"], renv):
+    if prior and prior.get("fingerprint") == setup_fingerprint(ray["address"], renv):
         # Snakemake's retry of a configuration error: the same answer, nothing submitted
         raise JobEnvironmentError(setup_failure.line(prior, repeated=True))
     fit_or_raise(train, lev)
@@ -352,9 +352,9 @@ def train_on_ray(train: TrainConfig, lev: dict, attempt: int) -> dict:
             success_still_holds=success_still_holds,
         )
     except cluster_jobs.JobFailed as e:
-        cause = _configuration_error(ray["address"], e.job_id)
+        cause = configuration_error(ray["address"], e.job_id)
         if cause:  # it failed before training started: record it, so Snakemake's retries do not resubmit it
-            rec = setup_failure.write(run_dir, cause=cause, fingerprint=_setup_fingerprint(ray["address"], renv),
+            rec = setup_failure.write(run_dir, cause=cause, fingerprint=setup_fingerprint(ray["address"], renv),
                                       job_id=e.job_id)
             raise JobEnvironmentError(setup_failure.line(rec)) from None
         raise TrainingFailed(f"{e} (a Snakemake retry resumes from the latest checkpoint in {run_dir})") from None

@@ -308,7 +308,8 @@ class Plan:
         art = self._add("evals", f"{spec.name}-{h}", h, inputs,
                         deps=[(run.kind, run.name)] + [(a.kind, a.name) for a in shards.values()],
                         spec={"target": spec.name, "shards": {t: a.name for t, a in shards.items()},
-                              "max_turns": spec.actions.max_turns, "max_tokens": spec.actions.max_tokens})
+                              "max_turns": spec.actions.max_turns, "max_tokens": spec.actions.max_tokens,
+                              "max_seqs": spec.actions.max_seqs})
         art.manifest = self.evals_done_path(spec.name)  # per target, beside checkpoints/<target>/done
         return art
 

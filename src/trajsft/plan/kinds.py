@@ -90,10 +90,11 @@ REGISTRY = (
          config="trajsft.plan.step_configs:export",
          resources=Resources(threads=1, mem_mb=4000)),
     # the next-action scores of a target's trained student on the held-out chats (its done marker is
-    # evals/<target>/done, beside checkpoints/<target>/done): generation on this machine's CPUs
+    # evals/<target>/done, beside checkpoints/<target>/done): generation on this machine's CPUs, or, on a Ray profile,
+    # a light submitter that follows one Ray job on a single-host slice (trajsft.report.actions_job)
     Kind("evals", rule="eval_actions", format=1, function="trajsft.report.actions:eval_actions", of_target="evals",
          config="trajsft.plan.step_configs:eval_actions",
-         resources=Resources(threads=2, mem_mb=8000)),
+         resources=Resources(threads=2, mem_mb=8000), on_cluster=Resources(threads=1, mem_mb=1000)),
 )
 KINDS: dict[str, Kind] = {k.name: k for k in REGISTRY}
 BY_RULE: dict[str, Kind] = {k.rule: k for k in REGISTRY}

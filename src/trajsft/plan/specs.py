@@ -222,6 +222,9 @@ class ActionsSpec(Spec):
                              default=256)
     teachers: Optional[tuple[str, ...]] = hashed("evals", why="whose held-out splits are scored (None: the target's "
                                                  "own teachers)", default=None)
+    max_seqs: Optional[int] = cosmetic(why="sequences the engine generates at once (None: the measured default, "
+                                       "trajsft.train.generate.EVAL_MAX_SEQS): a greedy turn is the same in any batch",
+                                       default=None)
 
 
 @dataclass(frozen=True)

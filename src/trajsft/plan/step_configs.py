@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Optional
 
 from ..errors import ConfigError
 from ..io import is_remote
@@ -180,10 +180,13 @@ class EvalActionsConfig:
     target: str
     name: str
     location: str
-    train: TrainConfig  # the target's run: where its model is found (the current storage root first)
+    # the target's run: where its model is found (the current storage root first); None in the Ray job that scores
+    # on a slice (trajsft.report.actions_job), which is handed the model its submitter located
+    train: Optional[TrainConfig]
     held_out: Mapping[str, str]  # teacher -> the location of the shard set whose validation split is scored
     max_turns: int  # turns scored per teacher split (a deterministic sample)
     max_tokens: int  # the greedy generation cap per turn
+    max_seqs: Optional[int] = None  # the engine's sequences at once (None: its measured default)
 
 
 def eval_actions(plan: Plan, name: str) -> EvalActionsConfig:
@@ -192,7 +195,8 @@ def eval_actions(plan: Plan, name: str) -> EvalActionsConfig:
     spec = art.spec
     return EvalActionsConfig(target=name, name=art.name, location=art.location, train=train(plan, name),
                              held_out={t: plan.get("shards", s).location for t, s in spec["shards"].items()},
-                             max_turns=int(spec["max_turns"]), max_tokens=int(spec["max_tokens"]))
+                             max_turns=int(spec["max_turns"]), max_tokens=int(spec["max_tokens"]),
+                             max_seqs=spec.get("max_seqs"))
 
 
 def held_out_problem(plan: Plan, name: str) -> str | None:

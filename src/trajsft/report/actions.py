@@ -326,7 +326,7 @@ def evaluate_trained(cfg: EvalActionsConfig, trained, location: str) -> dict:
     def make_model() -> Model:
         from ..train import generate
 
-        return Student(trained.name, generate.load(trained.train_cfg, trained.source), cfg.max_tokens)
+        return Student(trained.name, generate.load(trained.train_cfg, trained.source, cfg.max_seqs), cfg.max_tokens)
 
     return _evaluate(cfg, location, trained.name, trained.source, make_model, lambda m: m.loaded.engine_cfg.max_seqs)
 

@@ -17,6 +17,8 @@ import os
 import tempfile
 from typing import Mapping, Optional
 
+from ..io import is_remote
+from ..plan.config import REPO_DIR
 from . import levanter_config
 
 
@@ -56,13 +58,22 @@ def eval_config(train_cfg: Mapping, columns: Mapping[str, str], tokenizer: str,
 def initialize(cfg: Mapping):
     """``cfg`` (a plain train_lm config) parsed as Levanter's ``TrainLmConfig`` and Levanter initialized with it
     (jax config, trainer defaults such as the eval batch size, logging), as ``levanter.main.eval_lm`` starts; our
-    own log handlers are kept (Levanter's logging set-up replaces every root handler but its file)."""
+    own log handlers are kept (Levanter's logging set-up replaces every root handler but its file). A run trained on
+    TPUs (``require_accelerator``) loads on CPU where ``JAX_PLATFORMS`` says cpu (this machine, an emulated host),
+    and a tokenizer path relative to the repo (a Ray job's working dir) is found from any directory."""
     import draccus
 
     import levanter
     import levanter.config  # noqa: F401  (registers draccus codecs)
     from levanter.main.train_lm import TrainLmConfig
 
+    cfg = copy.deepcopy(dict(cfg))
+    if os.environ.get("JAX_PLATFORMS") == "cpu" and (cfg.get("trainer") or {}).get("require_accelerator"):
+        cfg["trainer"]["require_accelerator"] = False  # else Levanter refuses: "No accelerator found"
+    for section in ("data", "model"):  # a Ray run names the repo's tokenizer relative to its job's working dir
+        ref = (cfg.get(section) or {}).get("tokenizer")
+        if isinstance(ref, str) and ref and not is_remote(ref) and not os.path.isabs(ref) and (REPO_DIR / ref).exists():
+            cfg[section]["tokenizer"] = str(REPO_DIR / ref)
     with tempfile.TemporaryDirectory(prefix="trajsft-eval-") as tmp:
         path = levanter_config.write_config(cfg, os.path.join(tmp, "eval.yaml"))
         config: TrainLmConfig = draccus.parse(config_class=TrainLmConfig, config_path=path, args=[])

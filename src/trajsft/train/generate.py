@@ -65,11 +65,12 @@ EVAL_MAX_SEQS = 4
 EVAL_PAGE_SIZE = 128
 
 
-def load(train_cfg: dict, source: dict, max_seqs: int = EVAL_MAX_SEQS, page_size: int = EVAL_PAGE_SIZE) -> Loaded:
+def load(train_cfg: dict, source: dict, max_seqs: Optional[int] = None, page_size: int = EVAL_PAGE_SIZE) -> Loaded:
     """The model at ``source`` (``{"kind": "hf_export"|"checkpoint", "path"}``) of the run whose train_lm config is
     ``train_cfg``, with an engine for ``max_seqs`` sequences at once, its KV cache in pages of ``page_size`` tokens.
-    A checkpoint that does not load as the run's model is one line (ConfigError)."""
+    A checkpoint that does not load as the run's model is one line (ConfigError). ``max_seqs`` None: EVAL_MAX_SEQS."""
     t0 = time.time()
+    max_seqs = int(max_seqs or EVAL_MAX_SEQS)
     platforms = jax_platforms()
     if platforms:
         os.environ["JAX_PLATFORMS"] = platforms
