@@ -194,6 +194,22 @@ def test_mixture_card():
         cards.mixture_card({"alpha": a}, {"alpha": 1, "gamma": 1})
 
 
+def test_a_target_that_shares_another_teachers_data_gets_cards_under_its_own_names(tmp_path):
+    """A teacher entry that reads another's dataset shares its shards and tokenized manifests (built for the other):
+    its card, and a mixture's component, carry the target's own teacher names."""
+    from trajsft.report import build
+
+    for name, m in (("s.json", shards_manifest("alpha")), ("t.json", tokenized_manifest("alpha"))):
+        (tmp_path / name).write_text(json.dumps(m))
+    s, t = str(tmp_path / "s.json"), str(tmp_path / "t.json")
+    one = build.build_target_card("alpha-lr", [s], [t], 250, {"alpha-lr": 1.0}, False, str(tmp_path / "one.json"),
+                                  str(tmp_path / "one.png"))
+    assert (one["name"], one["teacher"], one["shards"]) == ("alpha-lr", "alpha-lr", "alpha-0123456789") and one["ok"]
+    mix = build.build_target_card("mix", [s, s], [t, t], 250, {"alpha": 0.5, "alpha-lr": 0.5}, True,
+                                  str(tmp_path / "mix.json"), str(tmp_path / "mix.png"))
+    assert set(mix["teachers"]) == {"alpha", "alpha-lr"} and mix["weights"] == {"alpha": 0.5, "alpha-lr": 0.5}
+
+
 # ---- plots -----------------------------------------------------------------------------------
 def test_plot_card(tmp_path):
     m, tok = shards_manifest(), tokenized_manifest()
@@ -253,6 +269,10 @@ def test_comparison_table():
     assert all(line.count("|") - line.count("\\|") == 5 for line in lines)
     rows = {line.split(" | ")[0].lstrip("| "): line for line in lines[2:]}
     assert rows["rows in"] == "| rows in | 10 | 10 | 20 |"
+    assert rows["data (tokenized)"] == "| data (tokenized) | alpha-abcdef0123 | – | – |"
+    # two teacher entries of one dataset share their data: the table says so in each column
+    shared = dict(tables.table_rows({"alpha": a, "alpha-lr": {**a, "name": "alpha-lr"}})[1])["data (tokenized)"]
+    assert shared == ["alpha-abcdef0123 (shared with alpha-lr)", "alpha-abcdef0123 (shared with alpha)"]
     assert rows["skipped: invalid_json"] == "| skipped: invalid_json | 2 | 0 | 4 |"
     assert rows["skipped: unknown_role"] == "| skipped: unknown_role | 0 | 4 | 0 |"
     assert rows["chats beyond seq_len"] == "| chats beyond seq_len | 50.0% | – | 50.0% |"

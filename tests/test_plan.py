@@ -244,3 +244,64 @@ def test_an_artifacts_manifest_is_read_in_one_place(tmp_path):
     Path(art.manifest).parent.mkdir(parents=True)
     Path(art.manifest).write_text(json.dumps({"location": art.location}))
     assert art.read_manifest() == {"location": art.location}
+
+
+# ---- data named by what it holds (issue 42) -------------------------------------------------------------
+MINIMAX_LR2 = {"teachers": {"minimax-lr2": {"dataset": "AlienKevin/SWE-smith-rs-minimax-m2.5-trajectories",
+                                            "revision": "dfd98db", "rows": 5251,
+                                            "training": {"learning_rate": 2.0e-5}}}}
+
+
+def test_a_teacher_entry_that_reads_the_same_dataset_shares_its_data_and_trains_its_own_run():
+    p = plan(**MINIMAX_LR2)
+    a, b = ({x.kind: x for x in p.chain(t)} for t in ("minimax-m2.5", "minimax-lr2"))
+    for kind in ("raw", "shards", "models", "tokenized"):
+        assert a[kind] is b[kind], kind  # one artifact, one location
+    assert a["raw"].name == "SWE-smith-rs-minimax-m2.5-trajectories-3a2ecb9bcc"  # the dataset's name, the same hash
+    assert a["checkpoints"].location != b["checkpoints"].location
+    assert p.users(a["tokenized"]) == ["minimax-m2.5", "minimax-lr2", "mix-minimax-gemini", "mix-all"]
+    assert p.users(b["checkpoints"]) == ["minimax-lr2"]
+    # rows are checked at download, not hashed: two entries of one dataset must agree on them, in one line
+    bad = {"teachers": {"minimax-lr2": {**MINIMAX_LR2["teachers"]["minimax-lr2"], "rows": 5000}}}
+    with pytest.raises(C.ConfigError, match=r"^config: teachers minimax-m2.5 and minimax-lr2 read the same data "
+                                            r"\(raw/SWE-smith-rs-minimax-m2.5-trajectories-3a2ecb9bcc\) but set rows "
+                                            r"5251 and 5000: make them equal"):
+        plan(**bad)
+
+
+def test_the_runs_and_their_data_keep_their_hashes():
+    """Naming data by its dataset renamed raw, shards and tokenized only: every hash, and so every run's name and
+    checkpoint directory, is what it was (the demo's local dir is named by its path)."""
+    p = plan()
+    assert {t: p.target(t)["run"].name for t in p.targets} == {
+        "gpt-5-mini": "gpt-5-mini-a8f91fe17d", "minimax-m2.5": "minimax-m2.5-b3b795e0cb",
+        "gemini-3-flash": "gemini-3-flash-7a512659a0", "demo": "demo-4a31a8c394",
+        "mix-minimax-gemini": "mix-minimax-gemini-0c97ef2a25", "mix-all": "mix-all-d929bc5b10"}
+    assert names(p, "demo") == {"raw": "demo-dataset-3423a9c9fb", "shards": "demo-dataset-0477676eb2",
+                                "tokenized": "demo-dataset-f350e7ac6b", "checkpoints": "demo-4a31a8c394"}
+
+
+def test_plan_shows_shared_data_once_and_who_uses_it(tmp_path):
+    import yaml
+
+    (tmp_path / "copy.yaml").write_text(yaml.safe_dump(MINIMAX_LR2))
+    cmd = [sys.executable, "-m", "trajsft.cli", "plan", "minimax-m2.5", "minimax-lr2", "--offline", "--configfile",
+           str(tmp_path / "copy.yaml")]
+    rows = json.loads(subprocess.run([*cmd, "--json"], capture_output=True, text=True, check=True, cwd=tmp_path).stdout)
+    a, b = ({r["kind"]: r for r in t["artifacts"]} for t in rows)
+    for kind in ("raw", "shards", "tokenized"):
+        assert a[kind]["location"] == b[kind]["location"] and a[kind]["used_by"] == b[kind]["used_by"]
+        assert "minimax-lr2" in a[kind]["used_by"]
+    assert a["checkpoints"]["location"] != b["checkpoints"]["location"]
+    text = subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=tmp_path).stdout
+    assert text.count(a["tokenized"]["location"]) == 1, text  # shown once, under the first target
+    assert f"{a['tokenized']['name']}" in text.split("minimax-lr2:")[1] and "[shared: see minimax-m2.5 above]" in text
+    # status: the rows' data, each artifact once, with every target that uses it
+    status = [sys.executable, "-m", "trajsft.cli", "status", "minimax-m2.5", "minimax-lr2", "--offline",
+              "--configfile", str(tmp_path / "copy.yaml")]
+    srows = json.loads(subprocess.run([*status, "--json"], capture_output=True, text=True, check=True,
+                                      cwd=tmp_path).stdout)
+    assert srows[0]["data"] == srows[1]["data"] == [{"kind": "tokenized", "name": a["tokenized"]["name"],
+                                                     "ready": False, "used_by": a["tokenized"]["used_by"]}]
+    text = subprocess.run(status, capture_output=True, text=True, check=True, cwd=tmp_path).stdout
+    assert text.count("data tokenized/") == 1 and "used by minimax-m2.5, minimax-lr2" in text, text

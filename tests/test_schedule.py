@@ -111,7 +111,7 @@ def test_train_config_reads_the_packed_count_from_the_manifest(tmp_path, monkeyp
     lev = train_target.train_lm_config_for(step_configs.train(p, "minimax-m2.5"))
     t = lev["trainer"]
     assert t["num_train_steps"] == 2298
-    assert lev["data"]["cache_dir"].startswith("/caches/minimax-m2.5-")
+    assert lev["data"]["cache_dir"].startswith("/caches/SWE-smith-rs-minimax-m2.5-trajectories-")  # named by its dataset
     assert lev["epoch"] == (2298 - 1) * 16 // 1500 + 1  # Levanter cycles the packed data to cover the steps
     assert lev["hf_save_dtype"] == "bfloat16"
     assert t["watch"] == {"interval": 0}  # grad-norm watch off: one compiled train step

@@ -84,6 +84,36 @@ def test_local_build_then_bucket_copy_then_back(tmp_path, gcs, built_locally):
     assert len(calls) == 1 and r["payload_from"] == str(tmp_path / "results/raw" / NAME)
 
 
+def test_a_payload_under_its_earlier_name_is_reused_here_and_on_a_bucket(tmp_path, gcs, built_locally):
+    """raw, shards and tokenized were named <teacher>-<hash> before they were named by their dataset: a sealed payload
+    of the same kind and hash under another name is found (``plan`` says so), verified and copied to the new name,
+    here and from a bucket; a payload of another hash under another name is not."""
+    calls, make, local, a, _ = built_locally  # sealed under results/raw/demo-0123456789
+    renamed = Artifact(kind="raw", name="demo-dataset-0123456789", hash=a.hash, inputs={},
+                       location=io.join(local.root, "raw", "demo-dataset-0123456789"),
+                       manifest="results/raw/demo-dataset-0123456789/manifest.json", spec={"rows": 3})
+    assert storage.where(local, renamed) == [storage.absolute("results")]
+    got = storage.build(local, renamed, make(renamed))
+    assert got["payload_from"] == storage.absolute(a.location) and len(calls) == 1
+    assert got["cache_dir"] == io.join(storage.absolute(renamed.location), "cache")  # the result names its new place
+    assert (tmp_path / "results/raw/demo-dataset-0123456789/data/train-00000.parquet").read_bytes() == \
+        PAYLOAD["data/train-00000.parquet"]
+    other = Artifact(kind="raw", name="demo-dataset-9999999999", hash="9999999999", inputs={},
+                     location=io.join(local.root, "raw", "demo-dataset-9999999999"),
+                     manifest="results/raw/demo-dataset-9999999999/manifest.json", spec={"rows": 3})
+    assert storage.where(local, other) == []
+    assert storage.build(local, other, make(other))["payload_from"] == "built" and len(calls) == 2
+    # on a bucket: the payload sealed there under the earlier name (copied from here) is copied within the bucket
+    bucket = plan_at(f"{gcs.url}/trajsft", Path("results"))
+    old = art(bucket)
+    assert storage.build(bucket, old, make(old))["payload_from"] == storage.absolute(a.location)
+    new = Artifact(kind="raw", name="demo-dataset-0123456789", hash=a.hash, inputs={},
+                   location=io.join(bucket.root, "raw", "demo-dataset-0123456789"),
+                   manifest="results/raw/demo-dataset-0123456789/manifest.json", spec={"rows": 3})
+    assert storage.build(bucket, new, make(new))["payload_from"] == old.location and len(calls) == 2
+    assert storage.read_seal(new.location)["hash"] == a.hash
+
+
 def test_altered_cut_off_or_differently_checked_payloads_are_rebuilt(tmp_path, gcs, monkeypatch):
     monkeypatch.chdir(tmp_path)
     calls: list = []

@@ -122,6 +122,23 @@ def test_snakefmt_formatted():
     assert p.returncode == 0, p.stdout + p.stderr
 
 
+def test_a_copy_of_the_demo_under_another_name_builds_its_data_once_and_trains_twice(tmp_path):
+    """Data is named by what it holds: a teacher entry that reads the demo's dataset with the demo's data settings
+    (another name, another learning rate) plans download, shard and tokenize once for both, and two trainings."""
+    import yaml
+
+    demo = C.load()["teachers"]["demo"]
+    copy = {**demo, "training": {**demo["training"], "learning_rate": 1.0e-3}}
+    (tmp_path / "copy.yaml").write_text(yaml.safe_dump({"teachers": {"demo-lr": copy}}))
+    p = sm("-n", "--forceall", "checkpoints/demo/done", "checkpoints/demo-lr/done", "--configfile",
+           str(REPO / "config/config.yaml"), str(tmp_path / "copy.yaml"), "-d", str(tmp_path), "-s",
+           str(REPO / "Snakefile"))
+    assert p.returncode == 0, p.stderr[-3000:]
+    stats = p.stdout.split("Job stats:")[1].split("\n\n")[0]
+    counts = {ln.split()[0]: int(ln.split()[1]) for ln in stats.splitlines()[3:] if ln.strip()}
+    assert counts == {"download": 1, "shard": 1, "tokenize": 1, "train": 2, "total": 5}, stats
+
+
 def test_stale_hash_target_is_refused_with_one_line(tmp_path):
     p = sm("-d", str(tmp_path), "-s", str(REPO / "Snakefile"), "--cores", "1",
            "results/shards/demo-0123456789/manifest.json")

@@ -49,7 +49,13 @@ def cmd_status(args) -> int:
     from .observe import status
 
     plan = _load(args)
-    rows = [status.target_status(tc, query_ray=not args.offline) for tc in _trainings(plan, args.targets)]
+    rows = []
+    for tc in _trainings(plan, args.targets):
+        row = status.target_status(tc, query_ray=not args.offline)
+        # the data it trains on, and every target that shares it (built once for all of them)
+        row["data"] = [{"kind": a.kind, "name": a.name, "ready": Path(a.manifest).exists(), "used_by": plan.users(a)}
+                       for a in tc.tokenized.values()]
+        rows.append(row)
     print(json.dumps(rows, indent=2) if args.json else status.render(rows))
     return 0
 
@@ -212,6 +218,8 @@ def cmd_plan(args) -> int:
             }
             if a.kind in ("exports", "evals"):
                 row["on_request"] = f"snakemake {a.manifest}"
+            else:  # the targets that train on it (several: shared data, built once)
+                row["used_by"] = plan.users(a)
             if args.explain:
                 row["hash_inputs"] = a.inputs
             rows.append(row)
@@ -237,6 +245,7 @@ def cmd_plan(args) -> int:
         return 0
     from . import storage
 
+    shown: dict[tuple[str, str], str] = {}  # shared data -> the target it was shown under
     for t in out:
         stale = f", {t['done']} is of an earlier config (hash {t['done_hash']})" if t["done_hash"] and not t["done_exists"] else ""
         print(f"{t['target']}:  {t['done']}  [{'done' if t['done_exists'] else 'not done' + stale}]")
@@ -245,7 +254,14 @@ def cmd_plan(args) -> int:
         if t["init_weights"]:
             print(f"  initial weights:       {t['init_weights']}")
         for a in t["artifacts"]:
+            others = [u for u in a.get("used_by") or [] if u != t["target"]]
+            if (a["kind"], a["name"]) in shown:  # shared data: shown once, under the first target that uses it
+                print(f"  {a['kind']:<11} {a['name']:<60} [shared: see {shown[(a['kind'], a['name'])]} above]")
+                continue
+            shown[(a["kind"], a["name"])] = t["target"]
             state = "exists" if a["exists"] else ("on request" if a.get("on_request") else "missing")
+            if others:
+                state += f"; also used by {', '.join(others)}"
             if a["present_at"] is None:
                 why = storage.refused(storage.absolute(plan.root))
                 where = "" if args.offline else f"; {plan.root} " + (f"refused: {why}" if why else "did not answer")

@@ -314,8 +314,9 @@ def where_in(roots: list[str], art) -> list[str]:
         try:
             if art.kind in FINISHED:
                 found = any(io.exists(io.join(loc, f)) for f in FINISHED[art.kind])
-            else:
-                found = read_seal(loc) is not None
+            else:  # under its name, or an earlier one (rule jobs copy it to its name)
+                found = read_seal(loc) is not None or any(read_seal(p) is not None
+                                                          for p in earlier_names(root, art, loc))
         except Exception as e:  # noqa: BLE001 - a bucket that refuses us (401/403): said, not raised
             _refuse(root, e)
             continue
@@ -367,15 +368,32 @@ def copy_payload(src: str, dst: str, s: dict) -> None:
 
 
 # ---- the rule layer ----------------------------------------------------------------------------
+def earlier_names(root: str, art, own: str) -> list[str]:
+    """The payload locations under ``root`` of ``art``'s kind and hash but another name: the same content as an
+    earlier release named it (raw, shards and tokenized were named by their teacher entry, ``<teacher>-<hash>``,
+    before they were named by their dataset). A root that cannot be listed has none."""
+    try:
+        found = io.glob(io.join(root, art.kind, f"*-{art.hash}"))
+    except Exception:  # noqa: BLE001 - a root we cannot list (offline, refused): its own name is still tried
+        return []
+    return [p.rstrip("/") for p in found if p.rstrip("/") != own.rstrip("/")]
+
+
 def find(plan, art, checked: dict, *, here_too: bool = True) -> tuple[dict, str] | None:
     """A verified payload of ``art`` at its location, copied there from another root if need be:
     (the step's result at ``art.location``, where it came from), or None (build it).
     ``here_too=False``: only look under the other roots."""
     here = absolute(art.location).rstrip("/")
-    for root in known_roots(plan):
-        if root == absolute(plan.root).rstrip("/") and not here_too:
-            continue
-        loc = here if root == absolute(plan.root).rstrip("/") else io.join(root, art.kind, art.name)
+
+    def candidates():  # each root: the artifact's own name, then (listed only if need be) its earlier names
+        for root in known_roots(plan):
+            if root == absolute(plan.root).rstrip("/") and not here_too:
+                continue
+            own = here if root == absolute(plan.root).rstrip("/") else io.join(root, art.kind, art.name)
+            yield own
+            yield from earlier_names(root, art, own)
+
+    for loc in candidates():
         s = read_seal(loc)
         if s is None or s.get("hash") != art.hash or s.get("checked") != checked:
             continue

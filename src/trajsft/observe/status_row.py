@@ -264,6 +264,13 @@ def render(rows: list[dict]) -> str:
             lines.append(f"  {r['target']}: " + "; ".join(x for x in (
                 f"cause: {r['cause']}" if r.get("cause") else None,
                 f"next rerun will {r['next']}" if r.get("next") else None) if x))
+    shown = set()  # the data of the rows, each artifact once (targets with the same data share it)
+    for r in rows:
+        for d in r.get("data") or []:
+            if (d["kind"], d["name"]) not in shown:
+                shown.add((d["kind"], d["name"]))
+                lines.append(f"  data {d['kind']}/{d['name']}: {'ready' if d['ready'] else 'not built'}; used by "
+                             + ", ".join(d["used_by"]))
     return "\n".join(lines)
 
 

@@ -374,11 +374,22 @@ class Plan:
         return self._add("models", f"{readable}-{h}", h, inputs,
                          spec={"ref": ref.ref, "revision": ref.revision, "local": ref.local})
 
+    def data_label(self, teacher: str) -> str:
+        """The readable part of the names of a teacher's data (raw, shards, tokenized): its dataset's, not the
+        teacher's, so that every teacher entry that reads the same dataset with the same settings shares them
+        (``AlienKevin/SWE-smith-rs-minimax-m2.5-trajectories`` -> ``SWE-smith-rs-minimax-m2.5-trajectories``; a
+        local dir, the last two parts of its path: ``demo/dataset`` -> ``demo-dataset``)."""
+        ref = self.specs.teachers[teacher].dataset
+        parts = [x for x in ref.ref.split("/") if x not in ("", ".", "..")]
+        text = "-".join(parts[-2:] if ref.local is not None else parts[-1:])
+        return re.sub(r"[^A-Za-z0-9._-]", "-", text).strip("._-") or "dataset"
+
     def _raw(self, teacher: str) -> Artifact:
         t = self.cfg["teachers"][teacher]
         inputs = {"format": KINDS["raw"].format, **self.specs.teachers[teacher].identity("raw")}
         h = hashing.short(inputs)
-        return self._add("raw", f"{teacher}-{h}", h, inputs, spec={"teacher": teacher, **t})
+        return self._add("raw", f"{self.data_label(teacher)}-{h}", h, inputs,
+                         spec={"teacher": teacher, "dataset": t["dataset"], "revision": t["revision"], "rows": t["rows"]})
 
     def shards(self, teacher: str) -> Artifact:
         """The teacher's validated chats (rule ``shard``): its training split and its held-out (validation) one."""
@@ -388,7 +399,7 @@ class Plan:
         inputs = {"format": KINDS["shards"].format, "raw": raw.hash, **self.specs.teachers[teacher].identity("shards")}
         h = hashing.short(inputs)
         return self._add(
-            "shards", f"{teacher}-{h}", h, inputs, deps=[(raw.kind, raw.name)],
+            "shards", f"{self.data_label(teacher)}-{h}", h, inputs, deps=[(raw.kind, raw.name)],
             spec={"teacher": teacher, "transform": transform, "raw": raw.name, "expected_rows": self.cfg["teachers"][teacher]["rows"]},
         )
 
@@ -414,7 +425,7 @@ class Plan:
         model = self.tokenizer_snapshot(student)
         deps = [(shards.kind, shards.name)] + ([(model.kind, model.name)] if model else [])
         return self._add(
-            "tokenized", f"{teacher}-{h}", h, inputs, deps=deps,
+            "tokenized", f"{self.data_label(teacher)}-{h}", h, inputs, deps=deps,
             spec={"teacher": teacher, "shards": shards.name,
                   "tokenizer": model.location if model else student.tokenizer.resolved(),
                   "seq_len": seq_len, "long_chats": long_chats},
@@ -436,7 +447,19 @@ class Plan:
         return f"{ref}@{revision}" if revision else ref
 
     def _add(self, kind, name, h, inputs, deps=(), spec=None) -> Artifact:
+        """The artifact ``kind``/``name``, made once: a later teacher entry that names the same one (the same
+        dataset and settings: shared data) must agree on its checked settings (``rows``, ``strict``), else one
+        line."""
         key = (kind, name)
+        if key in self.artifacts and spec is not None:
+            have = self.artifacts[key]
+            check = KINDS[kind].checked_settings
+            if check(have.spec) != check(spec):
+                a, b = have.spec.get("teacher"), spec.get("teacher")
+                diff = "; ".join(f"{k} {v!r} and {check(spec)[k]!r}" for k, v in check(have.spec).items()
+                                 if check(spec)[k] != v)
+                raise ConfigError(f"config: teachers {a} and {b} read the same data ({kind}/{name}) but set {diff}: "
+                                  "make them equal (the data is built once for both)")
         if key not in self.artifacts:
             self.artifacts[key] = Artifact(
                 kind=kind, name=name, hash=h, inputs=inputs,
@@ -473,6 +496,11 @@ class Plan:
 
         visit(run)
         return list(seen.values())
+
+    def users(self, art: Artifact) -> list[str]:
+        """The targets whose training chain holds ``art`` (more than one: shared data), in config order."""
+        key = (art.kind, art.name)
+        return [t for t in self.targets if any((a.kind, a.name) == key for a in self.chain(t))]
 
     @staticmethod
     def done_path(target: str) -> str:

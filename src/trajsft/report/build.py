@@ -61,9 +61,15 @@ def card_params(plan, target: str) -> dict:
 
 
 # ---- Snakemake entry points (trajsft.rule_job.REPORT_RULES) ---------------------------------------
-def _pair_manifests(shards_paths: list[str], tokenized_paths: list[str]) -> dict[str, tuple[dict, dict | None]]:
+def _pair_manifests(shards_paths: list[str], tokenized_paths: list[str],
+                    teachers: list[str] | None = None) -> dict[str, tuple[dict, dict | None]]:
+    """Each teacher's (shards, tokenized) manifests: ``teachers`` names them in the order of the paths (the
+    target's, as :func:`card_inputs` lists them; teacher entries that read the same dataset share manifests),
+    else the teacher each shards manifest was built for."""
     shards = [read_json(p) for p in shards_paths]
     toks = [read_json(p) for p in tokenized_paths]
+    if teachers is not None:
+        return {t: (s, tok) for t, s, tok in zip(teachers, shards, toks, strict=True)}
     by_teacher_tok = {t["teacher"]: t for t in toks}
     return {s["teacher"]: (s, by_teacher_tok.get(s["teacher"])) for s in shards}
 
@@ -72,8 +78,8 @@ def build_target_card(target: str, shards_paths: list[str], tokenized_paths: lis
                       weights: Mapping[str, float] | None, mixture: bool, out_json: str, out_png: str,
                       native_seq_len: int | None = None) -> dict:
     """Card JSON + PNG of one target (a teacher, or a mixture of teachers)."""
-    manifests = _pair_manifests(list(shards_paths), list(tokenized_paths))
-    cards = {t: dataset_card(s, tok, seq_len, native_seq_len) for t, (s, tok) in manifests.items()}
+    manifests = _pair_manifests(list(shards_paths), list(tokenized_paths), list(weights) if weights else None)
+    cards = {t: dataset_card(s, tok, seq_len, native_seq_len, teacher=t) for t, (s, tok) in manifests.items()}
     for t, c in cards.items():
         bad = [k for k, v in c["checks"].items() if not v]
         if bad:

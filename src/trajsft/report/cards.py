@@ -145,8 +145,10 @@ def _token_section(tok_manifest: Mapping, seq_len: int | None) -> dict:
 
 
 def dataset_card(shards_manifest: Mapping, tokenized_manifest: Mapping | None = None, seq_len: int | None = None,
-                 native_seq_len: int | None = None) -> dict:
-    """The card of one teacher from its shards manifest and (optionally) its tokenized manifest.
+                 native_seq_len: int | None = None, teacher: str | None = None) -> dict:
+    """The card of one teacher (``teacher``: its name in the config, default the one its shards manifest was built
+    for: teacher entries that read the same dataset share one) from its shards manifest and (optionally) its
+    tokenized manifest.
 
     Counts are copied from the manifests unchanged (``rows_in``, ``kept``, ``skipped`` by
     reason, ``events``, ``resolved_rate``); distributions are over the kept trajectories (all
@@ -157,8 +159,8 @@ def dataset_card(shards_manifest: Mapping, tokenized_manifest: Mapping | None = 
     card: dict[str, Any] = {
         "card_version": CARD_VERSION,
         "kind": "teacher",
-        "name": m["teacher"],
-        "teacher": m["teacher"],
+        "name": teacher or m["teacher"],
+        "teacher": teacher or m["teacher"],
         "shards": m.get("name"),
         "tokenized": tokenized_manifest.get("name") if tokenized_manifest else None,
         "seq_len": int(seq_len) if seq_len else None,

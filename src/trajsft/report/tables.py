@@ -33,9 +33,20 @@ def table_rows(cards: Mapping[str, Mapping]) -> tuple[list[str], list[tuple[str,
     def tok(c):
         return c.get("tokens") or {}
 
+    users: dict[str, list[str]] = {}  # a teacher card's tokenized data -> the columns that train on it
+    for n in names:
+        if cards[n].get("tokenized"):
+            users.setdefault(cards[n]["tokenized"], []).append(n)
+
+    def data(n: str) -> str:  # the data once named, and who shares it (teacher entries of one dataset)
+        t = cards[n].get("tokenized")
+        others = [m for m in users.get(t, []) if m != n]
+        return "–" if not t else t + (f" (shared with {', '.join(others)})" if others else "")
+
     rows: list[tuple[str, list[str]]] = [
         ("kind", col(lambda c: c["kind"] if c["kind"] == "teacher" else
                      "mixture: " + ", ".join(f"{t} {w:.2f}" for t, w in sorted(c["weights"].items())))),
+        ("data (tokenized)", [data(n) for n in names]),
         ("rows in", col(lambda c: fmt_int(c["rows_in"]))),
         ("kept (train / validation)", col(lambda c: f"{c['kept']['train']:,} / {c['kept']['validation']:,}")),
         ("skipped", col(lambda c: f"{c['skipped_total']:,} ({fmt_pct(c['skipped_total'] / c['rows_in'])})")),
