@@ -12,6 +12,7 @@ include: "rules/train.smk"
 include: "rules/export.smk"
 include: "rules/report.smk"
 include: "rules/eval.smk"
+include: "rules/sweep.smk"
 
 
 rule all:

@@ -206,6 +206,19 @@ def evals_of(targets):
     ]
 
 
+def sweep_inputs(wildcards):
+    """Input function of the sweep rule: the done marker of every cell (a cell that is its base: the base's)."""
+    from trajsft.plan.sweeps import cells
+
+    found = cells(config)
+    if wildcards.sweep not in found:
+        raise WorkflowStop(
+            f"trajsft: sweeps/{wildcards.sweep}/done: unknown sweep '{wildcards.sweep}' "
+            f"(sweeps: {', '.join(found) or 'none in the config'})"
+        )
+    return [PLAN.done_path(c.target) for c in found[wildcards.sweep]]
+
+
 def forward_signals_to_jobs():
     from trajsft.runtime.signals import forward_to_rule_jobs
 

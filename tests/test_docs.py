@@ -30,6 +30,10 @@ NOT_RUN = {
     "uv run snakemake --configfile mine.yaml -- checkpoints/demo/done": "the demo, with the user's own config file",
     "uv run snakemake --configfile mine.yaml checkpoints/demo/done": "shown as the wrong argument order",
     "uv run snakemake --unlock": "needs a killed run's lock (tests/test_lifecycle.py)",
+    "uv run snakemake -n --forceall sweeps/lr-demo/done --configfile config/config.yaml sweep.yaml":
+        "needs the user's sweep.yaml (tests/test_sweeps.py plans the same sweep)",
+    "uv run snakemake --cores 2 sweeps/lr-demo/done --configfile config/config.yaml sweep.yaml":
+        "trains two cells (tests/test_pipeline.py runs the same sweep)",
     "uv run snakemake --report report.html": "needs a finished demo run (tests/test_pipeline.py)",
     "uv run snakemake results/exports/demo/manifest.json": "downloads and shards the demo: ~20 s (tests/test_export.py)",
     "uv run snakemake results/eval/matrix.json --configfile config/eval.yaml": "trains every eval target",

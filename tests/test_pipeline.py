@@ -490,3 +490,32 @@ def test_watch_scores_each_export_of_a_running_training_and_the_report_grows_a_r
     assert all(f"export step {s}</span>" in table for s in steps) and "final step" in table
     report = json.loads((wd / "results/evals/actions.json").read_text())
     assert [r["step"] for r in report] == [*steps, steps[-1]] and [r["final"] for r in report] == [False, False, True]
+
+
+def test_a_sweep_trains_each_cell_once_and_compares_them(demo, tmp_path):
+    """`snakemake sweeps/lr-demo/done` (issue 43) with the sweep of docs/sweeps.md beside the demo's root: the 3.0e-3
+    cell is the demo itself (its run copied from the demo's root through copy_from, not trained again), the 1.0e-3
+    cell trains on the demo's data; results.csv has both rows, the loss curves and the per-setting picture beside
+    it, and a rerun has nothing to do."""
+    import csv
+
+    from test_sweeps import LR_DEMO
+
+    demo_wd, t = demo
+    wd = tmp_path / "sweep"
+    wd.mkdir()
+    run(wd, "sweeps/lr-demo/done", config={"copy_from": [str(demo_wd / "results")], **LR_DEMO})
+    with open(wd / "sweeps/lr-demo/results.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["cell"], r["learning_rate"], r["state"]) for r in rows] == [
+        ("lr-demo-learning_rate-0.001", "0.001", "done"), ("demo", "0.003", "done")], rows
+    assert rows[1]["checkpoint_dir"] == t["checkpoint_dir"] and all(float(r["final_eval_loss"]) > 0 for r in rows)
+    assert sum(bool(r["best"]) for r in rows) == 1
+    assert LAUNCH not in (wd / "logs/train/demo.log").read_text()  # the demo's weights were copied, not retrained
+    assert LAUNCH in (wd / "logs/train/lr-demo-learning_rate-0.001.log").read_text()
+    done = json.loads((wd / "sweeps/lr-demo/done").read_text())
+    assert done["cells"] == [r["cell"] for r in rows] and done["curves_drawn"] >= 1
+    for png in ("loss.png", "settings.png"):
+        assert_png(wd / "sweeps/lr-demo" / png)
+    again = run(wd, "-n", "sweeps/lr-demo/done", config={"copy_from": [str(demo_wd / "results")], **LR_DEMO})
+    assert "Nothing to be done" in again.stdout + again.stderr

@@ -35,7 +35,7 @@ EVAL = "trajsft.report.matrix:eval_matrix"  # rule eval_matrix: the matrix files
 # the report rules get no Step: their entries read the job's inputs and params
 REPORT_RULES = {"report_card": "trajsft.report.build:rule_card", "report_table": "trajsft.report.build:rule_table",
                 "report_curves": "trajsft.report.curves:rule_curves",
-                "report_actions": "trajsft.report.actions:rule_actions"}
+                "report_actions": "trajsft.report.actions:rule_actions", "sweep": "trajsft.report.sweeps:rule_sweep"}
 
 
 def _shards_skipped_listing(cfg: step_configs.ShardConfig) -> None:

@@ -53,6 +53,9 @@ def validate(cfg: dict) -> dict:
     except WorkflowError as e:
         msg = " ".join(str(e).split())
         raise ConfigError(f"invalid config: {msg[:500]}") from None
+    from .sweeps import Schema, expand
+
+    expand(cfg, Schema(_schema(), coerce_numbers))  # each sweep cell that is not its base becomes a target (a mixture entry)
     check_references(cfg)
     return cfg
 

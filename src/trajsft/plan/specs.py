@@ -56,6 +56,7 @@ SPEC_SETTINGS = {
     "students": "StudentSpec, ModelSpec",
     "teachers": "TeacherSpec (data); TargetSpec (a teacher trained on its own: student, training)",
     "mixtures": "TargetSpec",
+    "sweeps": "TargetSpec: each cell that is not its base is a mixture entry (trajsft.plan.sweeps), hashed as one",
     "eval": "eval.heldout_fraction: TransformSpec.heldout_fraction; the rest picks the matrix (no artifact)",
     "actions": "ActionsSpec: the defaults under every target's own actions (the next-action evaluation, evals)",
 }
