@@ -128,3 +128,18 @@ def test_values_written_as_yaml_1_1_strings_are_numbers_and_name_the_same_cells(
     assert [c.target for c in sweeps.cells(cfg)["s"]] == ["s-learning_rate-0.001", "s-learning_rate-0.002"]
     assert cfg["sweeps"]["s"]["grid"]["training.learning_rate"] == [0.001]
     assert all(c.target in cfg["mixtures"] for c in sweeps.cells(cfg)["s"])
+
+
+def test_a_cells_wandb_run_is_grouped_by_its_sweep_and_tagged_with_its_values():
+    from trajsft.train import target as train_target
+
+    plan = C.Plan(load(LR_DEMO), base_dir=C.REPO_DIR)
+    tracker = lambda t: train_target.train_lm_config_for(step_configs.train(plan, t), untokenized_ok=True)[  # noqa: E731
+        "trainer"]["tracker"][0]
+    cell, demo = tracker("lr-demo-learning_rate-0.001"), tracker("demo")
+    assert cell["group"] == demo["group"] == "lr-demo"  # demo is the sweep's 3.0e-3 cell
+    assert "sweep:lr-demo" in cell["tags"] and "learning_rate=0.001" in cell["tags"]
+    assert "learning_rate=0.003" in demo["tags"]
+    plain = C.Plan(C.load(), base_dir=C.REPO_DIR)  # no sweep: no group, the tags as before
+    t = train_target.train_lm_config_for(step_configs.train(plain, "demo"), untokenized_ok=True)["trainer"]["tracker"][0]
+    assert "group" not in t and not any(x.startswith("sweep:") for x in t["tags"])

@@ -63,6 +63,7 @@ class WandbSettings:
     project: str = "trajsft"
     entity: Optional[str] = None
     tags: tuple[str, ...] = ()
+    group: Optional[str] = None  # the sweep a run is a cell of (W&B groups its runs)
 
 
 @dataclass(frozen=True)
@@ -175,7 +176,8 @@ def wandb_config(run: RunInputs) -> dict:
     directory comes from ``WANDB_DIR``, which ``run_training`` points at the run dir."""
     w = run.wandb
     return {"type": "wandb", "mode": w.mode, "project": w.project, "entity": w.entity, "id": run.run_id,
-            "name": run.run_id, "tags": list(w.tags), "resume": "allow", "save_code": False}
+            "name": run.run_id, "tags": list(w.tags), "resume": "allow", "save_code": False,
+            **({"group": w.group} if w.group else {})}
 
 
 def checkpointer_config(run: RunInputs) -> dict:

@@ -97,9 +97,11 @@ def train_lm_config_for(cfg: TrainConfig, *, accelerator: str | None = None, unt
         hf_save_dtype=ck["hf_save_dtype"],
         watch_interval=int(workflow["wandb"]["watch_interval"]),
         jax_compilation_cache_dir=compilation_cache_dir(workflow),
-        # tags: the target, then every content-addressed input as kind:name (W&B filters on them)
+        # tags: the target, then every content-addressed input as kind:name (W&B filters on them); a sweep's cell:
+        # the sweep as its group, and sweep:<name> and each swept value as tags
         wandb=WandbSettings(mode=workflow["wandb"]["mode"], project=wandb_project, entity=wandb_entity,
-                            tags=(target, *(f"{kind}:{name}" for kind, name in run.deps))),
+                            tags=(target, *(f"{kind}:{name}" for kind, name in run.deps), *sweep_tags(workflow, target)),
+                            group=next(iter(cell_of(workflow, target)), None)),
     )
     return train_lm_config(target_spec, inputs)
 
@@ -115,6 +117,20 @@ def _tokenizer_ref(cfg: TrainConfig, student: StudentSpec, init_weights: str | N
     if cfg.executor == "ray" and tokenizer.local is not None:
         return os.path.relpath(resolved, cfg.base_dir)
     return resolved
+
+
+def cell_of(cfg: dict, target: str) -> dict:
+    """The sweeps ``target`` is a cell of (its base too, when a cell changes nothing): sweep -> (axis, value)s."""
+    from ..plan.sweeps import cells
+
+    return {name: c.values for name, cs in cells(cfg).items() for c in cs if c.target == target}
+
+
+def sweep_tags(cfg: dict, target: str) -> tuple[str, ...]:
+    tags: list[str] = []
+    for name, values in cell_of(cfg, target).items():
+        tags += [f"sweep:{name}", *(f"{a.removeprefix('training.')}={v}" for a, v in values if a != "target")]
+    return tuple(dict.fromkeys(tags))
 
 
 def wandb_names(cfg: dict) -> tuple[str, str | None]:
