@@ -143,3 +143,16 @@ def test_a_cells_wandb_run_is_grouped_by_its_sweep_and_tagged_with_its_values():
     plain = C.Plan(C.load(), base_dir=C.REPO_DIR)  # no sweep: no group, the tags as before
     t = train_target.train_lm_config_for(step_configs.train(plain, "demo"), untokenized_ok=True)["trainer"]["tracker"][0]
     assert "group" not in t and not any(x.startswith("sweep:") for x in t["tags"])
+
+
+def test_status_groups_the_cells_under_their_sweep(tmp_path):
+    import sys
+
+    (tmp_path / "sweep.yaml").write_text(yaml.safe_dump(LR_DEMO))
+    cmd = [sys.executable, "-m", "trajsft.cli", "status", "--offline", "--configfile", str(tmp_path / "sweep.yaml")]
+    rows = json.loads(subprocess.run([*cmd, "--json"], capture_output=True, text=True, check=True, cwd=tmp_path).stdout)
+    by = {r["target"]: r["sweeps"] for r in rows}
+    assert by["demo"] == by["lr-demo-learning_rate-0.001"] == ["lr-demo"] and by["mix-all"] == []
+    text = subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=tmp_path).stdout
+    assert ("  sweep lr-demo: 0/2 cell(s) done: demo, lr-demo-learning_rate-0.001 (sweeps/lr-demo/done compares them)"
+            in text.splitlines()), text

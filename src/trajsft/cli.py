@@ -47,6 +47,7 @@ def _trainings(plan: C.Plan, names: list[str] | None) -> list[TrainConfig]:
 
 def cmd_status(args) -> int:
     from .observe import status
+    from .train.target import cell_of
 
     plan = _load(args)
     rows = []
@@ -55,6 +56,7 @@ def cmd_status(args) -> int:
         # the data it trains on, and every target that shares it (built once for all of them)
         row["data"] = [{"kind": a.kind, "name": a.name, "ready": Path(a.manifest).exists(), "used_by": plan.users(a)}
                        for a in tc.tokenized.values()]
+        row["sweeps"] = sorted(cell_of(plan.cfg, tc.target))  # the sweeps it is a cell of
         rows.append(row)
     print(json.dumps(rows, indent=2) if args.json else status.render(rows))
     return 0

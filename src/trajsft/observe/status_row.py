@@ -264,6 +264,13 @@ def render(rows: list[dict]) -> str:
             lines.append(f"  {r['target']}: " + "; ".join(x for x in (
                 f"cause: {r['cause']}" if r.get("cause") else None,
                 f"next rerun will {r['next']}" if r.get("next") else None) if x))
+    sweeps: dict[str, list[str]] = {}  # the rows grouped under the sweeps they are cells of
+    for r in rows:
+        for s in r.get("sweeps") or []:
+            sweeps.setdefault(s, []).append(r["target"])
+    for s, cells in sweeps.items():
+        done = sum(1 for r in rows if r["target"] in cells and r["state"] == "done")
+        lines.append(f"  sweep {s}: {done}/{len(cells)} cell(s) done: {', '.join(cells)} (sweeps/{s}/done compares them)")
     shown = set()  # the data of the rows, each artifact once (targets with the same data share it)
     for r in rows:
         for d in r.get("data") or []:
