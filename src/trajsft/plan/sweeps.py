@@ -50,6 +50,9 @@ class Cell:
 
 
 def _merge(a: dict | None, b: dict | None) -> dict:
+    """As trajsft.plan.specs.deep_merge (with None for an empty side). Not imported from there: that would put this
+    module on the path between config and specs, which tests/test_cli_hygiene.py's cycle-check test expects to be
+    direct."""
     out = copy.deepcopy(a or {})
     for k, v in (b or {}).items():
         out[k] = _merge(out.get(k), v) if isinstance(v, dict) and isinstance(out.get(k), dict) else copy.deepcopy(v)
@@ -111,7 +114,7 @@ def cells(cfg: dict, schema: Optional[Schema] = None) -> dict[str, list[Cell]]:
         if "targets" in sw:
             axes.append((AXIS_TARGET, bases))
         for axis, values in (sw.get("grid") or {}).items():
-            if not axis.startswith("training.") or axis == AXIS_TARGET:
+            if not axis.startswith("training."):
                 raise ConfigError(f"config: {where}.grid: axis '{axis}' is not training.<field> (the targets axis is "
                                   f"{where}.targets)")
             field = axis.removeprefix("training.")

@@ -15,13 +15,14 @@ import csv
 import io as _io
 import json
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
 from .. import io
 from ..plan import step_configs
 from ..plan.config import Plan
-from ..plan.sweeps import AXIS_TARGET, cells
+from ..plan.sweeps import Cell, cells
 
 log = logging.getLogger("trajsft")
 
@@ -39,26 +40,45 @@ def _read(path: str) -> Optional[dict]:
         return None
 
 
-def rows(plan: Plan, sweep: str) -> tuple[list[str], list[dict]]:
-    """(the swept settings that vary, one row per cell) of ``sweep``, the best cell marked."""
-    from ..fit import check as fit
+@dataclass(frozen=True)
+class _Record:
+    """One cell as the comparison reads it, read once: its training config, the result of the attempt that trained
+    its run, and the metrics of its train log (None: no log here)."""
+
+    cell: Cell
+    tc: Any
+    trained: Optional[dict]
+    metrics: Optional[dict]
+
+
+def _records(plan: Plan, sweep: str) -> list[_Record]:
     from ..train import metrics
+
+    out = []
+    for c in cells(plan.cfg)[sweep]:
+        tc = step_configs.train(plan, c.target)
+        trained, log_path = _trained_record(plan, tc)
+        out.append(_Record(c, tc, trained, metrics.read_metrics(log_path) if log_path else None))
+    return out
+
+
+def rows(plan: Plan, records: Sequence[_Record]) -> tuple[list[str], list[dict]]:
+    """(the swept settings that vary, one row per cell) of a sweep's ``records``, the best cell marked."""
+    from ..fit import check as fit
     from ..train.target import explain
     from .curves import summary
 
-    cs = cells(plan.cfg)[sweep]
-    axes = [a for a, _ in cs[0].values]
-    varying = [a for a in axes if len({json.dumps(dict(c.values).get(a), sort_keys=True) for c in cs}) > 1]
+    axes = [a for a, _ in records[0].cell.values]
+    varying = [a for a in axes if len({json.dumps(dict(r.cell.values).get(a), sort_keys=True) for r in records}) > 1]
     tpu_type = (plan.cfg.get("ray") or {}).get("tpu_type") if plan.cfg.get("executor") == "ray" else None
     out = []
-    for c in cs:
-        tc = step_configs.train(plan, c.target)
+    for rec in records:
+        c, tc, trained = rec.cell, rec.tc, rec.trained
         done = _read(Plan.done_path(c.target))
         current = bool(done) and done.get("hash") == tc.run.hash
-        trained, log_path = _trained_record(plan, tc)
         if current and trained and (done or {}).get("final_loss") is None:  # weights copied here: the run's figures
             done = {**done, "final_loss": trained.get("final_loss"), "eval_loss": trained.get("eval_loss")}
-        s = summary(metrics.read_metrics(log_path)) if log_path else {"eval": {}}
+        s = summary(rec.metrics) if rec.metrics is not None else {"eval": {}}
         ev = s["eval"].get("eval/loss") or {}
         steps = explain(tc)
         fitted = fit.cached_summary(tc, steps.get("steps"), tpu_type) if tpu_type else None
@@ -144,24 +164,22 @@ def to_markdown(sweep: str, table: Sequence[Mapping]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot_curves(plan: Plan, sweep: str, out_png: str) -> int:
+def plot_curves(sweep: str, records: Sequence[_Record], out_png: str) -> int:
     """Every cell's held-out loss curve (else its train loss) on one figure; the number of curves drawn."""
-    from ..train import metrics
     from .curves import series
     from .plots import pyplot, save_figure
 
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 4.5))
     drawn = 0
-    for c in cells(plan.cfg)[sweep]:
-        _, log_path = _trained_record(plan, step_configs.train(plan, c.target))
-        if not log_path:
+    for rec in records:
+        if rec.metrics is None:
             continue
-        s = series(metrics.read_metrics(log_path))
+        s = series(rec.metrics)
         pts, what = (s["eval"]["eval/loss"], "held-out") if "eval/loss" in s["eval"] else (s["train"], "train")
         if pts:
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o" if len(pts) < 30 else None,
-                    label=f"{c.target} ({what})")
+                    label=f"{rec.cell.target} ({what})")
             drawn += 1
     ax.set_xlabel("step")
     ax.set_ylabel("loss")
@@ -197,10 +215,11 @@ def plot_settings(sweep: str, varying: list[str], table: Sequence[Mapping], out_
 
 def build(plan: Plan, sweep: str, out: Mapping[str, str]) -> dict:
     """Every file of ``sweeps/<sweep>/`` (``out``: kind -> path, as :func:`outputs`); the done marker's content."""
-    varying, table = rows(plan, sweep)
+    records = _records(plan, sweep)  # each cell's record and metrics, read once for the table and the curves
+    varying, table = rows(plan, records)
     io.write_text(out["csv"], to_csv(table))
     io.write_text(out["md"], to_markdown(sweep, table))
-    drawn = plot_curves(plan, sweep, out["curves"])
+    drawn = plot_curves(sweep, records, out["curves"])
     plot_settings(sweep, varying, table, out["settings"])
     best = next((r["cell"] for r in table if r["best"]), None)
     done = {"sweep": sweep, "cells": [r["cell"] for r in table], "varying": varying, "best": best,
@@ -216,6 +235,3 @@ def rule_sweep(snakemake) -> None:
 
     plan = Plan(dict(snakemake.config), base_dir=REPO_DIR)
     build(plan, snakemake.wildcards.sweep, dict(snakemake.output.items()))
-
-
-__all__ = ["AXIS_TARGET", "build", "outputs", "rows", "rule_sweep"]
