@@ -1,5 +1,6 @@
 import re
 import sys
+from functools import partial
 
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import min_version
@@ -217,6 +218,28 @@ def sweep_inputs(wildcards):
             f"(sweeps: {', '.join(found) or 'none in the config'})"
         )
     return [PLAN.done_path(c.target) for c in found[wildcards.sweep]]
+
+
+def sweep_slots():
+    """The train rule's sweep resources: on a Ray profile, each sweep with max_parallel is a Snakemake global
+    resource of that many slots and each of its cells' trainings takes one, so at most max_parallel trainings of
+    a sweep are submitted at once; the rest wait here, not in the Ray queue. Locally, cores schedule them.
+    """
+    from trajsft.plan.sweeps import slots
+
+    if TRAIN_LOCAL:
+        return {}
+    out = {}
+    for s in slots(config):
+        # --resources sweep_<name>=N on the command line wins
+        if s.resource not in workflow.global_resources:
+            workflow.register_resource(s.resource, s.cap)
+        out[s.resource] = partial(slot_taken, members=s.targets)
+    return out
+
+
+def slot_taken(wildcards, members):
+    return int(wildcards.target in members)
 
 
 def forward_signals_to_jobs():

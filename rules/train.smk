@@ -61,6 +61,7 @@ rule train:
         "benchmarks/train/{target}.tsv"
     threads: job_resources("checkpoints").threads
     resources:
+        **sweep_slots(),
         mem_mb=job_resources("checkpoints").mem_mb,
     params:
         run=artifact_name("checkpoints"),

@@ -87,6 +87,33 @@ def test_the_dry_run_plans_the_data_once_and_two_trainings(tmp_path):
     assert q.returncode != 0 and "sweeps/nope/done: unknown sweep 'nope' (sweeps: none in the config)" in q.stderr
 
 
+def test_max_parallel_is_a_snakemake_resource_each_cells_training_takes_on_a_ray_profile(tmp_path):
+    """On a Ray profile each sweep with max_parallel is a Snakemake global resource of that many slots, and the
+    training of each of its cells takes one (other targets none): the cells beyond the cap wait in Snakemake.
+    tests/test_tpu_profile.py runs two cells with max_parallel 1 on the emulated cluster, one after the other."""
+    cfg = load({"sweeps": {"lr-m": {"base": "minimax-m2.5", "grid": {"training.learning_rate": [1.0e-5, 3.0e-5]},
+                                    "max_parallel": 1},
+                           "lr_m": {"targets": ["demo", "gpt-5-mini"], "max_parallel": 3},
+                           "free": {"base": "demo", "grid": {"training.epochs": [1, 2]}}}})
+    got = [(s.sweep, s.resource, s.cap, sorted(s.targets)) for s in sweeps.slots(cfg)]
+    assert got == [("lr-m", "sweep_lr_m", 1, ["lr-m-learning_rate-1e_05", "lr-m-learning_rate-3e_05"]),
+                   ("lr_m", "sweep_lr_m_2", 3, ["demo", "gpt-5-mini"])]  # no cap, no resource; names never shared
+    (tmp_path / "sweep.yaml").write_text(yaml.safe_dump({"sweeps": {"lr-m": cfg["sweeps"]["lr-m"]}}))
+    p = subprocess.run([SNAKEMAKE, "--profile", "tpu-east5", "-n", "sweeps/lr-m/done", "checkpoints/gpt-5-mini/done",
+                        "--configfile", str(REPO / "profiles/tpu-east5/cluster.yaml"), str(tmp_path / "sweep.yaml"),
+                        "-d", str(tmp_path / "wd"), "-s", str(REPO / "Snakefile")], cwd=REPO, capture_output=True,
+                       text=True, env=dict(os.environ, HF_HUB_OFFLINE="1"), timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    took = {}
+    for job in p.stdout.split("\nrule ")[1:]:
+        if job.startswith("train:"):
+            target = job.split("wildcards: target=")[1].split()[0]
+            took[target] = job.split("resources: ")[1].split("\n")[0].split(", ")
+    assert {t: [r for r in res if r.startswith("sweep_")] for t, res in took.items()} == {
+        "lr-m-learning_rate-1e_05": ["sweep_lr_m=1"], "lr-m-learning_rate-3e_05": ["sweep_lr_m=1"],
+        "gpt-5-mini": ["sweep_lr_m=0"]}, p.stdout[-3000:]
+
+
 def test_the_comparison_marks_the_best_cell_and_keeps_only_what_varies(tmp_path, monkeypatch):
     """Two cells' done markers and train logs, as training leaves them: the table, the csv and the pictures."""
     monkeypatch.chdir(tmp_path)

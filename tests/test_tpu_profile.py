@@ -9,6 +9,7 @@ tests/test_multihost.py.
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import re
@@ -210,10 +211,25 @@ def test_end_to_end_two_targets_at_once_and_no_secret_leaks(data, ray_head):
     assert "WANDB_API_KEY" in forwarded and "HF_TOKEN" not in forwarded, forwarded
 
     # the final HF export lost (as a kill mid-export leaves it): the next job finds the run complete and exports
-    # on a node whose declared memory fits it, never on the head (the driver's node)
-    shutil.rmtree(done["hf_export"])
-    (wd / "checkpoints/demo/done").unlink()
-    snakemake(wd, prof, ray_head, timeout=600)
+    # on a node whose declared memory fits it, never on the head (the driver's node). Both targets rebuilt as the
+    # cells of a sweep (targets as its axis) with max_parallel 1: one Ray job at a time, the other waiting in
+    # Snakemake (-j 2 would start both), then the sweep's comparison of the two (a run complete with its export
+    # needs no job: both exports are lost)
+    for t, d in (("demo", done), ("mix-demo", two[1])):
+        shutil.rmtree(d["hf_export"])
+        (wd / f"checkpoints/{t}/done").unlink()
+    swept = profile(wd.parent / "e2e-sweep-profile", ray_head.address, data[1], {
+        **yaml.safe_load((prof / "overrides.yaml").read_text()),
+        "sweeps": {"pair": {"targets": ["demo", "mix-demo"], "max_parallel": 1}}})
+    before = {j["submission_id"] for j in jobs(ray_head)}
+    snakemake(wd, swept, ray_head, "sweeps/pair/done", "-j", "2", timeout=900)
+    again = sorted((j for j in jobs(ray_head) if j["submission_id"] not in before and
+                    j["submission_id"].startswith(tuple(f"trajsft-{d['hash']}-" for d in two))),
+                   key=lambda j: j["start_time"])
+    assert [j["status"] for j in again] == ["SUCCEEDED"] * 2, again
+    assert again[0]["end_time"] <= again[1]["start_time"], again  # never two at once
+    rows = list(csv.DictReader(open(wd / "sweeps/pair/results.csv")))
+    assert sorted(r["cell"] for r in rows) == ["demo", "mix-demo"] and all(r["state"] == "done" for r in rows), rows
     assert checkpoints.hf_export_complete(done["hf_export"])
     log = (wd / "logs/train/demo.log").read_text()
     [line] = [ln for ln in log.splitlines() if "exporting on" in ln]

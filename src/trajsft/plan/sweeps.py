@@ -186,3 +186,32 @@ def expand(cfg: dict, schema: Schema) -> dict[str, list[Cell]]:
                                   "the sweep")
             mixtures[c.target] = entry
     return found
+
+
+@dataclass(frozen=True)
+class Slots:
+    """A sweep's cap on trainings at once (``max_parallel``), as a Snakemake global resource: ``resource`` (a
+    Python identifier), ``cap`` slots, one taken by the training of each target in ``targets``."""
+
+    sweep: str
+    resource: str
+    cap: int
+    targets: frozenset[str]
+
+
+def slots(cfg: dict) -> list[Slots]:
+    """Every sweep that sets ``max_parallel``: its Snakemake resource (``sweep_<name>``, characters other than
+    letters, digits and ``_`` as ``_``; a name two sweeps would share numbered), its cap and its cells' targets. A
+    target in several sweeps takes a slot of each."""
+    found = cells(cfg)
+    out: list[Slots] = []
+    taken: set[str] = set()
+    for name, sw in (cfg.get("sweeps") or {}).items():
+        if not sw.get("max_parallel"):
+            continue
+        resource = "sweep_" + re.sub(r"\W", "_", name, flags=re.ASCII)
+        if resource in taken:
+            resource = next(f"{resource}_{i}" for i in itertools.count(2) if f"{resource}_{i}" not in taken)
+        taken.add(resource)
+        out.append(Slots(name, resource, int(sw["max_parallel"]), frozenset(c.target for c in found[name])))
+    return out
