@@ -5,9 +5,10 @@
 Runs ``trajsft fit`` as a user would, with a fresh fit cache in a temporary directory (removed at the end),
 so every figure is of a real compile: compile wall time and the compile's peak RSS on this machine, HBM per
 chip (arguments = params + optimizer state, temporaries), model FLOPs per step against 6·N·tokens, the
-estimated hours of the run; then the same target with ``training.batch_size`` set to ``--oversized-batch``,
-which must be refused in one line (and what would fit). A benchmark, not a test: it prints, it asserts only
-that the refusal happened.
+estimated hours of the run, all under full remat; then ``training.remat auto`` (the other policies compiled, full
+read from the cache): each policy's HBM and recompute, the one chosen and its chip-hours over full remat's; then
+the same target with ``training.batch_size`` set to ``--oversized-batch`` (full remat), which must be refused in
+one line (and what would fit). A benchmark, not a test: it prints, it asserts only that the refusal happened.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ def main() -> int:
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="trajsft-bench-fit-"))
     try:
-        p, wall = fit(tmp, args.target, args.profile)
+        p, wall = fit(tmp, args.target, args.profile, "--remat", "full")
         if p.returncode != 0:
             print(p.stderr[-3000:], file=sys.stderr)
             return 1
@@ -59,9 +60,25 @@ def main() -> int:
         print(f"  estimate at {s['mfu_assumed']:.0%} MFU: {s['step_seconds_estimate']:.1f} s/step x {s['steps']} steps = "
               f"{s['slice_wall_hours']:.1f} h on the slice, {s['chip_hours']:.0f} chip-hours, "
               f"{s['tpu_core_hours']:.0f} TPU core-hours")
+        p, wall = fit(tmp, args.target, args.profile, "--remat", "auto")
+        if p.returncode != 0:
+            print(p.stderr[-3000:], file=sys.stderr)
+            return 1
+        [a] = json.loads(p.stdout)
+        print(f"training.remat auto: {wall:.1f} s for the whole command; chose {a['remat']} "
+              f"({a['remat_auto']['why']})")
+        for c in a["remat_auto"]["candidates"]:
+            if c.get("skipped"):
+                print(f"  {c['remat']:<16} skipped: {c['skipped'][:200]}")
+                continue
+            print(f"  {c['remat']:<16} fits={c['fits']} {c['hbm_used_gib']} GiB HBM/chip, recompute "
+                  f"{c['recompute_vs_no_remat']:.2f}x ({c['recompute_vs_full']:.3f} of full's), "
+                  f"{c['step_seconds_estimate']:.1f} s/step, {c['chip_hours']:.0f} chip-hours")
+        print(f"  chip-hours: {a['chip_hours']:.0f} against full remat's {s['chip_hours']:.0f} "
+              f"(x{a['chip_hours'] / s['chip_hours']:.3f}; estimated: docs/fit.md, Remat)")
         cfg = tmp / "oversized.yaml"
         cfg.write_text(f"training:\n  batch_size: {args.oversized_batch}\n")
-        p, wall = fit(tmp, args.target, args.profile, "--configfile", str(cfg))
+        p, wall = fit(tmp, args.target, args.profile, "--configfile", str(cfg), "--remat", "full")
         lines = [ln for ln in p.stderr.splitlines() if ln.startswith("trajsft fit:")]
         print(f"batch_size {args.oversized_batch}: exit {p.returncode} in {wall:.1f} s (with the bounded search for "
               f"what fits)")

@@ -40,6 +40,17 @@ def demo_fit(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def demo_fit_auto(demo_fit, tmp_path_factory):
+    """``trajsft fit demo --tpu-type v5p-8 --remat auto`` on ALIGNED, after ``demo_fit`` (its full-remat compile is
+    read from the session's fit cache; the two other policies are compiled): the CLI's JSON summary."""
+    p = fit_cli("demo", "--tpu-type", "v5p-8", "--remat", "auto", "--json", "--configfile", str(ALIGNED),
+                cwd=tmp_path_factory.mktemp("fit-auto"))
+    assert p.returncode == 0, p.stderr[-3000:]
+    [s] = json.loads(p.stdout)
+    return s
+
+
+@pytest.fixture(scope="session")
 def oversized_fit(tmp_path_factory) -> subprocess.CompletedProcess:
     """``trajsft fit demo --tpu-type v5p-8`` on OVERSIZED: the CLI's refusal (exit 1, the line, the JSON)."""
     return fit_cli("demo", "--tpu-type", "v5p-8", "--json", "--configfile", str(OVERSIZED),

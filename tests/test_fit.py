@@ -10,6 +10,7 @@ model, the cache, and a deliberately oversized student refused in one line namin
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -20,11 +21,12 @@ import pytest
 
 from fit_fixtures import ALIGNED, fit_cli
 from trajsft.plan import step_configs
-from trajsft.errors import ConfigError
+from trajsft.errors import ConfigError, DataError
 from trajsft.fit import check as F
 from trajsft.fit import facts, flops, slices
 from trajsft.plan import config as C
 from trajsft.plan.specs import StudentSpec
+from trajsft.train import remat
 
 REPO = Path(__file__).resolve().parents[1]
 QWEN3_8B = {"hidden_dim": 4096, "intermediate_dim": 12288, "num_layers": 36, "num_heads": 32, "num_kv_heads": 8,
@@ -197,7 +199,74 @@ def test_demo_step_compiles_for_a_v5p_8_with_the_hand_computed_state(demo_fit):
 
 
 @pytest.mark.integration
-def test_second_call_reads_the_cache(demo_fit):
+def test_remat_auto_compiles_each_policy_and_takes_the_least_recompute_that_fits(demo_fit, demo_fit_auto):
+    """training.remat auto on the demo's step (tile-aligned) for a v5p-8: every policy compiled by libtpu, all fit
+    with room, so save_attention (the least recompute) is chosen; in its program splash's forward kernel runs once
+    (full remat runs it again in the backward pass), and its step estimate is full's times the recompute ratio."""
+    _, full, _ = demo_fit
+    s = demo_fit_auto
+    assert s["remat"] == "save_attention" and s["remat_auto"]["chosen"] == "save_attention"
+    assert "least recompute that fits with 10% of HBM free" in s["remat_auto"]["why"]
+    rows = {c["remat"]: c for c in s["remat_auto"]["candidates"]}
+    assert list(rows) == ["save_attention", "full", "offload_carries"] and all(c["fits"] for c in rows.values())
+    assert rows["full"]["cached"] is True and rows["full"]["hbm_used_gib"] == full["hbm_used_gib"]  # demo_fit's
+    assert full["remat"] == "full" and full["attention_forward_kernels"] == 2 and s["attention_forward_kernels"] == 1
+    assert rows["full"]["recompute_vs_full"] == rows["offload_carries"]["recompute_vs_full"] == 1.0
+    assert 1.0 < s["recompute_vs_no_remat"] < full["recompute_vs_no_remat"] and s["recompute_vs_full"] < 1.0
+    assert s["step_seconds_estimate"] == pytest.approx(full["step_seconds_estimate"] * s["recompute_vs_full"],
+                                                       rel=1e-3)  # the factors are rounded to 3 decimals
+
+
+def test_the_remat_factors_of_the_reference_step():
+    """Qwen3-8B at seq_len 32768 (the reference run): full remat 1.32x a step without remat, save_attention 1.13x,
+    as ../shared/reference/tpu-aot/remat-policies.md computes them on paper."""
+    dims = step_configs.train(C.Plan(C.load(None), base_dir=C.REPO_DIR), "minimax-m2.5").spec.student.model.dims()
+    assert flops.remat_factor(dims, 151936, 32768, recompute_attention=True) == pytest.approx(1.32, abs=0.005)
+    assert flops.remat_factor(dims, 151936, 32768, recompute_attention=False) == pytest.approx(1.13, abs=0.01)
+
+
+def _cand(policy, used, limit=95.74, recompute=1.0, **kw):
+    return {"remat": policy, "fits": used <= limit, "hbm_used_gib": used, "hbm_limit_gib": limit,
+            "recompute_vs_full": recompute, "recompute_vs_no_remat": 1.32 * recompute, "compiled": True,
+            "step_seconds_estimate": 10.0 * recompute, "chip_hours": 189 * recompute, "cached": False, **kw}
+
+
+def test_auto_takes_the_least_recompute_that_fits_with_a_margin_and_skips_what_fails():
+    sa, full, off = _cand("save_attention", 81.99, recompute=0.86), _cand("full", 45.16), _cand("offload_carries", 28.5)
+    assert F.choose([sa, full, off])["remat"] == "save_attention"  # 81.99 <= 0.9 x 95.74
+    tight = _cand("save_attention", 90.0, recompute=0.86)  # fits, but not with 10% free
+    assert F.choose([tight, full, off])["remat"] == "full"  # equal recompute: full (no host traffic) first
+    assert F.choose([tight, _cand("full", 100.0), _cand("offload_carries", 89.0)])["remat"] == "save_attention"
+    skipped = {"remat": "offload_carries", "skipped": "the compile process exited -6"}
+    got = F.choose([_cand("save_attention", 120.0, recompute=0.86), full, skipped])
+    assert got["remat"] == "full" and got["remat_auto"]["candidates"][2] == skipped
+    none = F.choose([_cand("save_attention", 130.0, recompute=0.86), _cand("full", 101.0), skipped])
+    assert none["remat"] == "full" and not none["fits"] and none["remat_auto"]["why"] == "no policy fits"
+    assert "ray.tpu_type v5p-32, training.remat auto: no policy fits, full shown)" in F.refusal(
+        {**none, "target": "t", "tpu_type": "v5p-32", "devices": 16, "batch_size": 16, "seq_len": 32768})
+    with pytest.raises(DataError, match="no remat policy compiled: save_attention: x; full: y"):
+        F.choose([{"remat": "save_attention", "skipped": "x"}, {"remat": "full", "skipped": "y"}])
+
+
+def test_the_train_rule_submits_the_policy_fit_chose(caplog):
+    from trajsft.cluster import submit
+
+    tc = step_configs.train(_ray_plan(), "minimax-m2.5")
+    assert tc.spec.training.remat == "auto"  # the Ray profiles' default
+    lev = {"model": {"gradient_checkpointing": True}}
+    fitted = F.choose([_cand("save_attention", 81.99, recompute=0.86), _cand("full", 45.16)])
+    with caplog.at_level(logging.INFO, logger="trajsft"):
+        assert submit.use_remat_policy(tc, lev, fitted) == "save_attention"
+    assert lev["model"]["gradient_checkpointing"] == remat.levanter_value("save_attention")
+    assert "remat: save_attention (chosen by the fit check: the least recompute" in caplog.text
+    assert submit.use_remat_policy(tc, lev, None) == "full" and lev["model"]["gradient_checkpointing"] is True
+    local = step_configs.train(C.Plan(C.load(None), base_dir=C.REPO_DIR), "minimax-m2.5")
+    assert local.spec.training.remat == "full"  # locally: Levanter's default
+    assert submit.use_remat_policy(local, lev, fitted) == "full"
+
+
+@pytest.mark.integration
+def test_second_call_reads_the_cache(demo_fit, demo_fit_auto):
     cwd, first, first_wall = demo_fit
     t0 = time.time()
     p = fit_cli("demo", "--tpu-type", "v5p-8", "--json", "--configfile", str(ALIGNED), cwd=cwd)
@@ -209,7 +278,10 @@ def test_second_call_reads_the_cache(demo_fit):
                         "--storage-root", "results", "--configfile", str(ALIGNED), str(_slice_file(cwd, "v5p-8"))], cwd=cwd,
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
-    assert f"fit on v5p-8: {first['hbm_used_gib']:.2f} of 95.74 GiB HBM per chip" in p.stdout
+    # the profile's training.remat auto: the policy its cached candidates give (demo_fit_auto compiled them)
+    auto = demo_fit_auto
+    assert (f"fit on v5p-8: {auto['hbm_used_gib']:.2f} of 95.74 GiB HBM per chip, remat save_attention (auto)"
+            in p.stdout), p.stdout
 
 
 def _slice_file(d: Path, tpu_type: str) -> Path:

@@ -150,11 +150,11 @@ def jax_cache(tmp_path_factory):
     return str(tmp_path_factory.mktemp("jax_cache"))
 
 
-def _tiny_config(assets, chat_cache, run_dir, run_id, jax_cache, num_train_steps, weights=None, **kw):
+def _tiny_config(assets, chat_cache, run_dir, run_id, jax_cache, num_train_steps, weights=None, remat="full", **kw):
     """The config of a tiny model on the test cache (each teacher of ``weights`` reads it)."""
     weights = weights or {"teacher_a": 1.0}
     spec = target_spec(weights=weights, model=TINY, seq_len=SEQ_LEN, batch_size=4,
-                       learning_rate=3e-3, warmup=0.1)
+                       learning_rate=3e-3, warmup=0.1, remat=remat)
     packed = chat_cache["train"]["packed_sequences"]
     return levanter_config.train_lm_config(spec, run_inputs(
         run_dir, {t: (chat_cache["cache_dir"], packed) for t in weights}, num_train_steps, run_id=run_id,
@@ -324,12 +324,15 @@ def _assert_hf_export_loads(path: str, vocab: int):
 
 @pytest.mark.integration
 def test_train_tiny_mixture_with_eval(assets, chat_cache, jax_cache, tmp_path):
-    """Two 'teachers' (the same cache twice, different weights) -> mixture config, eval, export."""
+    """Two 'teachers' (the same cache twice, different weights) -> mixture config, eval, export; under
+    training.remat save_attention (the attention's residuals saved: tests/test_remat.py)."""
     run_dir = str(tmp_path / "mix")
-    cfg = _tiny_config(assets, chat_cache, run_dir, "tiny-mix", jax_cache, 6, weights={"a": 3.0, "b": 1.0})
+    cfg = _tiny_config(assets, chat_cache, run_dir, "tiny-mix", jax_cache, 6, weights={"a": 3.0, "b": 1.0},
+                       remat="save_attention")
     assert "configs" in cfg["data"]
     log = os.path.join(run_dir, "train.log")
     res = train_run.run_training(cfg, run_dir, log, env=OFFLINE_ENV)
+    assert "trajsft: remat save_attention (SaveAttention)" in open(log).read()
     assert res["launched"] and res["returncode"] == 0 and res["resumed_from_step"] == 0
     assert res["steps"] == 6 and [s for s, _ in res["loss_history"]] == list(range(6))
     assert math.isfinite(res["final_loss"]) and res["final_loss"] < res["loss_history"][0][1]

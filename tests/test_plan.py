@@ -35,7 +35,8 @@ NEW_VALUES = {"batch_size": 32, "epochs": 3, "warmup": 0.05, "decay": 0.5, "weig
 def test_new_values_cover_the_schema():
     import yaml
     schema = yaml.safe_load(C.SCHEMA_PATH.read_text())
-    assert set(NEW_VALUES) | {"learning_rate"} == set(schema["definitions"]["training"]["properties"])
+    # remat: not hashed (test_cosmetic_settings_not_hashed)
+    assert set(NEW_VALUES) | {"learning_rate", "remat"} == set(schema["definitions"]["training"]["properties"])
 
 
 @pytest.mark.parametrize("field", sorted(NEW_VALUES))
@@ -54,6 +55,8 @@ def test_every_training_field_is_hashed(field):
     {"checkpointing": {"keep_every_steps": "quarter_epoch", "hf_export_every_steps": 50, "hf_save_dtype": "float32"}},
     {"wandb": {"watch_interval": 10}},
     {"transform": {"strict": True}},
+    {"training": {"remat": "save_attention"}},
+    {"training": {"remat": "auto"}},
 ])
 def test_cosmetic_settings_not_hashed(over):
     assert names(plan(**over), "minimax-m2.5") == names(plan(), "minimax-m2.5")

@@ -87,7 +87,8 @@ def test_an_undeclared_or_inconsistent_field_is_caught():
 def test_identity_is_exactly_the_hashed_fields():
     p = C.Plan(BASE, base_dir=C.REPO_DIR)
     t = p.specs.targets["gpt-5-mini"]
-    assert set(t.training.identity("checkpoints")) == set(fields(S.TrainingSpec)) - {"max_steps"}  # null: unset
+    # max_steps: null, unset; remat: cosmetic (the same math)
+    assert set(t.training.identity("checkpoints")) == set(fields(S.TrainingSpec)) - {"max_steps", "remat"}
     assert t.training.identity("tokenized") == {"seq_len": 32768}
     assert p.specs.teachers["demo"].transform.identity("shards") == {
         "drop_roles": ["exit"], "resolved_only": False, "dedup_traj_id": True, "heldout_fraction": 0.1}
@@ -302,6 +303,9 @@ PERTURB = {
     ("ActionsSpec", "max_tokens"): [(teacher("demo", actions={"max_tokens": 16}), "demo", None)],
     ("ActionsSpec", "teachers"): [(teacher("gpt-5-mini", actions={"teachers": ["demo"]}), "gpt-5-mini", None)],
     ("ActionsSpec", "max_seqs"): [(lambda c: c["teachers"]["demo"]["actions"].update(max_seqs=1), "demo", None)],
+    ("TrainingSpec", "remat"): [(lambda c: c["teachers"]["demo"].setdefault("training", {}).update(
+                                    remat="save_attention"), "demo", None),
+                                (lambda c: c["training"].update(remat="auto"), "gpt-5-mini", None)],
     # Ref: held by TeacherSpec.dataset here (tests below use a local copy of the demo dataset)
     ("Ref", "ref"): [(teacher("gpt-5-mini", dataset="someone/else"), "gpt-5-mini", None)],
     ("Ref", "revision"): [(teacher("gpt-5-mini", revision="1234567"), "gpt-5-mini", None)],

@@ -119,7 +119,8 @@ def test_preflight_refuses_and_submits_nothing(data, ray_head):
     assert not (wd / "checkpoints/demo/done").exists()
 
 
-def test_preflight_refuses_a_step_that_does_not_fit_before_any_job(data, ray_head, demo_fit, oversized_fit):
+def test_preflight_refuses_a_step_that_does_not_fit_before_any_job(data, ray_head, demo_fit, demo_fit_auto,
+                                                                   oversized_fit):
     """ray.fit_check (the default): rule check_fit compiles the step for the profile's slice before the train
     rule runs and refuses, in one line naming HBM and the knobs, a student that does not fit; the train rule
     never runs and no Ray job is created."""
@@ -145,6 +146,8 @@ def test_preflight_refuses_a_step_that_does_not_fit_before_any_job(data, ray_hea
     assert out.returncode == 0, out.stderr[-2000:]
     [s] = json.loads(out.stdout)
     assert s["fits"] and s["devices"] == 4 and s["steps"] and s["slice_wall_hours"] is not None
+    # the profile's training.remat auto: the candidates demo_fit_auto compiled, read back
+    assert s["remat"] == "save_attention" and all(c["cached"] for c in s["remat_auto"]["candidates"])
     assert s["chip_hours"] == pytest.approx(s["slice_wall_hours"] * 4, rel=0.05, abs=0.1)
     assert 0 < s["non_pad_tokens_per_step"] <= s["tokens_per_step"] == 4 * 1024
     assert "fit on v5p-8: " in status(wd, good, ray_head)["fit"]

@@ -452,6 +452,12 @@ def cmd_eval(args) -> int:
     return 0
 
 
+def remat_choices() -> tuple[str, ...]:
+    from .train.remat import CHOICES
+
+    return CHOICES
+
+
 def cmd_fit(args) -> int:
     """Compile each target's train step for its TPU slice here (libtpu, no TPU): fit, HBM, FLOPs, hours."""
     from .fit import check as fit
@@ -464,7 +470,7 @@ def cmd_fit(args) -> int:
         try:
             lev = train_lm_config_for(tc, accelerator="tpu", untokenized_ok=True)
             s = fit.check(tc, lev, explain(tc)["steps"], tpu_type=args.tpu_type, mfu=args.mfu,
-                          suggest_on_failure=not args.no_suggest)
+                          suggest_on_failure=not args.no_suggest, policy=args.remat)
         except (DataError, ValueError) as e:
             print(f"trajsft fit: {t}: {e}", file=sys.stderr)
             return 2
@@ -588,6 +594,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "throughput/mfu)")
     sp.add_argument("--no-suggest", action="store_true",
                     help="when it does not fit, do not compile smaller batches / larger slices to say what would")
+    sp.add_argument("--remat", choices=remat_choices(),
+                    help="the remat policy to compile (default: the target's training.remat; auto compiles each "
+                         "and picks the least recompute that fits with 10%% of HBM free)")
     sp.add_argument("--json", action="store_true")
     sp.set_defaults(func=cmd_fit)
 

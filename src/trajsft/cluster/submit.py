@@ -245,6 +245,23 @@ def fit_or_raise(cfg: TrainConfig, lev: dict) -> dict | None:
     return summary
 
 
+def use_remat_policy(cfg: TrainConfig, lev: dict, fitted: dict | None) -> str:
+    """Set ``lev``'s remat policy: training.remat, or for auto the one the fit check chose (full without one:
+    fit_check off or no libtpu); the policy, said in the rule's log."""
+    from ..train import remat
+
+    policy = cfg.spec.training.remat
+    if policy == remat.AUTO:
+        policy = (fitted or {}).get("remat") or remat.DEFAULT
+        why = f"chosen by the fit check: {fitted['remat_auto']['why']}" if fitted and fitted.get("remat_auto") else \
+            "training.remat auto without a fit check (ray.fit_check off or no libtpu): full"
+    else:
+        why = "training.remat"
+    lev["model"]["gradient_checkpointing"] = remat.levanter_value(policy)
+    log.info("remat: %s (%s)", policy, why)
+    return policy
+
+
 def runtime_env(cfg: dict) -> dict:
     ray = cfg.get("ray") or {}
     env: dict = {"working_dir": str(REPO_DIR), "excludes": WORKING_DIR_EXCLUDES,
@@ -327,7 +344,7 @@ def train_on_ray(train: TrainConfig, lev: dict, attempt: int) -> dict:
     if prior and prior.get("fingerprint") == setup_fingerprint(ray["address"], renv):
         # Snakemake's retry of a configuration error: the same answer, nothing submitted
         raise JobEnvironmentError(setup_failure.line(prior, repeated=True))
-    fit_or_raise(train, lev)
+    use_remat_policy(train, lev, fit_or_raise(train, lev))
     cfg_url = join(run_dir, "levanter_config.json")
     io.write_bytes(cfg_url, json.dumps(lev, indent=2, sort_keys=True).encode())
     entrypoint, identity = driver_command(cfg_url, run_dir, ray, attempt)

@@ -31,17 +31,21 @@ from .. import io
 from ..errors import DataError
 from ..plan import hashing
 from ..plan.step_configs import TrainConfig
+from ..train import remat
 from . import facts, flops, slices
 
 log = logging.getLogger("trajsft")
 
-FORMAT = 1  # bump when the compiled step or the figures change meaning (invalidates cached results)
+FORMAT = 2  # bump when the compiled step or the figures change meaning (invalidates cached results)
 TPU_ATTENTION = "SPLASH"  # what Levanter's default_attention_type() picks on a TPU
 # Assumed model-FLOPs utilisation of the estimate (--mfu overrides). Levanter logs throughput/mfu with the
 # same FLOP count (lm_flops_per_token, full attention); dense decoder training with FSDP on TPU v4/v5p is
 # commonly reported at 35-50% MFU at long sequence lengths; 0.4 sits in that range. Replace it with the
 # throughput/mfu your run logs after its first steps.
 DEFAULT_MFU = 0.4
+# training.remat auto: the least recompute whose step leaves this share of the chip's HBM free (the compiler's
+# figure is a plan; fragmentation and runtime buffers come on top)
+HBM_MARGIN = 0.10
 GIB = 2**30
 VERSIONED = ("jax", "jaxlib", "libtpu", "levanter")
 _HBM_RE = re.compile(r"Used ([\d.]+)([KMGT])? of ([\d.]+)([KMGT])? hbm", re.I)
@@ -68,11 +72,13 @@ def require_libtpu() -> dict:
 
 @dataclass(frozen=True)
 class Setting:
-    """What one compile is of: the target's step on a slice, with an optional batch size override."""
+    """What one compile is of: the target's step on a slice, with an optional batch size override, under a remat
+    policy (:mod:`trajsft.train.remat`)."""
 
     target: str
     tpu_type: str
     batch_size: int
+    remat: str = remat.DEFAULT
 
 
 def tpu_type_of(cfg: TrainConfig, override: Optional[str] = None) -> str:
@@ -107,6 +113,7 @@ def levanter_request(cfg: TrainConfig, setting: Setting, lev: dict) -> dict:
     :func:`trajsft.train.target.train_lm_config_for`) at the setting's batch size, and the slice."""
     lev = copy.deepcopy(lev)
     lev["trainer"]["train_batch_size"] = int(setting.batch_size)
+    lev["model"]["gradient_checkpointing"] = remat.levanter_value(setting.remat)
     sl = slices.parse(setting.tpu_type)
     return {"levanter": lev, "topology": sl.topology, "vocab_size": vocab_size(cfg),
             "attn_backend": TPU_ATTENTION}
@@ -114,13 +121,15 @@ def levanter_request(cfg: TrainConfig, setting: Setting, lev: dict) -> dict:
 
 def key(cfg: TrainConfig, setting: Setting, v: dict) -> str:
     run = cfg.run
+    policy = {} if setting.remat == remat.DEFAULT else {"remat": setting.remat}  # full: the keys of before
     return hashing.short({"format": FORMAT, "run": run.inputs, "tpu_type": setting.tpu_type,
                           "topology": slices.parse(setting.tpu_type).topology, "batch_size": setting.batch_size,
-                          "attn_backend": TPU_ATTENTION, "versions": v})
+                          "attn_backend": TPU_ATTENTION, "versions": v, **policy})
 
 
 def result_path(cfg: TrainConfig, setting: Setting, v: dict) -> Path:
     suffix = "" if setting.batch_size == _batch(cfg) else f"-b{setting.batch_size}"
+    suffix += "" if setting.remat == remat.DEFAULT else f"-{setting.remat}"
     return Path(cfg.results, "fit", setting.target, f"{setting.tpu_type}{suffix}-{key(cfg, setting, v)}.json")
 
 
@@ -128,10 +137,11 @@ def _batch(cfg: TrainConfig) -> int:
     return int(cfg.spec.training.batch_size)
 
 
-def cached(cfg: TrainConfig, tpu_type: Optional[str] = None) -> Optional[dict]:
-    """The cached compile of a target's own settings on its slice, or None (no compile, no libtpu needed)."""
+def cached(cfg: TrainConfig, tpu_type: Optional[str] = None, policy: str = remat.DEFAULT) -> Optional[dict]:
+    """The cached compile of a target's own settings on its slice under ``policy``, or None (no compile, no libtpu
+    needed)."""
     try:
-        setting = Setting(cfg.target, tpu_type_of(cfg, tpu_type), _batch(cfg))
+        setting = Setting(cfg.target, tpu_type_of(cfg, tpu_type), _batch(cfg), policy)
         path = result_path(cfg, setting, versions())
     except (DataError, ValueError):
         return None
@@ -139,13 +149,18 @@ def cached(cfg: TrainConfig, tpu_type: Optional[str] = None) -> Optional[dict]:
 
 
 def cached_summary(cfg: TrainConfig, steps: Optional[int], tpu_type: Optional[str] = None) -> Optional[dict]:
-    """The summary of the cached compile of a target on its slice (None: not checked yet, or no slice);
-    ``steps``: the run's step count when known (``trajsft.train.target.explain``)."""
-    raw = cached(cfg, tpu_type)
-    if raw is None:
-        return None
-    raw["cached"] = True
-    return summarize(cfg, raw, steps)
+    """The summary of the cached compile of a target on its slice under its remat policy (auto: the policy the
+    cached candidates give; None: not checked yet, or no slice); ``steps``: the run's step count when known
+    (``trajsft.train.target.explain``)."""
+    policy = cfg.spec.training.remat
+    found = []
+    for p in (remat.POLICIES if policy == remat.AUTO else (policy,)):
+        raw = cached(cfg, tpu_type, p)
+        if raw is None:
+            return None
+        raw["cached"] = True
+        found.append(summarize(cfg, raw, steps))
+    return found[0] if policy != remat.AUTO else choose(found)
 
 
 def short(s: Optional[dict], tpu_type: Optional[str] = None) -> str:
@@ -159,7 +174,9 @@ def short(s: Optional[dict], tpu_type: Optional[str] = None) -> str:
     hours = "" if s["slice_wall_hours"] is None else (
         f", est. {s['slice_wall_hours']:.1f} h on the slice / {s['chip_hours']:.0f} chip-hours at "
         f"{s['mfu_assumed']:.0%} MFU")
-    return f"fit on {s['tpu_type']}: {s['hbm_used_gib']:.2f} of {s['hbm_limit_gib']:.2f} GiB HBM per chip{hours}"
+    policy = s.get("remat", remat.DEFAULT) + (" (auto)" if s.get("remat_auto") else "")
+    return (f"fit on {s['tpu_type']}: {s['hbm_used_gib']:.2f} of {s['hbm_limit_gib']:.2f} GiB HBM per chip, "
+            f"remat {policy}{hours}")
 
 
 def shared_cache(k: str) -> Path:
@@ -206,7 +223,8 @@ def compile_setting(cfg: TrainConfig, setting: Setting, lev: dict, *, log_path: 
                             f"{proc.returncode} (log: {log_path})")
         raw = json.loads(Path(out_path).read_text())
     raw.update(tpu_type=setting.tpu_type, batch_size=setting.batch_size, topology=req["topology"],
-               vocab_size=req["vocab_size"], wall_seconds=round(time.time() - t0, 1), key=path.stem)
+               vocab_size=req["vocab_size"], wall_seconds=round(time.time() - t0, 1), key=path.stem,
+               remat=setting.remat)
     io.write_json(path, raw)
     io.write_json(shared, raw)
     raw["cached"] = False
@@ -262,7 +280,8 @@ def summarize(cfg: TrainConfig, raw: dict, steps: Optional[int] = None, mfu: flo
                    hbm_optimizer_state_gib=round(h["optimizer_state_bytes"] / GIB, 2),
                    hbm_temporaries_gib=round(h["temporaries_bytes"] / GIB, 2),
                    hbm_arguments_gib=round(h["arguments_bytes"] / GIB, 2), params=raw["params"],
-                   mesh=raw["mesh"], attn_backend=raw["attn_backend"])
+                   mesh=raw["mesh"], attn_backend=raw["attn_backend"],
+                   attention_forward_kernels=raw.get("attention_forward_kernels"))
     else:
         used, lim = _hbm_from_error(raw.get("error", ""))
         out.update(hbm_used_gib=None if used is None else round(used / GIB, 2),
@@ -276,9 +295,15 @@ def summarize(cfg: TrainConfig, raw: dict, steps: Optional[int] = None, mfu: flo
                xla_flops_per_device_scan_body_once=raw.get("xla_flops_per_device"))
     stats = data_stats(cfg)
     out["non_pad_tokens_per_step"] = None if stats["non_pad_share"] is None else round(tokens * stats["non_pad_share"])
-    step_s = step_flops / (sl.peak_flops * mfu)
+    # the assumed MFU is full remat's (model FLOPs over time, recomputation not counted): a policy that recomputes
+    # less takes its share of that time
+    policy = raw.get("remat", remat.DEFAULT)
+    r_full = flops.remat_factor(dims, vocab, seq, recompute_attention=True)
+    r = flops.remat_factor(dims, vocab, seq, recompute_attention=remat.RECOMPUTES_ATTENTION[policy])
+    step_s = step_flops / (sl.peak_flops * mfu) * r / r_full
     steps = steps if batch == _batch(cfg) else None  # another batch: another step count
-    out.update(mfu_assumed=mfu, peak_bf16_flops_per_chip=sl.family.peak_bf16_flops, step_seconds_estimate=step_s,
+    out.update(remat=policy, recompute_vs_no_remat=round(r, 3), recompute_vs_full=round(r / r_full, 3),
+               mfu_assumed=mfu, peak_bf16_flops_per_chip=sl.family.peak_bf16_flops, step_seconds_estimate=step_s,
                steps=steps)
     if steps is not None:
         wall = steps * step_s / 3600
@@ -302,7 +327,10 @@ def _first_line(msg: str) -> str:
 def refusal(s: dict, suggestion: Optional[dict] = None) -> str:
     """The one line of a step that does not fit (or does not compile), naming the knobs."""
     where = f"{s['target']} on {s['tpu_type']} ({s['devices']} chips)"
-    knobs = f"training.batch_size {s['batch_size']}, training.seq_len {s['seq_len']}, ray.tpu_type {s['tpu_type']}, remat on"
+    policy = (f"training.remat auto: no policy fits, {s['remat']} shown" if s.get("remat_auto")
+              else f"training.remat {s.get('remat', remat.DEFAULT)}")
+    knobs = (f"training.batch_size {s['batch_size']}, training.seq_len {s['seq_len']}, ray.tpu_type {s['tpu_type']}, "
+             f"{policy}")
     if not s["compiled"] and s.get("hbm_used_gib") is None:
         return f"{where}: the train step does not compile: {s.get('error')} ({knobs})"
     used = "?" if s.get("hbm_used_gib") is None else f"{s['hbm_used_gib']:.2f}"
@@ -333,7 +361,7 @@ def suggest(cfg: TrainConfig, s: dict, lev: dict, *, max_compiles: int = 3) -> d
     b = s["batch_size"] // 2
     while budget > 0 and b >= sl.devices and b % sl.devices == 0:
         budget -= 1
-        r = summarize(cfg, compile_setting(cfg, Setting(cfg.target, s["tpu_type"], b), lev))
+        r = summarize(cfg, compile_setting(cfg, Setting(cfg.target, s["tpu_type"], b, s["remat"]), lev))
         out["tried"].append(f"batch_size {b}")
         if r["fits"]:
             out.update(batch_size=b, batch_hbm_used_gib=r["hbm_used_gib"])
@@ -345,7 +373,7 @@ def suggest(cfg: TrainConfig, s: dict, lev: dict, *, max_compiles: int = 3) -> d
         if s["batch_size"] % slices.parse(bigger).devices:
             continue
         budget -= 1
-        r = summarize(cfg, compile_setting(cfg, Setting(cfg.target, bigger, s["batch_size"]), lev))
+        r = summarize(cfg, compile_setting(cfg, Setting(cfg.target, bigger, s["batch_size"], s["remat"]), lev))
         out["tried"].append(bigger)
         if r["fits"]:
             out.update(tpu_type=bigger, slice_hbm_used_gib=r["hbm_used_gib"])
@@ -353,20 +381,66 @@ def suggest(cfg: TrainConfig, s: dict, lev: dict, *, max_compiles: int = 3) -> d
     return out
 
 
+def choose(candidates: list[dict]) -> dict:
+    """training.remat auto: of the policies' summaries (``skipped``: the compiler rejected or crashed on it), the
+    least recompute that fits with HBM_MARGIN of the chip's HBM free (at equal recompute, the earlier of
+    remat.POLICIES: no host traffic), else the least recompute that fits at all, else full's refusal; with
+    ``remat_auto``: the choice, why, and every candidate in one row."""
+    compiled = [c for c in candidates if not c.get("skipped")]
+    fit = [c for c in compiled if c["fits"]]
+    roomy = [c for c in fit if c["hbm_used_gib"] <= (1 - HBM_MARGIN) * c["hbm_limit_gib"]]
+    rank = (lambda c: (c["recompute_vs_full"], remat.POLICIES.index(c["remat"])))
+    if roomy:
+        pick, why = min(roomy, key=rank), f"the least recompute that fits with {HBM_MARGIN:.0%} of HBM free"
+    elif fit:
+        pick, why = min(fit, key=rank), f"none fits with {HBM_MARGIN:.0%} of HBM free: the least recompute that fits"
+    elif compiled:
+        pick = next((c for c in compiled if c["remat"] == remat.DEFAULT), compiled[0])
+        why = "no policy fits"
+    else:
+        raise DataError("fit: no remat policy compiled: " + "; ".join(f"{c['remat']}: {c['skipped']}"
+                                                                      for c in candidates))
+    rows = [{"remat": c["remat"], "skipped": c["skipped"]} if c.get("skipped") else
+            {k: c.get(k) for k in ("remat", "fits", "hbm_used_gib", "hbm_limit_gib", "recompute_vs_no_remat",
+                                   "recompute_vs_full", "step_seconds_estimate", "chip_hours", "cached")}
+            for c in candidates]
+    return {**pick, "remat_auto": {"chosen": pick["remat"], "why": why, "margin": HBM_MARGIN, "candidates": rows}}
+
+
+def _policy_summary(cfg: TrainConfig, setting: Setting, lev: dict, steps: Optional[int], mfu: float) -> dict:
+    """One policy's summary for auto, or ``{"remat", "skipped"}`` when its compile crashes or errs (one line)."""
+    try:
+        s = summarize(cfg, compile_setting(cfg, setting, lev), steps, mfu)
+    except DataError as e:
+        log.warning("fit: training.remat %s skipped: %s", setting.remat, e)
+        return {"remat": setting.remat, "skipped": str(e)}
+    if not s["compiled"] and s.get("hbm_used_gib") is None:  # an error, not the HBM refusal
+        log.warning("fit: training.remat %s skipped: %s", setting.remat, s.get("error"))
+        return {"remat": setting.remat, "skipped": s.get("error")}
+    return s
+
+
 def check(cfg: TrainConfig, lev: dict, steps: Optional[int], *, tpu_type: Optional[str] = None,
-          mfu: Optional[float] = None, suggest_on_failure: bool = True) -> dict:
+          mfu: Optional[float] = None, suggest_on_failure: bool = True, policy: Optional[str] = None) -> dict:
     """Compile (or read back) the target's step on its slice; the summary, with ``suggestion`` when it does not fit.
 
     ``lev``: the target's train_lm config for a TPU (:func:`trajsft.train.target.train_lm_config_for` with
     ``accelerator="tpu"``), ``steps`` its step count when known: the caller's, so this module never imports the
-    train step (which imports the Ray submission, which runs this check)."""
+    train step (which imports the Ray submission, which runs this check). ``policy``: training.remat (default:
+    the target's); ``auto`` compiles every policy and picks one (:func:`choose`)."""
     mfu = DEFAULT_MFU if mfu is None else float(mfu)
     if not 0 < mfu <= 1:
         raise ValueError(f"--mfu {mfu}: a fraction in (0, 1]")
     t = tpu_type_of(cfg, tpu_type)
+    policy = policy or cfg.spec.training.remat
+    if policy not in remat.CHOICES:
+        raise ValueError(f"training.remat {policy!r}: one of {', '.join(remat.CHOICES)}")
     hf_check = facts.check(cfg.spec.student, snapshot=cfg.model and cfg.model.location)
-    raw = compile_setting(cfg, Setting(cfg.target, t, _batch(cfg)), lev)
-    s = summarize(cfg, raw, steps, mfu)
+    if policy == remat.AUTO:
+        s = choose([_policy_summary(cfg, Setting(cfg.target, t, _batch(cfg), p), lev, steps, mfu)
+                    for p in remat.POLICIES])
+    else:
+        s = summarize(cfg, compile_setting(cfg, Setting(cfg.target, t, _batch(cfg), policy), lev), steps, mfu)
     s["hf_config_check"] = hf_check
     if not s["fits"] and suggest_on_failure and s.get("hbm_used_gib") is not None:
         s["suggestion"] = suggest(cfg, s, lev)
@@ -376,8 +450,9 @@ def check(cfg: TrainConfig, lev: dict, steps: Optional[int], *, tpu_type: Option
 def render(s: dict) -> list[str]:
     """Human-readable lines of one summary."""
     head = f"{s['target']} on {s['tpu_type']} ({s['topology']}, {s['devices']} chips, {s['hosts']} hosts)"
+    auto = _render_auto(s.get("remat_auto"))
     if not s["fits"]:
-        return [head + ": DOES NOT FIT", "  " + refusal(s, s.get("suggestion"))]
+        return [head + ": DOES NOT FIT", "  " + refusal(s, s.get("suggestion")), *auto]
     lines = [head + f": fits, {s['hbm_used_gib']:.2f} of {s['hbm_limit_gib']:.2f} GiB HBM per chip",
              f"  model: {s['params'] / 1e9:.2f}B parameters; architecture facts: {s.get('hf_config_check', '-')}",
              f"  per chip: params {s['hbm_params_gib']:.2f} GiB + optimizer state {s['hbm_optimizer_state_gib']:.2f} GiB"
@@ -394,6 +469,25 @@ def render(s: dict) -> list[str]:
                      f"{s['chip_hours']:.0f} chip-hours ({s['tpu_core_hours']:.0f} TPU core-hours)")
     else:
         lines.append("  run: step count known once the data is tokenized")
+    lines.append(f"  remat {s['remat']}: the backward pass costs {s['recompute_vs_no_remat']:.2f}x the FLOPs of a step "
+                 f"without remat, {s['recompute_vs_full']:.2f}x full remat's (on paper; the estimate above counts it)")
+    lines.extend(auto)
     lines.append(f"  compiled in {s['compile_seconds']} s" + (" (cached)" if s["cached"] else "")
                  + f"; jax {s['versions']['jax']}, libtpu {s['versions']['libtpu']}")
+    return lines
+
+
+def _render_auto(auto: Optional[dict]) -> list[str]:
+    """training.remat auto: the choice and one line per candidate policy."""
+    if not auto:
+        return []
+    lines = [f"  training.remat auto chose {auto['chosen']}: {auto['why']}"]
+    for c in auto["candidates"]:
+        if c.get("skipped"):
+            lines.append(f"    {c['remat']:<16} skipped: {_first_line(str(c['skipped']))}")
+            continue
+        used = "?" if c["hbm_used_gib"] is None else f"{c['hbm_used_gib']:.2f}"
+        cost = "" if c["chip_hours"] is None else f", {c['chip_hours']:.0f} chip-hours"
+        lines.append(f"    {c['remat']:<16} {'fits' if c['fits'] else 'does not fit':<12} {used:>7} GiB HBM/chip, "
+                     f"recompute {c['recompute_vs_no_remat']:.2f}x, {c['step_seconds_estimate']:.1f} s/step{cost}")
     return lines

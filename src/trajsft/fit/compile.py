@@ -25,6 +25,7 @@ import dataclasses
 import functools
 import json
 import os
+import re
 import resource
 import sys
 import time
@@ -77,12 +78,15 @@ def compile_step(req: dict) -> dict:
     from levanter.trainer import Trainer
     from levanter.trainer_state import TrainerState
 
+    from trajsft.train import remat
+
     cfg = draccus.decode(TrainLmConfig, req["levanter"])
     model_cfg = cfg.model
     if req.get("attn_backend"):
         model_cfg = dataclasses.replace(model_cfg, attn_backend=AttentionBackend[req["attn_backend"]])
     if req.get("model_overrides"):  # tests: an unscanned, un-rematted model for XLA's FLOP count
         model_cfg = dataclasses.replace(model_cfg, **req["model_overrides"])
+    model_cfg = remat.prepare(model_cfg)  # training.remat as the train rule runs it (save_attention: our policy)
     trainer_cfg = dataclasses.replace(cfg.trainer, tracker=NoopConfig())
 
     topo = topologies.get_topology_desc(platform="tpu", topology_name=req["topology"])
@@ -164,6 +168,8 @@ def compile_step(req: dict) -> dict:
         t2 = time.time()
         compiled = lowered.compile()
         t3 = time.time()
+        # splash's forward kernel in the program: once, or again in the backward pass (the layer's forward recomputed)
+        attention_forwards = len(re.findall(r"splash_m[hq]a_fwd", lowered.as_text()))
 
     mem = compiled.memory_analysis()
     cost = compiled.cost_analysis()
@@ -187,6 +193,7 @@ def compile_step(req: dict) -> dict:
             "peak_bytes": int(args + out - alias + temp + code),
         },
         "levanter_flops_per_token": None if fpt is None else float(fpt),
+        "attention_forward_kernels": attention_forwards,
         "xla_flops_per_device": float(cost.get("flops", 0.0)),
         "compile_seconds": round(t3 - t2, 1), "lower_seconds": round(t2 - t1, 1),
         "setup_seconds": round(t1 - t0, 1),

@@ -32,3 +32,13 @@ def attention_flops_per_token(dims: Mapping[str, int], seq_len: int, causal: boo
 def train_flops_per_token(dims: Mapping[str, int], vocab: int, seq_len: int, causal: bool = True) -> float:
     """Forward + backward FLOPs per token: ``3 x (2·N + attention)``."""
     return 3.0 * (2.0 * matmul_params(dims, vocab) + attention_flops_per_token(dims, seq_len, causal))
+
+
+def remat_factor(dims: Mapping[str, int], vocab: int, seq_len: int, recompute_attention: bool) -> float:
+    """Step FLOPs when the backward pass runs each layer's forward again, over the step without remat: ``(3F + R) /
+    3F``, F the forward per token (Levanter's count: full attention), R what is recomputed: the layers (F less the
+    LM head), less their attention when the policy saves its output."""
+    attention = attention_flops_per_token(dims, seq_len, causal=False)
+    forward = 2.0 * matmul_params(dims, vocab) + attention
+    again = forward - 2.0 * dims["hidden_dim"] * vocab - (0.0 if recompute_attention else attention)
+    return (3.0 * forward + again) / (3.0 * forward)

@@ -163,6 +163,8 @@ class TrainingSpec(Spec):
                           "the model's sequence length")
     seed: int = hashed("checkpoints", why="initialisation and data order")
     max_steps: Optional[int] = hashed("checkpoints", why="overrides the step count (null: from epochs)", default=None)
+    remat: str = cosmetic("what the backward pass recomputes (trajsft.train.remat): the same math up to floating point, "
+                          "so a resumed run may change it; auto: the policy trajsft fit picks", default="full")
 
 
 @dataclass(frozen=True)

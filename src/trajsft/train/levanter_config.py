@@ -37,6 +37,7 @@ from typing import Any, Mapping, Optional
 from ..data.cache import chat_format, resolve_tokenizer
 from ..io import is_remote, write_text
 from ..plan.specs import StudentSpec, TargetSpec, TrainingSpec
+from . import remat
 
 
 _RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -165,6 +166,7 @@ def qwen3_config(student: StudentSpec, training: TrainingSpec, run: RunInputs) -
         "seq_len": int(training.seq_len),
         **student.model.dims(),
         **QWEN3_FIXED,
+        "gradient_checkpointing": remat.levanter_value(training.remat),  # auto: full until fit decides
         "rope": {"type": "default", "theta": float(student.rope_theta)},
         "reference_checkpoint": initialize_from_hf(student, run) or os.path.join(_run_dir(run), "hf_reference"),
         "tokenizer": run.tokenizer,

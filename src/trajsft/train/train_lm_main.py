@@ -10,7 +10,8 @@ once as scheduled and again in the forced run. Levanter has no switch for this; 
 step that already had one and, in the forced run of a step whose scheduled run just happened, skips
 the periodic hooks (``every > 1``) that already ran at that step. Hooks run every step (the
 checkpointer, which decides by itself and must see ``force`` to write the final checkpoint) always
-get the forced call. Everything else is Levanter's.
+get the forced call. The model config's remat policy is prepared first (:mod:`trajsft.train.remat`).
+Everything else is Levanter's.
 """
 
 from __future__ import annotations
@@ -61,7 +62,24 @@ def main() -> None:
 
     tracking.guard_init()  # a refused W&B key: one line and exit tracking.EXIT_CODE, not a traceback
     train_lm.Trainer = final_hooks_once(train_lm.Trainer)
-    levanter.config.main(train_lm.main)()
+    levanter.config.main(with_remat_policy(train_lm.main, train_lm.TrainLmConfig))()
+
+
+def with_remat_policy(train_main, config_cls: type):
+    """``train_main`` on its config with the model's remat policy prepared (:func:`trajsft.train.remat.prepare`:
+    save_attention saves the attention whatever kernel computes it)."""
+    import dataclasses
+
+    from . import remat
+
+    def main_with_policy(config):
+        model = remat.prepare(config.model)
+        print(f"trajsft: remat {remat.policy_of(model.gradient_checkpointing)} "
+              f"({type(model.gradient_checkpointing).__name__})", file=sys.stderr, flush=True)
+        return train_main(dataclasses.replace(config, model=model))
+
+    main_with_policy.__annotations__ = {"config": config_cls}  # what levanter.config.main decodes the config as
+    return main_with_policy
 
 
 if __name__ == "__main__":
