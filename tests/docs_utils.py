@@ -49,7 +49,8 @@ def commands(text: str) -> list[str]:
     for line in code_lines(text):
         if line.split(" ", 1)[0] not in PROGRAMS:
             continue
-        if re.match(r"^\S+ [\w-]+: ", line):  # a program's message ("trajsft fit: ... does not fit"), not a command
+        # a program's message ("trajsft fit: ... does not fit", a rule job's "trajsft train demo: ..."), not a command
+        if re.match(r"^\S+ [\w-]+(?: [\w.+-]+)?: ", line):
             continue
         cmds.append(re.sub(r"\s+#\s.*$", "", line).strip())
     return cmds

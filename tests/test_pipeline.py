@@ -519,3 +519,68 @@ def test_a_sweep_trains_each_cell_once_and_compares_them(demo, tmp_path):
         assert_png(wd / "sweeps/lr-demo" / png)
     again = run(wd, "-n", "sweeps/lr-demo/done", config={"copy_from": [str(demo_wd / "results")], **LR_DEMO})
     assert "Nothing to be done" in again.stdout + again.stderr
+
+
+def _mount(root: Path, options: str) -> None:
+    subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(root)], check=True, capture_output=True)
+
+
+def _remount(root: Path, options: str) -> None:
+    subprocess.run(["mount", "-o", f"remount,{options}", str(root)], check=True, capture_output=True)
+
+
+def _tmpfs_allowed(tmp_path: Path) -> bool:
+    probe = tmp_path / "probe"
+    probe.mkdir()
+    try:
+        _mount(probe, "size=1m")
+    except (subprocess.CalledProcessError, FileNotFoundError):
+        return False
+    subprocess.run(["umount", str(probe)], check=True)
+    return True
+
+
+def test_a_full_or_read_only_storage_root_is_one_line_and_the_rerun_finishes(demo, tmp_path):
+    """The demo's storage_root on a tmpfs: read-only, then 3 MB (the data fits, the checkpoint does not), then grown
+    to 100 MB. Each failure is one line naming the root and the cause, with no trace on the terminal (the train
+    rule's echoed log is that line); the failed attempt's record survives in the workdir (the root was full) and
+    status shows it; after the space is freed the same command finishes with an HF export byte-identical to the
+    clean demo run's."""
+    if not _tmpfs_allowed(tmp_path):
+        pytest.skip("needs `mount -t tmpfs` (root): this machine does not allow it")
+    clean = Path(json.loads((demo[0] / "checkpoints/demo/done").read_text())["hf_export"])
+    root, wd = tmp_path / "root", tmp_path / "wd"
+    root.mkdir()
+    wd.mkdir()
+    _mount(root, "size=3m,ro")
+    try:
+        config = {"storage_root": str(root)}
+        p = run(wd, "checkpoints/demo/done", config=config, check=False)
+        out = p.stdout + p.stderr
+        assert p.returncode != 0 and "Traceback" not in out and "Logging error" not in out, out[-3000:]
+        assert f"the storage root {root} is read-only: Read-only file system" in out, out[-3000:]
+        _remount(root, "rw,size=3m")
+        p = run(wd, "checkpoints/demo/done", config=config, check=False)
+        out = p.stdout + p.stderr
+        assert p.returncode != 0 and "Traceback" not in out and "Logging error" not in out, out[-3000:]
+        line = f"trajsft train demo: the training could not write: the storage root {root} is full: No space left on device"
+        assert line in out, out[-3000:]
+        assert len(out.splitlines()) < 400, len(out.splitlines())  # was 4,000 lines: the training log echoed
+        # the record of the failure: in the workdir (the root was full), its real cause in status
+        [kept] = (wd / "results/attempts").glob("demo-*.json")
+        assert json.loads(kept.read_text())[-1]["outcome"] == "failed"
+        s = subprocess.run([sys.executable, "-m", "trajsft.cli", "status", "demo", "--json", "--storage-root",
+                            str(root)], capture_output=True, text=True, cwd=wd, env=env(), timeout=120)
+        [row] = json.loads(s.stdout)
+        assert row["state"] == "failed" and "is full: No space left on device" in row["cause"], row
+        _remount(root, "size=100m")
+        run(wd, "checkpoints/demo/done", config=config)
+        done = json.loads((wd / "checkpoints/demo/done").read_text())
+        attempts = json.loads((Path(done["checkpoint_dir"]) / "attempts.json").read_text())
+        assert [a["outcome"] for a in attempts] == ["failed", "succeeded"] and not kept.exists()  # folded in
+        got = Path(done["hf_export"])
+        files = sorted(f.relative_to(clean) for f in clean.rglob("*") if f.is_file())
+        assert files and files == sorted(f.relative_to(got) for f in got.rglob("*") if f.is_file())
+        assert all((clean / f).read_bytes() == (got / f).read_bytes() for f in files), files
+    finally:
+        subprocess.run(["umount", "-l", str(root)], capture_output=True)

@@ -34,6 +34,11 @@ class TrainingFailed(RuntimeError):
     Ray job that failed or ended without its result, an export that did not complete."""
 
 
+class StorageFault(RuntimeError):
+    """A step could not write where it writes (the storage root, mostly): a full device, a quota, a read-only file
+    system, a refused permission. One line (trajsft.io.fault_line); what was built is kept, a rerun goes on."""
+
+
 class SnakemakeStopping(RuntimeError):
     """Snakemake got SIGINT/SIGTERM and is shutting down: a retry it starts meanwhile starts no new training."""
 
@@ -53,7 +58,7 @@ class ClusterError(RuntimeError):
 
 
 # what a rule job reports in one line (and exit 1) beside the user errors of data and config
-RULE_JOB_ERRORS = (TrainingFailed, SnakemakeStopping, ClusterError)
+RULE_JOB_ERRORS = (TrainingFailed, SnakemakeStopping, ClusterError, StorageFault)
 
 
 class SliceLimitExceeded(ClusterError):

@@ -14,6 +14,8 @@ import tempfile
 from pathlib import Path
 from typing import Any, Iterator
 
+from .errors import one_line
+
 
 def is_remote(path: str | os.PathLike) -> bool:
     return "://" in str(path)
@@ -133,3 +135,74 @@ def glob(pattern: str) -> list[str]:
         proto = pattern.split("://", 1)[0]
         return [f"{proto}://{f}" for f in found]
     return found
+
+
+# ---- a place that cannot be written: full, over quota, read-only, refused ------------------------------------------
+
+# errno -> the cause as a user reads it (OSError's own strerror for the first three)
+WRITE_FAULTS = {28: "No space left on device", 122: "Disk quota exceeded", 30: "Read-only file system",
+                13: "Permission denied", 1: "Operation not permitted"}
+# what a child process (train_lm, a library) says in its log when it met one of them
+_FAULT_TEXTS = ("No space left on device", "Disk quota exceeded", "Read-only file system")
+
+
+def write_fault(exc: BaseException | None) -> tuple[str, str | None] | None:
+    """``(cause, path)`` when ``exc`` (or an exception it was raised from or while handling) says a place could not be
+    written: a full device, a quota, a read-only file system, a refused permission; on a bucket, a 403 or a quota
+    answer (429 / "quota"). None for anything else."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, OSError) and exc.errno in WRITE_FAULTS:
+            return WRITE_FAULTS[exc.errno], exc.filename
+        code = getattr(exc, "code", None)
+        if type(exc).__name__ == "HttpError" and (code in (403, 429) or "quota" in str(exc).lower()):
+            return (f"the bucket refused the write ({code}: {one_line(exc, 200)})", None)
+        text = str(exc)
+        for t in _FAULT_TEXTS:  # e.g. safetensors' "I/O error: No space left on device (os error 28)"
+            if t in text and not isinstance(exc, OSError):
+                return t, None
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def fault_in_text(text: str) -> str | None:
+    """The cause of the first write fault a log ``text`` reports (a child's traceback), else None."""
+    found = [(text.find(t), t) for t in _FAULT_TEXTS if t in text]
+    return min(found)[1] if found else None
+
+
+def free_bytes(path: str) -> int | None:
+    """Free bytes on the local file system holding ``path`` (its nearest existing parent); None for a bucket."""
+    if is_remote(path):
+        return None
+    p = Path(path).absolute()
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    try:
+        st = os.statvfs(p)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
+
+
+
+def fault_line(root: str, cause: str, path: str | None = None) -> str:
+    """One line for a write fault met by a step whose storage root is ``root``: the place, the cause, and for a full
+    local device what is free."""
+    place = root if path is None or str(Path(str(path)).absolute()).startswith(str(Path(root).absolute())) \
+        or is_remote(root) else str(path)
+    what = "the storage root" if place == root else "the path"
+    if cause == WRITE_FAULTS[28]:
+        free = free_bytes(str(place))
+        room = "" if free is None else f"; {free / 2**20:.1f} MiB free"
+        line = f"{what} {place} is full: {cause}{room}"
+    elif cause == WRITE_FAULTS[122]:
+        line = f"{what} {place} is over its quota: {cause}"
+    elif cause == WRITE_FAULTS[30]:
+        line = f"{what} {place} is read-only: {cause}"
+    else:
+        line = f"{what} {place} cannot be written: {cause}"
+    if path and place == root:
+        line += f" (writing {path})"
+    return line + "; free space or point storage_root elsewhere, then run the same command again"

@@ -25,6 +25,9 @@ class RedactingFormatter(logging.Formatter):
 
 
 def setup(log_path: str | None = None, level: str = "INFO") -> logging.Logger:
+    # a handler that cannot write (a full or read-only disk) drops the record instead of printing a
+    # "--- Logging error ---" block with a trace for each one
+    logging.raiseExceptions = False
     root = logging.getLogger()
     root.setLevel(level)
     for h in list(root.handlers):

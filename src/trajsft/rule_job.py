@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import resource
 import signal
 import sys
@@ -18,7 +19,7 @@ from pathlib import Path
 
 from . import io, storage
 from .data import transform
-from .errors import RULE_JOB_ERRORS
+from .errors import RULE_JOB_ERRORS, StorageFault
 from .io import is_remote, write_json
 from .runtime import signals
 from .plan import step_configs
@@ -87,6 +88,8 @@ def run_rule(snakemake) -> None:
         msg = f"{label}: {e}"
         log.error(msg)
         print(msg, file=sys.stderr)
+        if isinstance(e, StorageFault) and log_path:
+            _rule_log_says(snakemake.log[0], msg)
         sys.exit(1)
     except KeyboardInterrupt as e:  # SIGINT, SIGTERM (signals.SnakemakeGone), or our Snakemake died
         msg = f"{label}: stopped ({e or 'SIGINT'}); nothing was marked complete"
@@ -102,7 +105,13 @@ def run_rule(snakemake) -> None:
         with contextlib.suppress(OSError):
             print(msg, file=sys.stderr)
         sys.exit(143)
-    except Exception:
+    except Exception as e:
+        fault = io.write_fault(e)
+        if fault is not None:  # full, over quota, read-only, refused: one line, no trace (it would only say where)
+            msg = f"{label}: {io.fault_line(cfg['storage_root'], *fault)}"
+            log.error(msg)
+            print(msg, file=sys.stderr)
+            sys.exit(1)
         log.error("%s failed:\n%s", label, traceback.format_exc())
         raise
     art = job.artifact
@@ -117,6 +126,16 @@ def run_rule(snakemake) -> None:
     # this process's own CPU (children not included: a train_lm child has its own log)
     log.info("%s done in %.1fs (rule process: %.2f CPU-s)", label.removeprefix("trajsft "), time.time() - started,
              _cpu_seconds())
+
+
+def _rule_log_says(rule_log: str, msg: str) -> None:
+    """A training's rule log is a link to the run's whole training log (trajsft.train.target.link_rule_log), which
+    Snakemake shows on a failure (show-failed-logs): for a storage fault, the one line instead (the training's log,
+    named in it, keeps everything; the next attempt links the rule log again)."""
+    with contextlib.suppress(OSError):
+        if os.path.islink(rule_log):
+            os.unlink(rule_log)
+            Path(rule_log).write_text(msg + "\n")
 
 
 def _run_step(job, snakemake) -> dict | None:

@@ -17,6 +17,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Mapping
 
+from .. import io
+
 STATES = ("not started", "data ready", "training running", "retrying", "failed", "done", "configuration error",
           "unknown")  # unknown: the run dir's bucket did not answer
 # states whose row says where the next rerun starts (needs the checkpoint Levanter resumes from)
@@ -148,6 +150,8 @@ def finish_record(f: Facts) -> dict | None:
 
 def _failure_cause(err: str | None, outcome: str | None, log_tail: str) -> str:
     err = err or ("killed (no end recorded)" if outcome != "failed" else "")
+    if io.fault_in_text(err):  # a full or read-only storage root: the recorded line says which and what to do
+        return err[:400]
     return classify(f"{err}\n{log_tail}") or (err[:200] if err else "failed")
 
 

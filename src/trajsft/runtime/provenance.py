@@ -9,9 +9,10 @@ import platform
 import socket
 import subprocess
 from importlib import metadata
+from pathlib import Path
 
 from .. import io
-from ..plan.config import REPO_DIR
+from ..plan.config import REPO_DIR, STATE_DIR
 
 PACKAGES = ("trajsft", "levanter", "haliax", "jax", "jaxlib", "transformers", "tokenizers", "datasets",
             "huggingface_hub", "ray", "snakemake", "wandb", "gcsfs", "pyarrow", "pandas")
@@ -65,12 +66,46 @@ def write(run_dir: str, resolved: dict) -> None:
     io.write_bytes(f"{base}/packages.json", json.dumps(package_versions(), indent=2, sort_keys=True).encode())
 
 
+def fallback_path(run_dir: str) -> str:
+    """Where this workdir keeps a run's attempts when its run dir cannot be written (a full or read-only storage
+    root): ``results/attempts/<run>-<hash of the run dir>.json`` under the working directory."""
+    import hashlib
+
+    name = run_dir.rstrip("/").rsplit("/", 1)[-1]
+    return os.path.join(STATE_DIR, "attempts", f"{name}-{hashlib.sha256(run_dir.encode()).hexdigest()[:8]}.json")
+
+
 def read_attempts(run_dir: str) -> list[dict]:
+    """The run's attempts: its run dir's record, with what this workdir recorded when that could not be written."""
     path = f"{run_dir.rstrip('/')}/attempts.json"
     try:
-        return json.loads(io.read_bytes(path))
+        attempts = json.loads(io.read_bytes(path))
     except FileNotFoundError:
-        return []
+        attempts = []
+    try:
+        kept = json.loads(Path(fallback_path(run_dir)).read_text())
+    except (OSError, ValueError):
+        return attempts
+    by_number = {a["attempt"]: a for a in attempts}
+    by_number.update({a["attempt"]: a for a in kept})
+    return [by_number[k] for k in sorted(by_number)]
+
+
+def _write_attempts(run_dir: str, attempts: list[dict]) -> None:
+    """Write the attempts to the run dir; if it cannot be written there (io.write_fault), to this workdir's fallback
+    (:func:`fallback_path`), so the record of a failure survives its cause. Once the run dir takes it again, the
+    fallback is folded in and removed."""
+    blob = json.dumps(attempts, indent=2).encode()
+    fallback = fallback_path(run_dir)
+    try:
+        io.write_bytes(f"{run_dir.rstrip('/')}/attempts.json", blob)
+    except Exception as e:
+        if io.write_fault(e) is None:
+            raise
+        io.write_bytes(fallback, blob)
+        return
+    if os.path.exists(fallback):
+        os.unlink(fallback)
 
 
 def attempt_alive(attempt: dict) -> bool:
@@ -103,7 +138,7 @@ def record_attempt(run_dir: str, **fields) -> dict:
             a.update(outcome="interrupted", error=a.get("error") or "killed (no end recorded)")
     attempt = {"attempt": len(attempts) + 1, "started": now(), "outcome": "running", **host(), **fields}
     attempts.append(attempt)
-    io.write_bytes(f"{run_dir.rstrip('/')}/attempts.json", json.dumps(attempts, indent=2).encode())
+    _write_attempts(run_dir, attempts)
     return attempt
 
 
@@ -113,7 +148,7 @@ def update_attempt(run_dir: str, number: int, **fields) -> None:
     for a in attempts:
         if a["attempt"] == number:
             a.update(**fields)
-    io.write_bytes(f"{run_dir.rstrip('/')}/attempts.json", json.dumps(attempts, indent=2).encode())
+    _write_attempts(run_dir, attempts)
 
 
 def finish_attempt(run_dir: str, number: int, outcome: str, **fields) -> None:
@@ -121,4 +156,4 @@ def finish_attempt(run_dir: str, number: int, outcome: str, **fields) -> None:
     for a in attempts:
         if a["attempt"] == number:
             a.update(ended=now(), outcome=outcome, **fields)
-    io.write_bytes(f"{run_dir.rstrip('/')}/attempts.json", json.dumps(attempts, indent=2).encode())
+    _write_attempts(run_dir, attempts)

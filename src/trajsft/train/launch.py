@@ -63,7 +63,7 @@ def child_prelude() -> None:
     checkpoints next to its own relaunch; exit if the parent is already gone. Done in the child
     itself (not via preexec_fn, which is unsafe in multi-threaded parents such as Snakemake), at
     the top of the launched module (:mod:`trajsft.train.train_lm_main`, :mod:`trajsft.train.hf_export`).
-    Then :func:`quiet_none_leaves`."""
+    Then :func:`quiet_none_leaves`, and handlers that cannot write drop their records quietly."""
     if sys.platform.startswith("linux"):
         try:
             import ctypes
@@ -76,6 +76,7 @@ def child_prelude() -> None:
         if pp and os.getppid() != pp:
             sys.exit(99)
     quiet_none_leaves()
+    logging.raiseExceptions = False  # a full or read-only disk: no "--- Logging error ---" block per record
 
 
 NONE_LEAF_WARNING = "Unknown leaf type <class 'NoneType'>"

@@ -11,7 +11,7 @@ from pathlib import Path
 from .. import io, storage
 from ..data import template
 from ..data.tokenize import cache_dir
-from ..errors import DataError, JobEnvironmentError, SnakemakeStopping, TrainingFailed
+from ..errors import DataError, JobEnvironmentError, SnakemakeStopping, StorageFault, TrainingFailed
 from ..io import is_remote, join, write_json
 from ..runtime import provenance
 from ..plan import schedule
@@ -157,6 +157,19 @@ def run_wandb_url(cfg: dict, run_id: str, run_dir: str) -> str | None:
     return rec["url"] if rec else wandb_url(cfg, run_id)
 
 
+def storage_fault(cfg: TrainConfig, e: BaseException) -> StorageFault | None:
+    """The training failed because a place could not be written (the exception says so, or for a local run the
+    child's log does): the one-line :class:`StorageFault` naming the storage root, else None."""
+    fault = io.write_fault(e)
+    if fault is None and isinstance(e, TrainingFailed) and cfg.executor != "ray" and os.path.exists(cfg.log):
+        cause = io.fault_in_text("\n".join(io.tail(cfg.log, 400)))
+        fault = (cause, None) if cause else None
+    if fault is None:
+        return None
+    return StorageFault(f"the training could not write: {io.fault_line(cfg.workflow['storage_root'], *fault)} (the training's "
+                        f"log: {cfg.log})")
+
+
 def link_rule_log(cfg: TrainConfig, rule_log: str) -> str:
     """Snakemake deletes a rule's log before every attempt; point it at the durable run log.
 
@@ -209,10 +222,17 @@ def train(cfg: TrainConfig, done_path: str | None = None, *, on_ray=None) -> dic
         provenance.finish_attempt(run_dir, attempt["attempt"], "failed", error=str(e)[:500])
         raise
     except TrainingFailed as e:  # one line (killed by a signal, exit code, lock held)
-        provenance.finish_attempt(run_dir, attempt["attempt"], "failed", error=str(e)[:500])
+        fault = storage_fault(cfg, e)
+        provenance.finish_attempt(run_dir, attempt["attempt"], "failed", error=str(fault or e)[:500])
+        if fault:
+            raise fault from e
         raise
     except BaseException as e:
-        provenance.finish_attempt(run_dir, attempt["attempt"], "failed", error=f"{type(e).__name__}: {e}"[:500])
+        fault = storage_fault(cfg, e)
+        provenance.finish_attempt(run_dir, attempt["attempt"], "failed",
+                                  error=str(fault) if fault else f"{type(e).__name__}: {e}"[:500])
+        if fault:
+            raise fault from e
         raise
     provenance.finish_attempt(run_dir, attempt["attempt"], "succeeded", steps=result.get("steps"),
                               resumed_from_step=result.get("resumed_from_step"), ray_job_id=result.get("ray_job_id"))
