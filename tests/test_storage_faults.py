@@ -44,6 +44,9 @@ def test_the_line_names_the_root_the_cause_and_what_is_free(tmp_path):
     assert io.fault_line("gs://b/t", "Read-only file system").startswith("the storage root gs://b/t is read-only")
     assert io.fault_line(str(tmp_path / "root"), "Disk quota exceeded", "/elsewhere/logs/x.log").startswith(
         "the path /elsewhere/logs/x.log is over its quota")
+    # a sibling whose name starts with the root's is not under it
+    assert io.fault_line(str(tmp_path / "root"), "Read-only file system", str(tmp_path / "root2/x")).startswith(
+        f"the path {tmp_path}/root2/x is read-only")
     assert io.fault_in_text("...\nOSError: [Errno 28] No space left on device\n") == "No space left on device"
     assert io.fault_in_text("Traceback ... ValueError") is None
 

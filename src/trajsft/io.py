@@ -142,8 +142,8 @@ def glob(pattern: str) -> list[str]:
 # errno -> the cause as a user reads it (OSError's own strerror for the first three)
 WRITE_FAULTS = {28: "No space left on device", 122: "Disk quota exceeded", 30: "Read-only file system",
                 13: "Permission denied", 1: "Operation not permitted"}
-# what a child process (train_lm, a library) says in its log when it met one of them
-_FAULT_TEXTS = ("No space left on device", "Disk quota exceeded", "Read-only file system")
+# what a child process (train_lm, a library) says in its log when it met one of them: full, quota, read-only
+_FAULT_TEXTS = tuple(WRITE_FAULTS[e] for e in (28, 122, 30))
 
 
 def write_fault(exc: BaseException | None) -> tuple[str, str | None] | None:
@@ -186,13 +186,12 @@ def free_bytes(path: str) -> int | None:
     return st.f_bavail * st.f_frsize
 
 
-
 def fault_line(root: str, cause: str, path: str | None = None) -> str:
     """One line for a write fault met by a step whose storage root is ``root``: the place, the cause, and for a full
     local device what is free."""
-    place = root if path is None or str(Path(str(path)).absolute()).startswith(str(Path(root).absolute())) \
-        or is_remote(root) else str(path)
-    what = "the storage root" if place == root else "the path"
+    inside = path is None or is_remote(root) or Path(str(path)).absolute().is_relative_to(Path(root).absolute())
+    place = root if inside else str(path)
+    what = "the storage root" if inside else "the path"
     if cause == WRITE_FAULTS[28]:
         free = free_bytes(str(place))
         room = "" if free is None else f"; {free / 2**20:.1f} MiB free"
@@ -203,6 +202,6 @@ def fault_line(root: str, cause: str, path: str | None = None) -> str:
         line = f"{what} {place} is read-only: {cause}"
     else:
         line = f"{what} {place} cannot be written: {cause}"
-    if path and place == root:
+    if path and inside:
         line += f" (writing {path})"
     return line + "; free space or point storage_root elsewhere, then run the same command again"

@@ -85,12 +85,7 @@ def run_rule(snakemake) -> None:
     try:
         result = _run_step(job, snakemake)
     except user_errors as e:
-        msg = f"{label}: {e}"
-        log.error(msg)
-        print(msg, file=sys.stderr)
-        if isinstance(e, StorageFault) and log_path:
-            _rule_log_says(snakemake.log[0], msg)
-        sys.exit(1)
+        _exit_in_one_line(f"{label}: {e}", snakemake.log[0] if isinstance(e, StorageFault) and log_path else None)
     except KeyboardInterrupt as e:  # SIGINT, SIGTERM (signals.SnakemakeGone), or our Snakemake died
         msg = f"{label}: stopped ({e or 'SIGINT'}); nothing was marked complete"
         log.error(msg)
@@ -108,10 +103,7 @@ def run_rule(snakemake) -> None:
     except Exception as e:
         fault = io.write_fault(e)
         if fault is not None:  # full, over quota, read-only, refused: one line, no trace (it would only say where)
-            msg = f"{label}: {io.fault_line(cfg['storage_root'], *fault)}"
-            log.error(msg)
-            print(msg, file=sys.stderr)
-            sys.exit(1)
+            _exit_in_one_line(f"{label}: {io.fault_line(cfg['storage_root'], *fault)}")
         log.error("%s failed:\n%s", label, traceback.format_exc())
         raise
     art = job.artifact
@@ -128,14 +120,18 @@ def run_rule(snakemake) -> None:
              _cpu_seconds())
 
 
-def _rule_log_says(rule_log: str, msg: str) -> None:
-    """A training's rule log is a link to the run's whole training log (trajsft.train.target.link_rule_log), which
-    Snakemake shows on a failure (show-failed-logs): for a storage fault, the one line instead (the training's log,
-    named in it, keeps everything; the next attempt links the rule log again)."""
+def _exit_in_one_line(msg: str, linked_rule_log: str | None = None) -> None:
+    """A user error: its line to the log and stderr, exit 1. ``linked_rule_log``: a training's rule log, a link to
+    the run's whole training log (trajsft.train.target.link_rule_log), which Snakemake shows on a failure
+    (show-failed-logs): for a storage fault it becomes the one line instead (the training's log, named in the line,
+    keeps everything; the next attempt links the rule log again)."""
+    log.error(msg)
+    print(msg, file=sys.stderr)
     with contextlib.suppress(OSError):
-        if os.path.islink(rule_log):
-            os.unlink(rule_log)
-            Path(rule_log).write_text(msg + "\n")
+        if linked_rule_log and os.path.islink(linked_rule_log):
+            os.unlink(linked_rule_log)
+            Path(linked_rule_log).write_text(msg + "\n")
+    sys.exit(1)
 
 
 def _run_step(job, snakemake) -> dict | None:

@@ -58,20 +58,16 @@ def policy_of(value: Any) -> str:
     return "full"
 
 
-_installed = False
-
-
 def install() -> None:
     """Name the residuals of Levanter's JAX flash attention (its output and log-normaliser) ``trajsft_attention``,
     so a remat policy can save them (idempotent). Equinox reads the forward rule at call time."""
-    global _installed
-    if _installed:
-        return
     import haliax as hax
     import levanter.models.flash_attention as fa
     from jax.ad_checkpoint import checkpoint_name
 
     forward = fa._flash_attention.fn_fwd
+    if getattr(forward, "names_residuals", False):
+        return
 
     def named_forward(*args, **kwargs):
         out, residuals = forward(*args, **kwargs)
@@ -86,8 +82,8 @@ def install() -> None:
         # the layer computes from it (the output projection) reads the saved value, not a recomputed one
         return hax.tree_util.tree_map(lambda x: named.get(id(x), x), out), residuals
 
+    named_forward.names_residuals = True
     fa._flash_attention.fn_fwd = named_forward
-    _installed = True
 
 
 def save_attention_policy(**fields):

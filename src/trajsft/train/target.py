@@ -166,8 +166,8 @@ def storage_fault(cfg: TrainConfig, e: BaseException) -> StorageFault | None:
         fault = (cause, None) if cause else None
     if fault is None:
         return None
-    return StorageFault(f"the training could not write: {io.fault_line(cfg.workflow['storage_root'], *fault)} (the training's "
-                        f"log: {cfg.log})")
+    line = io.fault_line(cfg.workflow["storage_root"], *fault)
+    return StorageFault(f"the training could not write: {line} (the training's log: {cfg.log})")
 
 
 def link_rule_log(cfg: TrainConfig, rule_log: str) -> str:
