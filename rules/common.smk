@@ -266,6 +266,23 @@ def preflight_or_exit():
         )
 
 
+def storage_or_exit():
+    """Every executor: the storage root takes a write (a Ray profile's preflight asked already), and a note when
+    what this run's trainings write there is more than it has free (trajsft.fit.disk).
+    """
+    from trajsft.fit import disk
+
+    jobs = workflow.dag.needrun_jobs()
+    targets = sorted({str(j.wildcards.target) for j in jobs if j.rule.name == "train"})
+    trainings = [step_configs.train(PLAN, t) for t in targets]
+    space = disk.check(PLAN.root, trainings, probe=config["executor"] != "ray")
+    if space["problem"]:
+        print(f"trajsft: {space['problem']}", file=sys.stderr)
+        sys.exit(1)
+    if space["short"]:
+        print(f"trajsft: note: {space['lines'][-1]}", file=sys.stderr)
+
+
 def register_run():
     """Export this run id (pid + start time) to the jobs: they die with this Snakemake."""
     from trajsft.runtime.signals import register_run
@@ -276,4 +293,5 @@ def register_run():
 onstart:
     register_run()
     preflight_or_exit()
+    storage_or_exit()
     forward_signals_to_jobs()

@@ -23,7 +23,7 @@ def no_dns(monkeypatch):
 
 def test_emulator_bucket_passes_without_dns_and_leaves_nothing(gcs, no_dns):
     assert storage.custom_endpoint(f"{gcs.url}/trajsft") == (gcs.emulator.url, "STORAGE_EMULATOR_HOST")
-    assert P._check_storage(f"{gcs.url}/trajsft", 20) is None
+    assert storage.probe_write(f"{gcs.url}/trajsft", 20) is None
     assert gcs.objects() == {}  # the probe object was removed
 
 
@@ -32,7 +32,7 @@ def test_fsspec_endpoint_url_is_honoured(gcs, no_dns, monkeypatch):
     monkeypatch.setitem(fsspec.config.conf, "gcs", {"endpoint_url": gcs.emulator.url, "token": "anon"})
     clear_fsspec_cache()
     assert storage.custom_endpoint(gcs.url) == (gcs.emulator.url, "fsspec gcs.endpoint_url")
-    assert P._check_storage(gcs.url, 20) is None
+    assert storage.probe_write(gcs.url, 20) is None
 
 
 def test_missing_bucket_is_one_line_in_seconds(gcs, no_dns):
@@ -47,7 +47,7 @@ def test_unreachable_endpoint_is_one_line_in_seconds(monkeypatch, no_dns):
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", url)
     clear_fsspec_cache()
     t0 = time.monotonic()
-    err = P._check_storage("gs://b/trajsft", 20)
+    err = storage.probe_write("gs://b/trajsft", 20)
     assert time.monotonic() - t0 < 5
     assert err.startswith(f"storage root gs://b/trajsft unreachable: cannot connect to {url} (set by "
                           "STORAGE_EMULATOR_HOST): ") and "\n" not in err, err
@@ -56,10 +56,27 @@ def test_unreachable_endpoint_is_one_line_in_seconds(monkeypatch, no_dns):
 def test_a_bucket_in_another_region_than_the_profiles_zone_is_one_line(gcs, no_dns):
     """The emulator's buckets are in US-CENTRAL1 (as the GCS JSON API says of a one-region bucket)."""
     root = f"{gcs.url}/trajsft"
-    assert P._check_storage(root, 20, zone="us-central1-a") is None
-    assert P._check_storage(root, 20, zone="us-central1") is None  # a region names every zone of it
-    assert P._check_storage(root, 20, zone="us-east5-a") == (
+    assert storage.probe_write(root, 20, zone="us-central1-a") is None
+    assert storage.probe_write(root, 20, zone="us-central1") is None  # a region names every zone of it
+    assert storage.probe_write(root, 20, zone="us-east5-a") == (
         f"storage root {root} is in US-CENTRAL1 (its bucket's location), but this profile's cluster is in us-east5-a "
         "(ray.zone): every read and checkpoint would cross regions; use a bucket in us-east5, nothing was submitted")
-    assert P.bucket_problem(root, "us-east5-a", "US", "multi-region") is None  # no one region's
+    assert storage.bucket_problem(root, "us-east5-a", "US", "multi-region") is None  # no one region's
+    assert gcs.objects() == {}
+
+
+def test_a_probe_whose_delete_answer_is_lost_passes(gcs, no_dns, monkeypatch):
+    """Every second request is done by the server but its answer dropped: the upload's retry, or the delete's retry
+    finding the object gone (404), is no "no bucket" (a Snakemake run's start refused a bucket behind faults)."""
+    from fault_proxy import FaultProxy
+    from gcs_fixtures import clear_fsspec_cache
+
+    proxy = FaultProxy(gcs.emulator.url, every={"drop": 2}).start()
+    try:
+        monkeypatch.setenv("STORAGE_EMULATOR_HOST", proxy.url)
+        clear_fsspec_cache()
+        assert storage.probe_write(f"{gcs.url}/trajsft", 20) is None
+        assert proxy.counts["drop"] >= 1, proxy.counts
+    finally:
+        proxy.stop()
     assert gcs.objects() == {}

@@ -558,11 +558,16 @@ def test_a_full_or_read_only_storage_root_is_one_line_and_the_rerun_finishes(dem
         p = run(wd, "checkpoints/demo/done", config=config, check=False)
         out = p.stdout + p.stderr
         assert p.returncode != 0 and "Traceback" not in out and "Logging error" not in out, out[-3000:]
-        assert f"the storage root {root} is read-only: Read-only file system" in out, out[-3000:]
+        # said at the start, before any rule ran (the write probe: trajsft.storage.probe_write)
+        assert f"trajsft: the storage root {root} is read-only: Read-only file system" in out, out[-3000:]
+        assert "rule download" not in out, out[-3000:]
         _remount(root, "rw,size=3m")
         p = run(wd, "checkpoints/demo/done", config=config, check=False)
         out = p.stdout + p.stderr
         assert p.returncode != 0 and "Traceback" not in out and "Logging error" not in out, out[-3000:]
+        # the start says what the run writes against the 3 MB (trajsft.fit.disk), then goes on: an upper bound
+        assert f"trajsft: note: storage root {root}: 3.0 MiB free; this run writes up to " in out, out[-3000:]
+        assert "it will not fit" in out
         line = f"trajsft train demo: the training could not write: the storage root {root} is full: No space left on device"
         assert line in out, out[-3000:]
         assert len(out.splitlines()) < 400, len(out.splitlines())  # was 4,000 lines: the training log echoed
@@ -584,3 +589,30 @@ def test_a_full_or_read_only_storage_root_is_one_line_and_the_rerun_finishes(dem
         assert all((clean / f).read_bytes() == (got / f).read_bytes() for f in files), files
     finally:
         subprocess.run(["umount", "-l", str(root)], capture_output=True)
+
+
+def test_the_storage_estimate_bounds_what_the_demo_wrote(demo):
+    """trajsft.fit.disk's figures are upper bounds of the demo's real payloads, and not loose ones: its parameter
+    count is the HF export's, a checkpoint and an export within 2x of theirs; the tokenized caches within 4x of rows x
+    seq_len x 16 bytes (Levanter compresses them, and most chats are shorter than seq_len: about 37% here)."""
+    from trajsft.fit import disk
+    from trajsft.plan import config as C, step_configs
+
+    wd = demo[0]
+    tc = step_configs.train(C.Plan(C.load(None, {"storage_root": str(wd / "results")}), base_dir=C.REPO_DIR), "demo")
+    fp = disk.estimate([tc], look=False)
+    est = {i.kind: i.bytes for i in fp.items}
+
+    def du(path: Path) -> int:
+        return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+    run_dir = Path(tc.run.location)
+    [hf] = (run_dir / "hf").iterdir()
+    st = (hf / "model.safetensors").read_bytes()
+    header = json.loads(st[8:8 + int.from_bytes(st[:8], "little")])
+    assert sum(math.prod(t["shape"]) for k, t in header.items() if k != "__metadata__") == disk.parameters(tc)
+    [tok] = tc.tokenized.values()
+    [ckpt] = (run_dir / "checkpoints").iterdir()  # 25 steps: the final one (the estimate allows it and the next)
+    assert est["tokenized"] / 4 <= du(Path(tok.location)) <= est["tokenized"]
+    assert est["checkpoints"] / 2 / 2 <= du(ckpt) <= est["checkpoints"] / 2
+    assert est["hf exports"] / 2 <= du(hf) <= est["hf exports"]

@@ -262,7 +262,7 @@ def test_preflight_asks_wandb_once_and_a_refused_key_is_one_line(server, tmp_pat
     assert p.returncode == 1 and p.stderr.splitlines() == [
         f"trajsft preflight: W&B at {url} refused WANDB_API_KEY (HTTP 401): fix the key, or set wandb.mode: offline"]
     p = cli(tmp_path, wandb_env(server, tmp_path, GOOD), "preflight")
-    assert p.returncode == 0 and p.stdout.strip() == "local executor: nothing to check but W&B (online)", p.stderr
+    assert p.returncode == 0 and p.stdout.splitlines()[0] == "local executor: storage root writable, W&B online", p.stderr
     assert [r[2:] for r in requests_of(server, n0)] == [["/graphql", "Viewer", 401], ["/graphql", "Viewer", 200]]
 
 

@@ -142,32 +142,32 @@ def cmd_retry(args) -> int:
 
 
 def cmd_preflight(args) -> int:
+    from . import storage
     from .cluster.submit import preflight, wandb_preflight
+    from .fit import disk
 
     plan = _load(args)
     notes: list[str] = []
-    if plan.cfg["executor"] != "ray":  # the local executor needs only W&B, when online
+    if plan.cfg["executor"] != "ray":  # the local executor needs W&B (when online) and its storage root
         problem, note = wandb_preflight(plan.cfg)
-        problems, notes = [problem] if problem else [], [note] if note else []
-    else:
+        problems = [p for p in (problem, storage.probe_write(storage.absolute(plan.root))) if p]
+        notes = [note] if note else []
+    else:  # the storage root is probed there too
         problems = preflight(plan.cfg, notes)
     for n in notes:
         print(f"trajsft preflight: note: {n}", file=sys.stderr)
     for p in problems:
         print(f"trajsft preflight: {p}", file=sys.stderr)
-    if not problems and plan.cfg["executor"] != "ray":
-        print(f"local executor: nothing to check but W&B ({plan.cfg['wandb']['mode']})")
-    elif not problems:
+    if problems:
+        return 1
+    if plan.cfg["executor"] != "ray":
+        print(f"local executor: storage root writable, W&B {plan.cfg['wandb']['mode']}")
+    else:
         print(f"preflight OK for {plan.cfg['ray'].get('cluster')} ({plan.cfg['ray']['address']})")
-    return 1 if problems else 0
-
-
-def _done_hash(path: str) -> str | None:
-    """The run hash a done marker was written for (None: no marker, or unreadable)."""
-    try:
-        return json.loads(Path(path).read_text()).get("hash") or None
-    except (OSError, ValueError, AttributeError):
-        return None
+    # what the targets' trainings write there, against its free space (a bucket's: what is written)
+    print(disk.check(plan.root, _trainings(plan, args.targets or plan.cfg["default_targets"]),
+                     probe=False)["lines"][-1])
+    return 0
 
 
 def _manifest_here(a: C.Artifact) -> bool:
@@ -227,7 +227,7 @@ def cmd_plan(args) -> int:
             rows.append(row)
         run = tc.run
         done = C.Plan.done_path(t)
-        done_hash = _done_hash(done)
+        done_hash = C.Plan.done_hash(done)
         entry = {
             "target": t, "done": done, "done_exists": done_hash == run.hash, "done_hash": done_hash,
             "checkpoint_dir": run.location, "hf_export": io.join(run.location, "hf"),
@@ -242,10 +242,17 @@ def cmd_plan(args) -> int:
             entry["fit"] = fit.cached_summary(tc, entry["training"]["steps"])
             entry["fit_line"] = fit.short(entry["fit"], (plan.cfg.get("ray") or {}).get("tpu_type"))
         out.append(entry)
+    from . import storage
+    from .fit import disk
+
+    trainings = _trainings(plan, targets)
+    online = not (args.offline and io.is_remote(plan.root))  # --offline: a bucket is not asked
+    space = disk.check(plan.root, trainings, probe=online, look=online)
     if args.json:
+        for t, tc in zip(out, trainings):
+            t["storage"] = {**{k: v for k, v in space.items() if k != "lines"}, **_footprint(tc)}
         print(json.dumps(out, indent=2))
         return 0
-    from . import storage
 
     shown: dict[tuple[str, str], str] = {}  # shared data -> the target it was shown under
     for t in out:
@@ -278,7 +285,21 @@ def cmd_plan(args) -> int:
             for line in render(t["target"], t["training"]):
                 print(line)
             print(f"  {t['fit_line']}")
+    print(space["lines"][-1])
+    if space["problem"]:  # said, as a root that does not answer is per row: the plan itself is shown
+        print(f"trajsft plan: {space['problem']}", file=sys.stderr)
     return 0
+
+
+def _footprint(tc) -> dict:
+    """One target's own share of what is written (its shared data counted in full)."""
+    from .fit import disk
+
+    try:
+        fp = disk.estimate([tc])
+    except (DataError, C.ConfigError):  # said once, in the storage line
+        return {"target_writes_bytes": None, "target_writes": None}
+    return {"target_writes_bytes": fp.total, "target_writes": [i.__dict__ for i in fp.items]}
 
 
 def _held_out(plan: C.Plan, teacher: str) -> str:
@@ -322,7 +343,7 @@ def cmd_eval_watch(args, plan: C.Plan, row: TrainConfig) -> int:
           f"{io.join(ev.location, actions.STEPS)} (already scored: {sorted(scored) or 'none'})", file=sys.stderr,
           flush=True)
     while True:
-        finished = _done_hash(done_path) == row.run.hash  # read before the exports: none appears after it
+        finished = C.Plan.done_hash(done_path) == row.run.hash  # read before the exports: none appears after it
         try:
             exports = hf_exports(locate(row).train_cfg["hf_save_path"])
         except C.ConfigError:  # not started yet: no provenance, no export
@@ -611,7 +632,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--max-seqs", type=int, default=4, help="sequences generated at once (default 4)")
     sp.set_defaults(func=cmd_serve)
 
-    sp = sub.add_parser("preflight", help="check env vars, cluster, TPU resource and storage for a profile")
+    sp = sub.add_parser("preflight", help="check env vars, cluster, TPU resource and storage for a profile; say "
+                                          "what the targets' trainings write to the storage root")
+    sp.add_argument("targets", nargs="*", help="default: the config's default_targets")
     common(sp)
     sp.set_defaults(func=cmd_preflight)
     return p

@@ -25,11 +25,12 @@ import logging
 import os
 import socket
 import threading
+import uuid
 from pathlib import Path
 from typing import Callable
 from urllib.parse import urlsplit
 
-from . import io
+from . import gce, io
 from .plan.kinds import KINDS
 
 log = logging.getLogger("trajsft")
@@ -296,6 +297,79 @@ def unusable(root: str) -> str | None:
             _refuse(root, e)
     why = refused(root)
     return f"refused: {why}" if why else None
+
+
+# ---- can the root be written? ---------------------------------------------------------------
+def bucket_problem(storage_root: str, zone: str | None, location: str | None, location_type: str | None) -> str | None:
+    """One line when a one-region bucket is not in the region of the profile's ``ray.zone`` (multi- and dual-region
+    buckets pass: they are no one region's)."""
+    if not zone or not location or (location_type or "").lower() != "region":
+        return None
+    if location.lower() == gce.region_of(zone):
+        return None
+    return (f"storage root {storage_root} is in {location} (its bucket's location), but this profile's cluster is in "
+            f"{zone} (ray.zone): every read and checkpoint would cross regions; use a bucket in "
+            f"{gce.region_of(zone)}, nothing was submitted")
+
+
+def probe_write(storage_root: str, timeout_s: float = 20.0, zone: str | None = None) -> str | None:
+    """Write and delete one small object under the root (a local root not made yet: in the directory it would be
+    made in; nothing is created): None when it can be written, else one line why (a local root full, over quota or
+    read-only is worded as a rule's write fault is, :func:`trajsft.io.fault_line`). A bucket
+    is asked within ``timeout_s`` and, given a ``zone``, must be in its region (:func:`bucket_problem`)."""
+    probe_name = f".trajsft-preflight-{uuid.uuid4().hex}"
+    if not io.is_remote(storage_root) or storage_root.startswith("file://"):
+        root = Path(storage_root.removeprefix("file://")).expanduser().absolute()
+        here = root  # a root not made yet: where its first directory would be made (nothing is created)
+        while not here.exists() and here != here.parent:
+            here = here.parent
+        if not here.is_dir():
+            return f"storage root {storage_root} is not writable: {here} is not a directory"
+        try:
+            p = here / probe_name
+            p.write_bytes(b"ok")
+            p.unlink()
+        except OSError as e:
+            fault = io.write_fault(e)
+            if fault:
+                return io.fault_line(storage_root, fault[0])
+            return f"storage root {storage_root} is not writable: {e.strerror or e}"
+        return None
+    # without this, gcsfs retries the failed connection with backoff for about a minute
+    why = unreachable(storage_root, min(3.0, timeout_s))
+    if why:
+        return f"storage root {storage_root} unreachable: {why}"
+    endpoint = custom_endpoint(storage_root)
+
+    result: list[str | None] = []
+    bucket = storage_root.split("://", 1)[1].split("/", 1)[0]
+
+    def work() -> None:
+        try:
+            import fsspec
+
+            fs, path = fsspec.core.url_to_fs(storage_root)
+            target = path.rstrip("/") + "/" + probe_name
+            fs.pipe_file(target, b"ok")
+            with contextlib.suppress(FileNotFoundError):  # a retried delete the server had done (a dropped answer)
+                fs.rm_file(target)
+            if zone and storage_root.startswith("gs://"):
+                meta = fs.call("GET", "b/{}", bucket, json_out=True)
+                result.append(bucket_problem(storage_root, zone, meta.get("location"), meta.get("locationType")))
+                return
+            result.append(None)
+        except FileNotFoundError:  # gcsfs: the upload URL answered 404
+            where = endpoint[0] if endpoint else "the default endpoint"
+            result.append(f"storage root {storage_root} is not writable: no bucket {bucket} at {where}")
+        except Exception as e:  # noqa: BLE001 - report anything as a problem line
+            result.append(f"storage root {storage_root} is not writable: {type(e).__name__}: {e}")
+
+    t = threading.Thread(target=work, daemon=True)
+    t.start()
+    t.join(timeout_s)
+    if not result:
+        return f"storage root {storage_root}: write probe timed out after {timeout_s:g}s (credentials? `gcloud auth application-default login`)"
+    return result[0]
 
 
 def where(plan, art) -> list[str]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import threading
 import uuid
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -108,66 +107,6 @@ def nodes_on_this_machine(address: str, auth_token: str | None = None, timeout_s
     if not isinstance(names, list) or not names:
         return None
     return set(names) == {socket.gethostname()}
-
-
-def bucket_problem(storage_root: str, zone: str | None, location: str | None, location_type: str | None) -> str | None:
-    """One line when a one-region bucket is not in the region of the profile's ``ray.zone`` (multi- and dual-region
-    buckets pass: they are no one region's)."""
-    if not zone or not location or (location_type or "").lower() != "region":
-        return None
-    if location.lower() == gce.region_of(zone):
-        return None
-    return (f"storage root {storage_root} is in {location} (its bucket's location), but this profile's cluster is in "
-            f"{zone} (ray.zone): every read and checkpoint would cross regions; use a bucket in "
-            f"{gce.region_of(zone)}, nothing was submitted")
-
-
-def _check_storage(storage_root: str, timeout_s: float, zone: str | None = None) -> str | None:
-    probe_name = f".trajsft-preflight-{uuid.uuid4().hex}"
-    if "://" not in storage_root or storage_root.startswith("file://"):
-        root = Path(storage_root.removeprefix("file://")).expanduser()
-        try:
-            root.mkdir(parents=True, exist_ok=True)
-            p = root / probe_name
-            p.write_bytes(b"ok")
-            p.unlink()
-        except OSError as e:
-            return f"storage root {storage_root} is not writable: {e.strerror or e}"
-        return None
-    # without this, gcsfs retries the failed connection with backoff for about a minute
-    why = storage.unreachable(storage_root, min(3.0, timeout_s))
-    if why:
-        return f"storage root {storage_root} unreachable: {why}"
-    endpoint = storage.custom_endpoint(storage_root)
-
-    result: list[str | None] = []
-    bucket = storage_root.split("://", 1)[1].split("/", 1)[0]
-
-    def work() -> None:
-        try:
-            import fsspec
-
-            fs, path = fsspec.core.url_to_fs(storage_root)
-            target = path.rstrip("/") + "/" + probe_name
-            fs.pipe_file(target, b"ok")
-            fs.rm_file(target)
-            if zone and storage_root.startswith("gs://"):
-                meta = fs.call("GET", "b/{}", bucket, json_out=True)
-                result.append(bucket_problem(storage_root, zone, meta.get("location"), meta.get("locationType")))
-                return
-            result.append(None)
-        except FileNotFoundError:  # gcsfs: the upload URL answered 404
-            where = endpoint[0] if endpoint else "the default endpoint"
-            result.append(f"storage root {storage_root} is not writable: no bucket {bucket} at {where}")
-        except Exception as e:  # noqa: BLE001 - report anything as a problem line
-            result.append(f"storage root {storage_root} is not writable: {type(e).__name__}: {e}")
-
-    t = threading.Thread(target=work, daemon=True)
-    t.start()
-    t.join(timeout_s)
-    if not result:
-        return f"storage root {storage_root}: write probe timed out after {timeout_s:g}s (credentials? `gcloud auth application-default login`)"
-    return result[0]
 
 
 def our_ray_version() -> str:
@@ -373,7 +312,7 @@ def preflight(
     try:
         cluster = pool.submit(_check_cluster, address, auth_token, timeout_s, resources, notes, tunnel_hint,
                               probe, zone)
-        store = pool.submit(_check_storage, storage_root, storage_timeout_s, zone if probe else None)
+        store = pool.submit(storage.probe_write, storage_root, storage_timeout_s, zone if probe else None)
         problems.extend(cluster.result())
         err = store.result()
     finally:

@@ -510,5 +510,13 @@ class Plan:
         return f"checkpoints/{target}/done"
 
     @staticmethod
+    def done_hash(path: str) -> str | None:
+        """The run hash a done marker was written for (None: no marker, or unreadable)."""
+        try:
+            return json.loads(Path(path).read_text()).get("hash") or None
+        except (OSError, ValueError, AttributeError):
+            return None
+
+    @staticmethod
     def evals_done_path(target: str) -> str:
         return f"evals/{target}/done"
