@@ -92,3 +92,23 @@ def test_a_log_handler_that_cannot_write_prints_no_logging_error_block(tmp_path,
         assert "--- Logging error ---" in capfd.readouterr().err
     finally:
         logging.raiseExceptions = True
+
+
+def test_a_rules_one_line_reaches_the_terminal_once_and_its_log_file(tmp_path, capfd):
+    """The rule's line goes bare to stderr once (Snakemake then shows the rule's log: show-failed-logs), not also
+    through the log's stream handler; the rule's log file keeps it with its time."""
+    from trajsft import rule_job
+
+    logs.setup(str(tmp_path / "rule.log"))
+    line = "trajsft train demo: the training could not write: the storage root /r is full: No space left on device"
+    try:
+        with pytest.raises(SystemExit) as e:
+            rule_job._exit_in_one_line(line)
+        assert e.value.code == 1
+        assert capfd.readouterr().err.splitlines() == [line]
+        [kept] = (tmp_path / "rule.log").read_text().splitlines()
+        assert kept.endswith(f" ERROR trajsft: {line}")
+    finally:
+        for h in list(logging.getLogger().handlers):
+            logging.getLogger().removeHandler(h)
+            h.close()

@@ -121,12 +121,17 @@ def run_rule(snakemake) -> None:
 
 
 def _exit_in_one_line(msg: str, linked_rule_log: str | None = None) -> None:
-    """A user error: its line to the log and stderr, exit 1. ``linked_rule_log``: a training's rule log, a link to
+    """A user error: its line to the rule's log file and, once, to stderr; exit 1. ``linked_rule_log``: a training's rule log, a link to
     the run's whole training log (trajsft.train.target.link_rule_log), which Snakemake shows on a failure
     (show-failed-logs): for a storage fault it becomes the one line instead (the training's log, named in the line,
     keeps everything; the next attempt links the rule log again)."""
-    log.error(msg)
-    print(msg, file=sys.stderr)
+    from . import logs
+
+    record = log.makeRecord(log.name, logging.ERROR, __file__, 0, msg, None, None)
+    for h in logging.getLogger().handlers:  # the rule's log file; stderr gets the line once, below, bare
+        if isinstance(h, logging.FileHandler):
+            h.handle(record)
+    print(logs.redact(msg), file=sys.stderr)
     with contextlib.suppress(OSError):
         if linked_rule_log and os.path.islink(linked_rule_log):
             os.unlink(linked_rule_log)
