@@ -118,6 +118,13 @@ def test_preflight_and_plan_say_the_root_and_what_the_run_writes(tmp_path):
     space = entry["storage"]
     assert p.returncode == 0 and space["root"] == str(root) and space["problem"] is None
     assert space["writes_bytes"] == sum(w["bytes"] for w in space["writes"]) > 0 and space["free_bytes"] > 0
+    assert space["target_writes"] == space["writes"] and space["target_writes_bytes"] == space["writes_bytes"]
+    # two targets sharing the 8B student's snapshot: each one's share counts it, the plan's total once
+    p = _cli(tmp_path, "plan", "minimax-m2.5", "gemini-3-flash", "--json", "--storage-root", str(root))
+    a, b = (e["storage"] for e in json.loads(p.stdout))
+    [model] = [w for w in a["writes"] if w["kind"] == "models"]
+    assert model in a["target_writes"] and model in b["target_writes"]
+    assert a["writes_bytes"] == a["target_writes_bytes"] + b["target_writes_bytes"] - model["bytes"]
     (tmp_path / "file").write_text("")
     p = _cli(tmp_path, "preflight", "--storage-root", str(tmp_path / "file" / "root"))
     assert p.returncode == 1 and p.stdout == "" and p.stderr.splitlines() == [

@@ -205,7 +205,8 @@ def cmd_plan(args) -> int:
     plan = _load(args)
     targets = args.targets or plan.cfg["default_targets"]
     out = []
-    for tc in _trainings(plan, targets):
+    trainings = _trainings(plan, targets)
+    for tc in trainings:
         t = tc.target
         rows = []
         # the training chain, then the export and the next-action scores (built on request: snakemake
@@ -245,12 +246,14 @@ def cmd_plan(args) -> int:
     from . import storage
     from .fit import disk
 
-    trainings = _trainings(plan, targets)
     online = not (args.offline and io.is_remote(plan.root))  # --offline: a bucket is not asked
     space = disk.check(plan.root, trainings, probe=online, look=online)
     if args.json:
-        for t, tc in zip(out, trainings):
-            t["storage"] = {**{k: v for k, v in space.items() if k != "lines"}, **_footprint(tc)}
+        for t in out:  # the target's own share: the writes of its artifacts (shared data counted in full)
+            mine = {a["name"] for a in t["artifacts"]}
+            writes = None if space["writes"] is None else [w for w in space["writes"] if w["name"] in mine]
+            t["storage"] = {**{k: v for k, v in space.items() if k != "lines"}, "target_writes": writes,
+                            "target_writes_bytes": None if writes is None else sum(w["bytes"] for w in writes)}
         print(json.dumps(out, indent=2))
         return 0
 
@@ -289,17 +292,6 @@ def cmd_plan(args) -> int:
     if space["problem"]:  # said, as a root that does not answer is per row: the plan itself is shown
         print(f"trajsft plan: {space['problem']}", file=sys.stderr)
     return 0
-
-
-def _footprint(tc) -> dict:
-    """One target's own share of what is written (its shared data counted in full)."""
-    from .fit import disk
-
-    try:
-        fp = disk.estimate([tc])
-    except (DataError, C.ConfigError):  # said once, in the storage line
-        return {"target_writes_bytes": None, "target_writes": None}
-    return {"target_writes_bytes": fp.total, "target_writes": [i.__dict__ for i in fp.items]}
 
 
 def _held_out(plan: C.Plan, teacher: str) -> str:

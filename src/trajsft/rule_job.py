@@ -121,10 +121,10 @@ def run_rule(snakemake) -> None:
 
 
 def _exit_in_one_line(msg: str, linked_rule_log: str | None = None) -> None:
-    """A user error: its line to the rule's log file and, once, to stderr; exit 1. ``linked_rule_log``: a training's rule log, a link to
-    the run's whole training log (trajsft.train.target.link_rule_log), which Snakemake shows on a failure
-    (show-failed-logs): for a storage fault it becomes the one line instead (the training's log, named in the line,
-    keeps everything; the next attempt links the rule log again)."""
+    """A user error: its line to the rule's log file and, once, to stderr; exit 1. ``linked_rule_log``: a
+    training's rule log, a link to the run's whole training log (trajsft.train.target.link_rule_log), which
+    Snakemake shows on a failure (show-failed-logs): for a storage fault it becomes the one line instead (the
+    training's log, named in the line, keeps everything; the next attempt links the rule log again)."""
     from . import logs
 
     record = log.makeRecord(log.name, logging.ERROR, __file__, 0, msg, None, None)

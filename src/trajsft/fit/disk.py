@@ -112,16 +112,15 @@ def estimate(trainings: list[TrainConfig], *, look: bool = True) -> Footprint:
     fp, seen = Footprint(), set()
     for cfg in trainings:
         params = parameters(cfg)
-        todo: list[tuple] = []
+        todo: list[tuple] = []  # (artifact, its items; None: the run's, worked out only if it is to be written)
         if cfg.model is not None:
-            todo.append((cfg.model, lambda: [Item("models", cfg.model.name, params * 2,
-                                                  f"{params} parameters in bfloat16")]))
+            todo.append((cfg.model, [Item("models", cfg.model.name, params * 2, f"{params} parameters in bfloat16")]))
+        seq = int(cfg.run.spec["training"]["seq_len"])
         for teacher, tok in cfg.tokenized.items():
-            rows, seq = int(cfg.run.spec["rows"][teacher]), int(cfg.run.spec["training"]["seq_len"])
-            todo.append((tok, lambda tok=tok, rows=rows, seq=seq: [
-                Item("tokenized", tok.name, rows * seq * TOKEN_BYTES,
-                     f"at most {rows} rows x {seq} tokens x {TOKEN_BYTES} bytes")]))
-        todo.append((cfg.run, lambda cfg=cfg, params=params: _run_items(cfg, params)))
+            rows = int(cfg.run.spec["rows"][teacher])
+            todo.append((tok, [Item("tokenized", tok.name, rows * seq * TOKEN_BYTES,
+                                    f"at most {rows} rows x {seq} tokens x {TOKEN_BYTES} bytes")]))
+        todo.append((cfg.run, None))
         for art, items in todo:
             key = (art.kind, art.name)
             if key in seen:
@@ -130,7 +129,7 @@ def estimate(trainings: list[TrainConfig], *, look: bool = True) -> Footprint:
             if look and storage.where_in([storage.absolute(cfg.workflow["storage_root"])], art):
                 fp.present.append(f"{art.kind}/{art.name}")
                 continue
-            fp.items.extend(items())
+            fp.items.extend(items if items is not None else _run_items(cfg, params))
     return fp
 
 
