@@ -155,23 +155,26 @@ class RayHead:
                 continue
         return out
 
-    def stop(self, timeout: float = 20.0) -> None:
+    def stop(self, timeout: float = 20.0, graceful: bool = True) -> None:
+        """SIGTERM the head and wait ``timeout`` s for it, then end what is left of its processes (and of any carrying
+        its marker); ``graceful=False``: SIGKILL them all at once (a cluster no test reads after)."""
         if self._stopped:
             return
         self._stopped = True
         tree = self._tree()
         tree.update(self._marked())
-        with contextlib.suppress(ProcessLookupError):
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            pass
-        time.sleep(0.5)
+        if graceful:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                pass
+            time.sleep(0.5)
         left = {pid: p for pid, p in {**tree, **self._marked()}.items() if p.is_running()}
         for p in left.values():
             with contextlib.suppress(psutil.Error):
-                p.terminate()
+                p.terminate() if graceful else p.kill()
         _, alive = psutil.wait_procs(list(left.values()), timeout=5)
         for p in alive:
             with contextlib.suppress(psutil.Error):

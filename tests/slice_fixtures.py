@@ -276,7 +276,7 @@ class EmulatedCluster:
         # does), then the head, which also kills whatever is left carrying its marker
         for key in list(self.hosts):
             _kill_group(self.hosts.pop(key).proc)
-        self.head.stop(timeout=5.0)
+        self.head.stop(graceful=False)
         while self.metadata_servers:
             self.metadata_servers.pop().stop()
 

@@ -38,7 +38,7 @@ pytestmark = pytest.mark.integration
 
 # the fit check compiles each distinct run's step; it is on in test_preflight_refuses_a_step_that_does_not_fit
 # the hosts run the job without the profile's pip requirements (envs/tpu-requirements.txt): that runtime env
-# (a copy of the venv per node) is exercised on both hosts of tests/test_multihost.py's end-to-end run
+# (a venv per node) is exercised on both hosts of tests/test_foreign_image.py's cluster, whose image holds only Ray
 SLICE = {"ray": {"tpu_type": "v5p-8", "fit_check": False, "pip_requirements": None}}
 
 
@@ -327,6 +327,11 @@ def _running_job(head, h, proc):
                     "the Ray job to run", proc)
 
 
+# the stop lands a few steps after the first checkpoint (step 3), after a status and a clusters call: well before 20
+# (evaluated every 2 steps: n // 10)
+RETRY_STEPS = 20
+
+
 def test_stopped_job_is_retried_then_a_kill9ed_snakemake_reattaches_to_the_retry(data, ray_head):
     """Two recoveries in one run (one Ray start-up fewer than two tests):
     1. the Ray job is stopped (as a lost driver would be): the profile's Snakemake retry submits a new
@@ -335,7 +340,7 @@ def test_stopped_job_is_retried_then_a_kill9ed_snakemake_reattaches_to_the_retry
        as "detached"), and the same command re-attaches to it instead of resubmitting."""
     wd = workdir(data, "retry")
     prof = profile(wd.parent / "retry-profile", ray_head.address, data[1],
-                        {"teachers": {"demo": {"training": {"max_steps": 24}}},  # the stop must land before the end
+                        {"teachers": {"demo": {"training": {"max_steps": RETRY_STEPS}}},
                          "checkpointing": {"keep_every_steps": 3, "save_interval_minutes": 600}})
     h = run_hash(wd, prof)
     a0, a1 = f"trajsft-{h}-a0", f"trajsft-{h}-a1"
@@ -345,7 +350,7 @@ def test_stopped_job_is_retried_then_a_kill9ed_snakemake_reattaches_to_the_retry
     job = _running_job(ray_head, h, p)
     wait_for(lambda: checkpoints.latest_checkpoint(ckdir), 600, "a checkpoint", p)
     row = status(wd, prof, ray_head)
-    assert row["state"] == "training running" and row["ray_job_id"] == a0 and row["steps_total"] == 24
+    assert row["state"] == "training running" and row["ray_job_id"] == a0 and row["steps_total"] == RETRY_STEPS
     c = json.loads(trajsft(wd, ray_head, "clusters", str(prof), "--json").stdout)[0]
     assert c["jobs"]["ours_running"] == [a0]
     assert cluster_jobs.stop(ray_head.address, job["submission_id"], 60, auth_token=ray_head.token) == "STOPPED"  # like a preemption
@@ -369,7 +374,7 @@ def test_stopped_job_is_retried_then_a_kill9ed_snakemake_reattaches_to_the_retry
     result = json.loads((run_dir / "training_result.json").read_text())
     assert result["resumed_from_step"] == resumed_from >= 1
     done = json.loads((wd / "checkpoints/demo/done").read_text())
-    assert done["steps"] == 24 and done["ray_job_id"] == a1
+    assert done["steps"] == RETRY_STEPS and done["ray_job_id"] == a1
     assert [a["outcome"] for a in attempts(run_dir)] == ["failed", "detached", "succeeded"], attempts(run_dir)
 
 
