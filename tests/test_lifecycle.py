@@ -22,7 +22,9 @@ from trajsft.train import checkpoints
 
 pytestmark = pytest.mark.integration
 
-OVER = {"teachers": {"demo": {"training": {"max_steps": 40}}},  # kills must land before the end
+# kills must land before the end: the last one a poll after the first checkpoint (step 3) is visible
+STEPS = 20
+OVER = {"teachers": {"demo": {"training": {"max_steps": STEPS}}},
         "checkpointing": {"keep_every_steps": 3, "save_interval_minutes": 600}}
 TRACEBACK = "Traceback (most recent call last)"
 
@@ -114,7 +116,7 @@ def test_rule_jobs_die_with_a_kill9ed_snakemake_and_the_rerun_finishes(tmp_path)
     time.sleep(3)
     assert not done.exists()
     ck = checkpoints.latest_checkpoint(ckpts)
-    assert 1 <= ck["completed_steps"] < 40
+    assert 1 <= ck["completed_steps"] < STEPS
     last = attempts(run_dir)[-1]
     assert last["outcome"] == "interrupted" and "Snakemake (run" in last["error"] and last.get("ended"), last
 
@@ -123,7 +125,7 @@ def test_rule_jobs_die_with_a_kill9ed_snakemake_and_the_rerun_finishes(tmp_path)
     res = run(wd, "checkpoints/demo/done", config=OVER_BIG)
     assert "another run_training holds" not in res.stdout + res.stderr
     d = json.loads(done.read_text())
-    assert d["steps"] == 40
+    assert d["steps"] == STEPS
     result = json.loads((run_dir / "training_result.json").read_text())
     assert result["resumed_from_step"] == ck["completed_steps"]
     assert [a["outcome"] for a in attempts(run_dir)] == ["failed", "interrupted", "interrupted", "succeeded"]

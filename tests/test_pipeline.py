@@ -275,11 +275,15 @@ def test_rerun_is_noop_and_finished_training_is_not_relaunched(demo):
     assert (after["hash"], after["steps"], after["hf_export"]) == (before["hash"], before["steps"], before["hf_export"])
 
 
+KILL_STEPS = 20  # the killed and resumed training's length
+
+
 def test_kill_and_resume(tmp_path):
     """SIGKILL mid-tokenize leaves nothing that looks complete; SIGKILL mid-training resumes."""
     wd = tmp_path
-    # 40 steps: the kill in 2. must land before the last step, also when checkpoints become visible late
-    over = {"teachers": {"demo": {"training": {"max_steps": 40}}},
+    # 20 steps: the kill in 2. lands a poll after the first checkpoint (step 3) is visible, well before the last step
+    # even when checkpoints become visible a few steps late (evaluated every 2 steps: n // 10)
+    over = {"teachers": {"demo": {"training": {"max_steps": KILL_STEPS}}},
             "checkpointing": {"keep_every_steps": 3, "save_interval_minutes": 600}}
     t = plan(wd, "demo", over)
     tok_dir = wd / [a for a in t["artifacts"] if a["kind"] == "tokenized"][0]["location"]
@@ -302,17 +306,17 @@ def test_kill_and_resume(tmp_path):
     kill_group(p)
     assert not (wd / "checkpoints/demo/done").exists()
     latest = checkpoints.latest_checkpoint(str(run_dir / "checkpoints"))
-    assert latest["completed_steps"] >= ck["completed_steps"] >= 1 and latest["completed_steps"] < 40
+    assert latest["completed_steps"] >= ck["completed_steps"] >= 1 and latest["completed_steps"] < KILL_STEPS
     [row] = json.loads(cli(wd, "status", "demo", "--json", "--configfile", str(wd / "test-overrides.yaml")).stdout)
     assert row["state"] == "failed" and row["cause"] == "killed (no end recorded)"
-    assert row["next"] == f"resume from step {latest['completed_steps']}" and row["steps_total"] == 40
+    assert row["next"] == f"resume from step {latest['completed_steps']}" and row["steps_total"] == KILL_STEPS
 
     # 3. rerun the same target: resumes from that checkpoint and finishes
     run(wd, "--unlock", config=over)
     run(wd, "checkpoints/demo/done", config=over)
     done = json.loads((wd / "checkpoints/demo/done").read_text())
     result = json.loads((run_dir / "training_result.json").read_text())
-    assert done["steps"] == 40
+    assert done["steps"] == KILL_STEPS
     assert result["resumed_from_step"] == latest["completed_steps"]
     resumed_log = (wd / "logs/train/demo.log").read_text()
     assert f"Resuming training from step {latest['completed_steps']}" in resumed_log
