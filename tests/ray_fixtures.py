@@ -174,7 +174,10 @@ class RayHead:
         left = {pid: p for pid, p in {**tree, **self._marked()}.items() if p.is_running()}
         for p in left.values():
             with contextlib.suppress(psutil.Error):
-                p.terminate() if graceful else p.kill()
+                if graceful:
+                    p.terminate()
+                else:
+                    p.kill()
         _, alive = psutil.wait_procs(list(left.values()), timeout=5)
         for p in alive:
             with contextlib.suppress(psutil.Error):
