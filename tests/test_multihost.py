@@ -37,8 +37,8 @@ from fake_hub import FakeHub, Repo
 from gcs_fixtures import Bucket, clear_fsspec_cache
 from pipeline_utils import REPO, kill_group, wait_for
 from wandb_stub import make_server as wandb_server
-from tpu_utils import (HF, WK, data_rules, jobs, make_profile, plan_of, run_hash, sm_cmd, sm_env, snakemake, status,
-                       workdir)
+from tpu_utils import (HF, WK, data_rules, jobs, make_profile, plan_of, run_hash, short_seq, sm_cmd, sm_env, snakemake,
+                       status, workdir)
 from trajsft.plan import step_configs
 from trajsft import io
 from trajsft.train import checkpoints
@@ -59,7 +59,7 @@ TPU = "v5p-16"  # 2 hosts x 4 chips
 BASE = {"ray": {"tpu_type": TPU, "failure_grace_seconds": 45, "fit_check": False, "pip_requirements": None}}
 
 
-PREEMPT_STEPS = 20  # the bucket scenario's training length (evaluated every 2 steps: n // 10)
+PREEMPT_STEPS = 30  # the bucket scenario's training length (evaluated every 3 steps: n // 10)
 HUB_REPO, HUB_SHA = "trajsft-test/tiny-qwen3", "89abcdef0123456789abcdef0123456789abcdef"
 
 
@@ -71,8 +71,10 @@ def hub_student() -> dict:
 
 
 def overrides(**training) -> dict:
-    return {**BASE, "teachers": {"demo": {"training": {"batch_size": 8, **training}}},
-            "checkpointing": {"keep_every_steps": 3, "save_interval_minutes": 600}}
+    """The demo on both hosts of the v5p-16 (a global batch of 8: one sequence per CPU device), on SHORT_SEQ_LEN
+    windows (tests/tpu_utils.py: a step 10x cheaper than at 1024 on CPU)."""
+    return short_seq({**BASE, "teachers": {"demo": {"training": {"batch_size": 8, **training}}},
+                      "checkpointing": {"keep_every_steps": 3, "save_interval_minutes": 600}})
 
 
 @pytest.fixture(scope="module")
@@ -239,8 +241,8 @@ def _wait_step_after(wd: Path, step: int, proc, timeout=600) -> int:
 def test_on_a_bucket_losses_resume_from_the_bucket_without_snakemake_retry(data, cluster, bucket, tmp_path):
     wd = workdir(data, "preempt")
     root = f"{bucket.url}/trajsft"
-    # 20 steps: the three losses land by about step 10 (a host loss after the first checkpoint, the slice's two steps
-    # after that attempt resumed), the job log trailing the trainer by a step or two; the last attempt trains the rest
+    # 30 steps: the three losses land by about step 15 (a host loss after the first checkpoint, the slice's two steps
+    # after that attempt resumed), the job log trailing the trainer by a few steps; the last attempt trains the rest
     over = overrides(max_steps=PREEMPT_STEPS)
     over = C.deep_merge(over, hub_student())
     # W&B online, at a stand-in on loopback: the profile's ray.env wins over the nodes' WANDB_MODE=offline

@@ -29,8 +29,8 @@ from fit_fixtures import ALIGNED, OVERSIZED
 from pipeline_utils import REPO, SNAKEMAKE, alive, attempts, kill9_snakemake_only, kill_group, rule_jobs, wait_for
 from slice_fixtures import host_image_without
 from wandb_stub import make_server as wandb_server
-from tpu_utils import (HF, WK, data_rules, jobs, make_profile, plan_of, run_hash, sm_cmd, sm_env, snakemake, status,
-                       trajsft, workdir)
+from tpu_utils import (HF, WK, data_rules, jobs, make_profile, plan_of, run_hash, short_seq, sm_cmd, sm_env, snakemake,
+                       status, trajsft, workdir)
 from trajsft.train import checkpoints
 from trajsft.cluster import jobs as cluster_jobs
 
@@ -204,8 +204,11 @@ def test_end_to_end_two_targets_at_once_and_no_secret_leaks(data, ray_head):
     assert row["hf_export"] == done["hf_export"] and row["checkpoint_dir"] == done["checkpoint_dir"]
     out = trajsft(wd, ray_head, "logs", "demo", "--profile", str(prof), "-n", "3")
     assert out.returncode == 0 and out.stdout.splitlines() == log.splitlines()[-3:]
-    out = trajsft(wd, ray_head, "clusters", str(prof), "--json")
-    [c] = json.loads(out.stdout)
+    # `clusters` counts both v5p-8 slices and, once the evaluation's last task has handed its lease back (Ray does it
+    # after the job's end, not before: seen taking seconds here), both free
+    c = wait_for(lambda: (c := json.loads(trajsft(wd, ray_head, "clusters", str(prof), "--json").stdout)[0])["tpu"]
+                 .get("TPU-v5p-8-head") == {"total": 2.0, "free": 2.0} and c, 60,
+                 "`trajsft clusters` to show both v5p-8 slices free after the jobs ended")
     assert c["reachable"] and c["tpu"]["TPU-v5p-8-head"] == {"total": 2.0, "free": 2.0}
     listing = json.dumps(jobs(ray_head))
     assert HF not in listing and WK not in listing and ray_head.token not in listing
@@ -327,9 +330,10 @@ def _running_job(head, h, proc):
                     "the Ray job to run", proc)
 
 
-# the stop lands a few steps after the first checkpoint (step 3), after a status and a clusters call: well before 20
-# (evaluated every 2 steps: n // 10)
-RETRY_STEPS = 20
+# the stop lands after the first checkpoint (step 3), a status and a clusters call: on SHORT_SEQ_LEN windows a step
+# and its checkpoint take well under a second, so the run is long enough to still be training then (evaluated every 6
+# steps: n // 10)
+RETRY_STEPS = 60
 
 
 def test_stopped_job_is_retried_then_a_kill9ed_snakemake_reattaches_to_the_retry(data, ray_head):
@@ -340,8 +344,8 @@ def test_stopped_job_is_retried_then_a_kill9ed_snakemake_reattaches_to_the_retry
        as "detached"), and the same command re-attaches to it instead of resubmitting."""
     wd = workdir(data, "retry")
     prof = profile(wd.parent / "retry-profile", ray_head.address, data[1],
-                        {"teachers": {"demo": {"training": {"max_steps": RETRY_STEPS}}},
-                         "checkpointing": {"keep_every_steps": 3, "save_interval_minutes": 600}})
+                   short_seq({"teachers": {"demo": {"training": {"max_steps": RETRY_STEPS}}},
+                              "checkpointing": {"keep_every_steps": 3, "save_interval_minutes": 600}}))
     h = run_hash(wd, prof)
     a0, a1 = f"trajsft-{h}-a0", f"trajsft-{h}-a1"
     run_dir = data[1] / "checkpoints" / f"demo-{h}"
@@ -415,8 +419,8 @@ def test_a_host_image_missing_a_package_fails_in_one_line_and_is_submitted_once(
     the image is fixed, `trajsft retry` and the next run trains."""
     wd = workdir(data, "image")
     prof = profile(wd.parent / "image-profile", slices.address, data[1],
-                   {"teachers": {"demo": {"training": {"batch_size": 8, "max_steps": 2}}},
-                    "ray": {**SLICE["ray"], "tpu_type": "v4-8"}})
+                   short_seq({"teachers": {"demo": {"training": {"batch_size": 8, "max_steps": 2}}},
+                              "ray": {**SLICE["ray"], "tpu_type": "v4-8"}}))
     h = run_hash(wd, prof)
     image = host_image_without(tmp_path / "image", "wandb")
     assert slices.complete_slices("v4-8") == []
