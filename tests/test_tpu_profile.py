@@ -403,6 +403,9 @@ def test_sigint_and_sigterm_to_snakemake_stop_their_ray_jobs(data, ray_head):
             if p.poll() is None:
                 kill_group(p)
     for sig, (wd, prof, h, p) in runs.items():
+        # the train rule's launcher got the signal from Snakemake (trajsft.runtime.signals forwards it) and said so
+        said = (wd / "snakemake.log").read_text()
+        assert f"got {sig.name}; stopping the Ray job" in said, (sig.name, said[-3000:])
         wait_for(lambda: [j["status"] for j in jobs(ray_head, h)] == ["STOPPED"], 120,
                  f"the Ray job of the {sig.name} run to be STOPPED")
         assert not (wd / "checkpoints/demo/done").exists(), sig.name
