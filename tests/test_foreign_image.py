@@ -26,16 +26,17 @@ import pytest
 
 from pipeline_utils import REPO
 from slice_fixtures import start_emulated_cluster
-from tpu_utils import data_rules, jobs, make_profile, run_hash, snakemake, workdir
+from tpu_utils import data_rules, jobs, make_profile, run_hash, short_seq, snakemake, workdir
 from trajsft.cluster import requirements, setup_failure
 
 pytestmark = pytest.mark.integration
 
 TPU = "v5p-16"
-OVERRIDES = {"ray": {"tpu_type": TPU, "fit_check": False, "failure_grace_seconds": 45},
-             # a run of its own: the data are the session's (tests/tpu_utils.py), and another test trains demo for 2
-             # steps of 8 on the shared cluster, whose finished run this job would find and not relaunch
-             "teachers": {"demo": {"training": {"batch_size": 8, "max_steps": 3}}}}
+OVERRIDES = short_seq({"ray": {"tpu_type": TPU, "fit_check": False, "failure_grace_seconds": 45},
+                       # a run of its own: the data are the session's (tests/tpu_utils.py), and another test trains demo
+                       # for 2 steps of 8 on the shared cluster, whose finished run this job would find and not relaunch;
+                       # on 256-token windows (short_seq): this test is about the hosts' Python, not the student
+                       "teachers": {"demo": {"training": {"batch_size": 8, "max_steps": 3}}}})
 
 
 @pytest.fixture(scope="module")
