@@ -141,6 +141,28 @@ def test_gce_preemption_check_is_bounded_and_false_off_gce(monkeypatch):
         tpus.get_current_tpu_is_preempted = original
 
 
+def test_the_hook_patches_levanter_when_it_is_imported_and_never_imports_it():
+    """A worker of the job that never uses Levanter (the driver's channel, a host task) does not import it for the
+    hook; one that does gets the bounded check, however it imports it."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys\n"
+        "from trajsft.cluster import hooks\n"
+        "hooks.setup(); hooks.setup()\n"
+        "assert not any(m.split('.')[0] == 'levanter' for m in sys.modules), 'imported by the hook'\n"
+        "assert sum(isinstance(f, hooks._AfterImport) for f in sys.meta_path) == 1\n"
+        "from levanter.infra.tpus import get_current_tpu_is_preempted as g\n"
+        "import levanter.infra.ray_tpu, levanter.infra.tpus as tpus\n"
+        "assert g is tpus.get_current_tpu_is_preempted is hooks.gce_preempted\n"
+        "assert tpus.__spec__.origin.endswith('levanter/infra/tpus.py') and callable(tpus.__loader__.get_source)\n"
+        "print('ok')\n")
+    p = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
+                       env={"PATH": "/usr/bin:/bin", "JAX_PLATFORMS": "cpu"})
+    assert p.returncode == 0 and p.stdout.strip() == "ok", p.stderr[-2000:]
+
+
 def _cfg(**ray):
     return {"executor": "ray", "storage_root": "results", "wandb": {"mode": "offline"},
             "ray": {"address": "http://127.0.0.1:1", "tpu_type": "v5p-32", **ray}}
