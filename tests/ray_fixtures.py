@@ -9,8 +9,8 @@ Usage in a test module::
         ray_head.token        # auth token (None when started with auth="disabled")
         ray_head.client_env() # {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": ...}
 
-``ray_head`` is session scoped: one ``ray start --head --block`` per pytest
-session, with custom resources ``{"TPU-v5p-32-head": 2, "TPU": 4}`` (two slice heads) by default,
+``ray_head`` is module scoped: one ``ray start --head --block`` per test module
+that asks for it, with custom resources ``{"TPU-v5p-32-head": 2, "TPU": 4}`` (two slice heads) by default,
 token auth (``RAY_AUTH_MODE=token`` + a random ``RAY_AUTH_TOKEN`` in the head's
 environment only; ``~/.ray/auth_token`` is never touched), a private short
 ``RAY_TMPDIR``/``--temp-dir`` (``/tmp/rt-XXXXXX``) and free non-default ports.
@@ -58,9 +58,13 @@ MARKER_ENV = "TRAJSFT_TEST_RAY_HEAD"
 # The GCS checks every node each second instead of every 3 s (RAY_health_check_period_ms; 5 failures in a row
 # still mark it dead, and each check may take Ray's default 10 s to answer): a SIGKILLed host refuses the
 # check at once, so a preemption is seen in ~5 s instead of ~15 s; a slow but live node is not declared dead.
+# Each node's log monitor lists its log directory every 0.5 s, not on each 0.1 s pass
+# (RAY_LOG_MONITOR_MANY_FILES_THRESHOLD=0: Ray's own setting for nodes with many log files): an idle 5-node
+# cluster's log monitors took 4.6 CPU-s a minute in all instead of 8; a new worker's first lines reach the job's
+# log up to 0.5 s later.
 TEST_HEAD_ENV = {"TRAJSFT_ALLOW_CPU_TRAINING": "1", "WANDB_MODE": "offline", "JAX_PLATFORMS": "cpu",
                  "HF_HUB_OFFLINE": "1", "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0", "RAY_memory_monitor_refresh_ms": "0",
-                 "RAY_health_check_period_ms": "1000"}
+                 "RAY_health_check_period_ms": "1000", "RAY_LOG_MONITOR_MANY_FILES_THRESHOLD": "0"}
 # Never let these reach the head (tests check the job gets them only via our
 # secret channel).
 _SCRUB_ENV = ("HF_TOKEN", "WANDB_API_KEY", "RAY_ADDRESS", "RAY_API_SERVER_ADDRESS",
@@ -297,31 +301,29 @@ def _wait_ready(head: RayHead, deadline: float) -> None:
     raise TimeoutError("Ray head not ready")
 
 
-_SHARED: dict = {"head": None, "refs": 0}
+_RUNNING: dict = {"head": None}  # the head while a module uses it (stopped at exit if pytest is interrupted)
 
 
-def _stop_shared_at_exit() -> None:
-    head = _SHARED.get("head")
+def _stop_running_at_exit() -> None:
+    head = _RUNNING.get("head")
     if head is not None:
         head.stop()
 
 
-atexit.register(_stop_shared_at_exit)
+atexit.register(_stop_running_at_exit)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def ray_head():
-    """One real Ray head per pytest session (shared even if several modules import this)."""
-    if _SHARED["head"] is None:
-        _SHARED["head"] = start_ray_head(extra_env=TEST_HEAD_ENV)
-    _SHARED["refs"] += 1
+    """A real Ray head for the module's tests, stopped after its last one: an idle head (GCS, raylet, dashboard
+    and its agents, log monitor) takes about 8 CPU-seconds a minute, which it would take from every later module
+    of the session; starting one takes a few seconds."""
+    head = _RUNNING["head"] = start_ray_head(extra_env=TEST_HEAD_ENV)
     try:
-        yield _SHARED["head"]
+        yield head
     finally:
-        _SHARED["refs"] -= 1
-        if _SHARED["refs"] == 0 and _SHARED["head"] is not None:
-            head, _SHARED["head"] = _SHARED["head"], None
-            head.stop()
+        _RUNNING["head"] = None
+        head.stop()
 
 
 @pytest.fixture

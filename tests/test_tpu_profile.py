@@ -44,8 +44,8 @@ SLICE = {"ray": {"tpu_type": "v5p-8", "fit_check": False, "pip_requirements": No
 
 @pytest.fixture
 def ray_head(slices):
-    """The head of the session's emulated cluster (tests/slice_fixtures.py; overrides the session-wide
-    single-node head): this module's jobs ask for a v5p-8 and get one of its two single-host slices."""
+    """The head of the session's emulated cluster (tests/slice_fixtures.py; overrides the single-node head of
+    tests/ray_fixtures.py): this module's jobs ask for a v5p-8 and get one of its two single-host slices."""
     return slices.head
 
 
