@@ -393,3 +393,45 @@ def test_preflight_fit_check_switch_missing_libtpu_and_refusal(monkeypatch, capl
     with caplog.at_level("WARNING", logger="trajsft"):
         assert submit.fit_or_raise(step_configs.train(_ray_plan(), "minimax-m2.5"), lev) is None
     assert any("fit check skipped: libtpu is not installed" in r.getMessage() for r in caplog.records)
+
+
+def test_one_compile_of_a_setting_at_a_time_the_others_read_its_result(tmp_path, monkeypatch):
+    """Two callers of one setting at once (two check_fit jobs, two test workers): one compiles, the other waits
+    for it and reads its result; the compiler child (stood in for here) runs once."""
+    import threading
+
+    monkeypatch.setenv("TRAJSFT_FIT_CACHE", str(tmp_path / "machine"))
+    monkeypatch.chdir(tmp_path)  # the run's copy goes to results/fit/ under the working directory
+    monkeypatch.setattr(F, "require_libtpu", lambda: {"jax": "0.7.2", "jaxlib": "0.7.2", "libtpu": "0.0.23",
+                                                       "levanter": "1.2.dev1644"})
+    cfg = step_configs.train(C.Plan(C.load([C.DEFAULT_CONFIG], {"storage_root": str(tmp_path / "root")}),
+                                    base_dir=tmp_path), "minimax-m2.5")
+    lev = {"trainer": {}, "model": {}}
+    children = []
+
+    def compiler(argv, **kw):  # the child: takes a while, then writes its figures
+        children.append(argv)
+        time.sleep(1.0)
+        Path(argv[-1]).write_text(json.dumps({"ok": True, "devices": 16}))
+        return subprocess.CompletedProcess(argv, 0)
+
+    monkeypatch.setattr(F.subprocess, "run", compiler)
+    setting = F.Setting("minimax-m2.5", "v5p-32", 16)
+    out: list[dict] = []
+    errors: list[BaseException] = []
+
+    def caller():
+        try:
+            out.append(F.compile_setting(cfg, setting, lev))
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    callers = [threading.Thread(target=caller) for _ in range(2)]
+    for t in callers:
+        t.start()
+    for t in callers:
+        t.join(30)
+    assert not errors, errors
+    assert len(children) == 1 and children[0][-3:-2] == ["trajsft.fit.compile"], children
+    assert sorted(o["cached"] for o in out) == [False, True]
+    assert all(o["ok"] and o["devices"] == 16 and o["tpu_type"] == "v5p-32" for o in out), out

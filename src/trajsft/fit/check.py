@@ -15,6 +15,7 @@ not part of the key (they change the estimate, not the compile).
 from __future__ import annotations
 
 import copy
+import fcntl
 import json
 import logging
 import os
@@ -199,6 +200,22 @@ def compile_setting(cfg: TrainConfig, setting: Setting, lev: dict, *, log_path: 
     v = require_libtpu()
     path = result_path(cfg, setting, v)
     shared = shared_cache(path.stem)
+    out = _cached_copy(path, shared)
+    if out is not None:
+        return out
+    # one compile of a setting at a time on this machine (two check_fit jobs, two test workers): the others wait
+    # for it, then read its result
+    shared.parent.mkdir(parents=True, exist_ok=True)
+    with open(shared.parent / f".{shared.stem}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        out = _cached_copy(path, shared)
+        if out is not None:
+            return out
+        return _compile(cfg, setting, lev, path, shared, log_path)
+
+
+def _cached_copy(path: Path, shared: Path) -> Optional[dict]:
+    """The cached result of a setting (the run's copy, else the machine's, copied to the run), or None."""
     for src in (path, shared):
         out = _read(src)
         if out is not None:
@@ -206,6 +223,11 @@ def compile_setting(cfg: TrainConfig, setting: Setting, lev: dict, *, log_path: 
                 io.write_json(path, out)
             out["cached"] = True
             return out
+    return None
+
+
+def _compile(cfg: TrainConfig, setting: Setting, lev: dict, path: Path, shared: Path,
+             log_path: Optional[Path]) -> dict:
     req = levanter_request(cfg, setting, lev)
     path.parent.mkdir(parents=True, exist_ok=True)
     log_path = log_path or path.with_suffix(".log")
