@@ -15,7 +15,6 @@ and a few hundred MB.
 from __future__ import annotations
 
 import importlib.abc
-import importlib.machinery
 import logging
 import sys
 import types
@@ -56,7 +55,7 @@ class _Loader(importlib.abc.Loader):
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):
-    """Finds ``name`` with the finders after it and has ``after(module)`` run once the module has executed."""
+    """Finds ``name`` with the other finders and has ``after(module)`` run once the module has executed."""
 
     def __init__(self, name: str, after: Callable[[types.ModuleType], None]):
         self.name, self.after = name, after
@@ -64,9 +63,15 @@ class _AfterImport(importlib.abc.MetaPathFinder):
     def find_spec(self, fullname, path, target=None):
         if fullname != self.name:
             return None
-        spec = importlib.machinery.PathFinder.find_spec(fullname, path, target)
-        if spec is None or spec.loader is None:
+        for finder in sys.meta_path:  # as the import system would without this finder (e.g. an editable install's)
+            find = getattr(finder, "find_spec", None) if finder is not self else None
+            spec = find(fullname, path, target) if find else None
+            if spec is not None:
+                break
+        else:
             return None
+        if spec.loader is None:
+            return spec
         spec.loader = _Loader(spec.loader, self.after)
         return spec
 
