@@ -124,6 +124,9 @@ class EmulatedCluster:
         self.hosts_started.append((slice_name, worker))
         temp.mkdir()
         cmd.append(f"--temp-dir={temp}")
+        # and its own disk for Hugging Face's cache: the hosts of a slice each fetch a gs:// checkpoint's config.json
+        # into it at once (sharing one, a host once read the file another was writing: empty JSON)
+        env["HF_HOME"] = str(temp / "hf-home")
         log_path = self.head.temp_dir / f"host-{slice_name}-{worker}.log"
         with open(log_path, "wb") as logf:
             proc = subprocess.Popen(cmd, env=env, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,

@@ -151,7 +151,8 @@ def test_the_hook_patches_levanter_when_it_is_imported_and_never_imports_it():
         "import sys\n"
         "from trajsft.cluster import hooks\n"
         "hooks.setup(); hooks.setup()\n"
-        "assert not any(m.split('.')[0] == 'levanter' for m in sys.modules), 'imported by the hook'\n"
+        "assert [m for m in sys.modules if m.split('.')[0] == 'levanter'] == ['levanter'], 'imported by the hook'\n"
+        "assert '__version__' not in vars(sys.modules['levanter']), 'its __init__ ran'\n"
         "assert sum(isinstance(f, hooks._AfterImport) for f in sys.meta_path) == 1\n"
         "from levanter.infra.tpus import get_current_tpu_is_preempted as g\n"
         "import levanter.infra.ray_tpu, levanter.infra.tpus as tpus\n"
@@ -161,6 +162,40 @@ def test_the_hook_patches_levanter_when_it_is_imported_and_never_imports_it():
     p = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
                        env={"PATH": "/usr/bin:/bin", "JAX_PLATFORMS": "cpu"})
     assert p.returncode == 0 and p.stdout.strip() == "ok", p.stderr[-2000:]
+
+
+def test_the_hook_makes_levanter_lazy_for_the_processes_that_only_schedule():
+    """run_on_pod's processes (the driver, its task, slice and host actors) import levanter.infra.ray_tpu without the
+    package's __init__ (JAX, datasets, transformers); the first import of any other module of Levanter, or of an
+    attribute the __init__ sets, runs it first, as an import without the hook would."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys\n"
+        "from trajsft.cluster import hooks\n"
+        "hooks.setup(); hooks.setup()\n"
+        "assert sum(isinstance(f, hooks._LazyPackage) for f in sys.meta_path) == 1\n"
+        "import levanter.infra.ray_tpu\n"
+        "from levanter.infra.ray_tpu import run_on_pod_ray\n"
+        "from levanter.infra.tpus import get_current_tpu_is_preempted as g\n"
+        "assert g is hooks.gce_preempted\n"
+        "heavy = [m for m in ('jax', 'transformers', 'datasets', 'equinox', 'levanter.trainer') if m in sys.modules]\n"
+        "assert heavy == [], heavy\n"
+        "assert 'analysis' not in vars(sys.modules['levanter'])\n"
+        "if sys.argv[1] == 'attribute':\n"
+        "    import levanter\n"
+        "    assert levanter.__version__ and levanter.initialize is levanter.trainer.initialize\n"
+        "else:\n"
+        "    import levanter.checkpoint\n"
+        "    import levanter\n"
+        "assert 'levanter.trainer' in sys.modules and '__getattr__' not in vars(levanter)\n"
+        "assert levanter.analysis is sys.modules['levanter.analysis'] and levanter.infra.ray_tpu.run_on_pod_ray is run_on_pod_ray\n"
+        "print('ok')\n")
+    for how in ("attribute", "module"):
+        p = subprocess.run([sys.executable, "-c", probe, how], capture_output=True, text=True, timeout=120,
+                           env={"PATH": "/usr/bin:/bin", "JAX_PLATFORMS": "cpu"})
+        assert p.returncode == 0 and p.stdout.strip() == "ok", (how, p.stderr[-2000:])
 
 
 def _cfg(**ray):

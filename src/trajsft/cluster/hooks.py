@@ -10,11 +10,20 @@ The replacement is made when ``levanter.infra.tpus`` is imported, not by importi
 job's workers (the driver's channel, the host tasks, Ray's spare workers) never use Levanter, and
 importing it (all of ``levanter``: JAX, datasets, equinox) costs each of them about 3 CPU-seconds
 and a few hundred MB.
+
+The workers that do use it mostly schedule: the driver calls ``run_on_pod``, and the workers of its task,
+its slice actors and its host actors run code of ``levanter.infra.ray_tpu``. That module needs none of
+the ML stack, but importing it runs ``levanter/__init__.py``, which imports all of it. ``setup`` makes the
+``levanter`` package lazy: its ``__init__`` runs on the first import of a module outside
+:data:`SCHEDULING_MODULES`, or the first attribute asked of the package that is not a submodule, so a
+process that only schedules never runs it, and any other sees the package exactly as before. Measured
+here: ``import levanter.infra.ray_tpu`` 0.5 CPU-s so, 3.5 without.
 """
 
 from __future__ import annotations
 
 import importlib.abc
+import importlib.util
 import logging
 import sys
 import types
@@ -23,6 +32,10 @@ from typing import Callable
 log = logging.getLogger(__name__)
 
 TARGET = "levanter.infra.tpus"
+PACKAGE = "levanter"
+# what run_on_pod's processes import of Levanter: imported without the package's __init__
+SCHEDULING_MODULES = frozenset({"levanter.infra", "levanter.infra.ray_tpu", "levanter.infra.docker",
+                                "levanter.infra.tpus", "levanter.utils", "levanter.utils.ray_utils"})
 
 
 def gce_preempted(timeout_s: float = 2.0) -> bool:
@@ -84,5 +97,49 @@ def after_import(name: str, after: Callable[[types.ModuleType], None]) -> None:
         sys.meta_path.insert(0, _AfterImport(name, after))
 
 
+class _LazyPackage(importlib.abc.MetaPathFinder):
+    """Runs the package's ``__init__`` before the first import of one of its modules not in ``light``."""
+
+    def __init__(self, module: types.ModuleType, light: frozenset[str]):
+        self.module, self.light, self.done = module, light, False
+
+    def init(self) -> None:
+        if self.done:
+            return
+        self.done = True
+        self.module.__dict__.pop("__getattr__", None)
+        try:
+            self.module.__spec__.loader.exec_module(self.module)
+        except BaseException:
+            sys.modules.pop(self.module.__name__, None)  # as a failed import leaves it: the next import retries
+            raise
+
+    def find_spec(self, fullname, path, target=None):
+        if not self.done and fullname.startswith(self.module.__name__ + ".") and fullname not in self.light:
+            self.init()
+        return None  # the other finders find it
+
+
+def lazy_package(name: str, light: frozenset[str]) -> None:
+    """Put package ``name`` in ``sys.modules`` without running its ``__init__``, which runs before the first
+    import of one of its modules not in ``light``, or on the first attribute of the package that is not set."""
+    if name in sys.modules or any(isinstance(f, _LazyPackage) and f.module.__name__ == name for f in sys.meta_path):
+        return
+    spec = importlib.util.find_spec(name)
+    if spec is None or spec.loader is None or spec.submodule_search_locations is None:
+        return  # not installed (the hook must not fail a worker for it), or not a package
+    module = importlib.util.module_from_spec(spec)
+    finder = _LazyPackage(module, light)
+
+    def __getattr__(attr: str):
+        finder.init()
+        return getattr(module, attr)
+
+    module.__getattr__ = __getattr__
+    sys.modules[name] = module
+    sys.meta_path.insert(0, finder)
+
+
 def setup() -> None:
+    lazy_package(PACKAGE, SCHEDULING_MODULES)
     after_import(TARGET, patch)
