@@ -144,9 +144,6 @@ def test_gce_preemption_check_is_bounded_and_false_off_gce(monkeypatch):
 def test_the_hook_patches_levanter_when_it_is_imported_and_never_imports_it():
     """A worker of the job that never uses Levanter (the driver's channel, a host task) does not import it for the
     hook; one that does gets the bounded check, however it imports it."""
-    import subprocess
-    import sys
-
     probe = (
         "import sys\n"
         "from trajsft.cluster import hooks\n"
@@ -159,18 +156,13 @@ def test_the_hook_patches_levanter_when_it_is_imported_and_never_imports_it():
         "assert g is tpus.get_current_tpu_is_preempted is hooks.gce_preempted\n"
         "assert tpus.__spec__.origin.endswith('levanter/infra/tpus.py') and callable(tpus.__loader__.get_source)\n"
         "print('ok')\n")
-    p = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
-                       env={"PATH": "/usr/bin:/bin", "JAX_PLATFORMS": "cpu"})
-    assert p.returncode == 0 and p.stdout.strip() == "ok", p.stderr[-2000:]
+    _in_a_fresh_python(probe)
 
 
 def test_the_hook_makes_levanter_lazy_for_the_processes_that_only_schedule():
     """run_on_pod's processes (the driver, its task, slice and host actors) import levanter.infra.ray_tpu without the
     package's __init__ (JAX, datasets, transformers); the first import of any other module of Levanter, or of an
     attribute the __init__ sets, runs it first, as an import without the hook would."""
-    import subprocess
-    import sys
-
     probe = (
         "import sys\n"
         "from trajsft.cluster import hooks\n"
@@ -193,9 +185,27 @@ def test_the_hook_makes_levanter_lazy_for_the_processes_that_only_schedule():
         "assert levanter.analysis is sys.modules['levanter.analysis'] and levanter.infra.ray_tpu.run_on_pod_ray is run_on_pod_ray\n"
         "print('ok')\n")
     for how in ("attribute", "module"):
-        p = subprocess.run([sys.executable, "-c", probe, how], capture_output=True, text=True, timeout=120,
-                           env={"PATH": "/usr/bin:/bin", "JAX_PLATFORMS": "cpu"})
-        assert p.returncode == 0 and p.stdout.strip() == "ok", (how, p.stderr[-2000:])
+        _in_a_fresh_python(probe, how)
+    # Snakemake's preflight and a rule's launcher read a slice's shape the same way, without the ML stack
+    settings = (
+        "import sys\n"
+        "from trajsft.cluster import single_host, slices, submit\n"
+        "assert submit.ray_settings({'ray': {'address': 'http://127.0.0.1:1', 'tpu_type': 'v5p-16'}})['tpu_type'] == 'v5p-16'\n"
+        "assert slices.expected_hosts('v5p-32', 2) == 8 and single_host.resources_of('v4-8')['TPU'] == 4\n"
+        "heavy = [m for m in ('jax', 'transformers', 'datasets', 'levanter.trainer') if m in sys.modules]\n"
+        "assert heavy == [], heavy\n"
+        "print('ok')\n")
+    _in_a_fresh_python(settings)
+
+
+def _in_a_fresh_python(code: str, *args: str) -> None:
+    """``code`` run by this venv's Python in a process of its own (nothing imported yet); it prints ok."""
+    import subprocess
+    import sys
+
+    p = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120,
+                       env={"PATH": "/usr/bin:/bin", "JAX_PLATFORMS": "cpu"})
+    assert p.returncode == 0 and p.stdout.strip() == "ok", (args, p.stderr[-2000:])
 
 
 def _cfg(**ray):

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Mapping
 
 from ..errors import ClusterError, ConfigError, JobEnvironmentError, PreflightError
 from ..io import is_remote
-from . import jobs as cluster_jobs, preflight as cluster_preflight, run_job, setup_failure
+from . import hooks, jobs as cluster_jobs, preflight as cluster_preflight, run_job, setup_failure
 from .submit import (HUB_TOKENS, RAY_DEFAULTS, configuration_error, on_this_machine, ray_settings, runtime_env,
                      setup_fingerprint, tunnel_hint)
 
@@ -34,10 +34,8 @@ DEFAULT_TYPE = "v5p-8"  # the smallest v5p slice: one host, 4 chips
 def resources_of(tpu_type: str) -> dict[str, float]:
     """What a task on the host of a ``tpu_type`` slice asks for: the slice's head resource and all its chips;
     ConfigError (one line) for an unknown type or one of several hosts."""
-    from levanter.infra.ray_tpu import get_tpu_config
-
     try:
-        tpu = get_tpu_config(tpu_type)
+        tpu = hooks.ray_tpu().get_tpu_config(tpu_type)
     except ValueError:
         raise ConfigError(f"ray.eval_tpu_type: unknown TPU type {tpu_type!r} (a single-host type: v5p-8, v4-8)") from None
     if tpu.vm_count != 1:

@@ -28,7 +28,7 @@ import time
 from typing import Any, Callable, Optional
 
 from ..errors import HostLost, JobEnvironmentError, SliceLimitExceeded, TrainingFailed, one_line
-from . import setup_failure
+from . import hooks, setup_failure
 from .host import HostJob, run_host
 
 log = logging.getLogger("trajsft")
@@ -119,9 +119,7 @@ def make_remote_fn(job: HostJob):
 
 
 def expected_hosts(tpu_type: str, num_slices: int) -> int:
-    from levanter.infra.ray_tpu import get_tpu_config
-
-    return get_tpu_config(tpu_type).vm_count * num_slices
+    return hooks.ray_tpu().get_tpu_config(tpu_type).vm_count * num_slices
 
 
 def run_on_slices(
@@ -144,9 +142,9 @@ def run_on_slices(
     against ``limits.max_failures``. Returns ``(host results, attempts)``.
     """
     import ray
-    from levanter.infra.ray_tpu import run_on_pod_ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+    run_on_pod_ray = hooks.ray_tpu().run_on_pod_ray
     here = ray.get_runtime_context().get_node_id()
     want_hosts = expected_hosts(tpu_type, num_slices)
     attempts: list[dict] = []

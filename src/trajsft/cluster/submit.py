@@ -25,7 +25,7 @@ from ..io import is_remote, join
 from ..plan.config import REPO_DIR
 from ..plan.step_configs import TrainConfig
 from ..train import checkpoints
-from . import jobs as cluster_jobs, preflight as cluster_preflight, run_job, setup_failure
+from . import hooks, jobs as cluster_jobs, preflight as cluster_preflight, run_job, setup_failure
 
 log = logging.getLogger("trajsft")
 
@@ -82,9 +82,7 @@ def ray_settings(cfg: dict) -> dict:
     if not ray.get("tpu_type"):
         raise ConfigError("executor: ray needs ray.tpu_type (e.g. v5p-32)")
     try:
-        from levanter.infra.ray_tpu import get_tpu_config
-
-        get_tpu_config(ray["tpu_type"])
+        hooks.ray_tpu().get_tpu_config(ray["tpu_type"])
     except ValueError:
         raise ConfigError(f"ray.tpu_type: unknown TPU type {ray['tpu_type']!r} (e.g. v5p-8, v5p-16, v5p-32)") from None
     job_env(ray)  # a secret in ray.env: refused before anything
