@@ -57,7 +57,10 @@ def test_rule_jobs_die_with_a_kill9ed_snakemake_and_the_rerun_finishes(tmp_path)
     wd = tmp_path
     rows = _big_demo(tmp_path / "bigdemo")
     over = json.loads(json.dumps(OVER))
-    over["teachers"]["demo"].update(dataset=str(tmp_path / "bigdemo"), rows=rows)
+    # the demo's held-out share divided by COPIES: about the demo's 6 held-out chats, not 20 times them (an
+    # evaluation every 2 steps over 120 chats took 5.5 s of each 6 s, 100 CPU-s of the test)
+    over["teachers"]["demo"].update(dataset=str(tmp_path / "bigdemo"), rows=rows,
+                                    transform={"heldout_fraction": 0.1 / COPIES})
     OVER_BIG = over  # noqa: N806 - the module's OVER, with the bigger demo data
     t = plan(wd, "demo", OVER_BIG)
     [tok] = [a for a in t["artifacts"] if a["kind"] == "tokenized"]
