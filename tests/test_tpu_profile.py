@@ -29,8 +29,8 @@ from fit_fixtures import ALIGNED, OVERSIZED
 from pipeline_utils import REPO, SNAKEMAKE, alive, attempts, kill9_snakemake_only, kill_group, rule_jobs, wait_for
 from slice_fixtures import host_image_without
 from wandb_stub import make_server as wandb_server
-from tpu_utils import (HF, WK, data_rules, jobs, make_profile, plan_of, run_hash, short_seq, sm_cmd, sm_env, snakemake,
-                       status, trajsft, workdir)
+from tpu_utils import (HF, SHORT_SEQ_LEN, WK, data_rules, jobs, make_profile, plan_of, run_hash, short_seq, sm_cmd,
+                       sm_env, snakemake, status, trajsft, workdir)
 from trajsft.train import checkpoints
 from trajsft.cluster import jobs as cluster_jobs
 
@@ -159,8 +159,10 @@ def test_end_to_end_two_targets_at_once_and_no_secret_leaks(data, ray_head):
     dirs; demo's done marker, job, log, status, `logs` and `clusters` are then checked, and no secret
     is in any file, log or Ray's job metadata."""
     wd = workdir(data, "e2e")
-    demo_training = {"epochs": 2, "batch_size": 4, "learning_rate": 3.0e-3, "max_grad_norm": 1.0, "seq_len": 1024,
-                     "max_steps": 4}
+    # demo trains on its 1024-token windows (the next-action evaluation below needs the context); mix-demo, which
+    # nothing evaluates, on SHORT_SEQ_LEN ones: the two jobs share the machine's two cores
+    demo_training = {"epochs": 2, "batch_size": 4, "learning_rate": 3.0e-3, "max_grad_norm": 1.0,
+                     "seq_len": SHORT_SEQ_LEN, "max_steps": 4}
     prof = profile(wd.parent / "e2e-profile", ray_head.address, data[1], {
         "teachers": {"demo": {"training": {"max_steps": 4}}},
         "mixtures": {"mix-demo": {"teachers": {"demo": 1.0}, "student": "tiny", "training": demo_training}}})
