@@ -161,11 +161,11 @@ def test_end_to_end_two_targets_at_once_and_no_secret_leaks(data, ray_head):
     wd = workdir(data, "e2e")
     # demo trains on its 1024-token windows (the next-action evaluation below needs the context); mix-demo, which
     # nothing evaluates, on SHORT_SEQ_LEN ones: the two jobs share the machine's two cores
-    demo_training = {"epochs": 2, "batch_size": 4, "learning_rate": 3.0e-3, "max_grad_norm": 1.0,
-                     "seq_len": SHORT_SEQ_LEN, "max_steps": 4}
+    mix_training = {"epochs": 2, "batch_size": 4, "learning_rate": 3.0e-3, "max_grad_norm": 1.0,
+                    "seq_len": SHORT_SEQ_LEN, "max_steps": 4}
     prof = profile(wd.parent / "e2e-profile", ray_head.address, data[1], {
         "teachers": {"demo": {"training": {"max_steps": 4}}},
-        "mixtures": {"mix-demo": {"teachers": {"demo": 1.0}, "student": "tiny", "training": demo_training}}})
+        "mixtures": {"mix-demo": {"teachers": {"demo": 1.0}, "student": "tiny", "training": mix_training}}})
     h = run_hash(wd, prof)
     cmd = [SNAKEMAKE, "-s", str(REPO / "Snakefile"), "-d", str(wd), "--profile", str(prof), "-j", "2",
            "checkpoints/demo/done", "checkpoints/mix-demo/done"]
