@@ -282,6 +282,14 @@ def test_second_call_reads_the_cache(demo_fit, demo_fit_auto):
     auto = demo_fit_auto
     assert (f"fit on v5p-8: {auto['hbm_used_gib']:.2f} of 95.74 GiB HBM per chip, remat save_attention (auto)"
             in p.stdout), p.stdout
+    # and `trajsft fit` with that profile: each candidate read back, none compiled again
+    p = fit_cli("demo", "--profile", "tpu-east5", "--storage-root", "results", "--json", "--configfile", str(ALIGNED),
+                str(_slice_file(cwd, "v5p-8")), cwd=cwd)
+    assert p.returncode == 0, p.stderr[-2000:]
+    [s] = json.loads(p.stdout)
+    assert s["remat"] == "save_attention" and s["hbm_used_gib"] == auto["hbm_used_gib"], s
+    assert [(c["remat"], c["cached"]) for c in s["remat_auto"]["candidates"]] == [
+        (c["remat"], True) for c in auto["remat_auto"]["candidates"]], s["remat_auto"]
 
 
 def _slice_file(d: Path, tpu_type: str) -> Path:
