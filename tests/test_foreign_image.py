@@ -10,7 +10,7 @@ distribution at the lock's version, every pin of the requirements file present, 
 from the job's shipped working dir, as no package of the image holds it.
 
 A host image missing one pinned package fails in one line, submitted once:
-tests/test_tpu_profile.py::test_a_host_image_missing_a_package_fails_in_one_line_and_is_submitted_once.
+tests/test_tpu_profile.py::test_a_broken_host_image_a_stopped_job_and_a_kill9ed_snakemake_each_recover.
 """
 
 from __future__ import annotations

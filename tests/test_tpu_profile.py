@@ -337,50 +337,91 @@ def _running_job(head, h, proc):
 RETRY_STEPS = 60
 
 
-def test_stopped_job_is_retried_then_a_kill9ed_snakemake_reattaches_to_the_retry(data, ray_head):
-    """Two recoveries in one run (one Ray start-up fewer than two tests):
-    1. the Ray job is stopped (as a lost driver would be): the profile's Snakemake retry submits a new
-       Ray job that resumes from the checkpoint;
-    2. Snakemake is then kill -9ed: its launcher dies with it but leaves that Ray job running (recorded
-       as "detached"), and the same command re-attaches to it instead of resubmitting."""
-    wd = workdir(data, "retry")
-    prof = profile(wd.parent / "retry-profile", ray_head.address, data[1],
+def test_a_broken_host_image_a_stopped_job_and_a_kill9ed_snakemake_each_recover(data, slices, tmp_path):
+    """Three interruptions of one run, each recovered (one run's Ray start-ups, not two tests'):
+    1. the only slice of the profile's type (a v4-8 added beside the shape's slices, which stay up) runs an image
+       whose Python lacks one package the lock pins (wandb): the job fails before training, every Snakemake attempt
+       answers the same line naming the host and the package, and one Ray job was submitted; status says so. The
+       image fixed, `trajsft retry`, and the next run trains;
+    2. its Ray job is stopped (as a lost driver would be): the profile's Snakemake retry submits a new Ray job
+       that resumes from the checkpoint;
+    3. Snakemake is then kill -9ed: its launcher dies with it but leaves that Ray job running (recorded as
+       "detached"), and the same command re-attaches to it instead of resubmitting."""
+    wd = workdir(data, "image")
+    prof = profile(wd.parent / "image-profile", slices.address, data[1],
                    short_seq({"teachers": {"demo": {"training": {"max_steps": RETRY_STEPS}}},
-                              "checkpointing": {"keep_every_steps": 3, "save_interval_minutes": 600}}))
+                              "checkpointing": {"keep_every_steps": 3, "save_interval_minutes": 600},
+                              "ray": {**SLICE["ray"], "tpu_type": "v4-8"}}))
     h = run_hash(wd, prof)
-    a0, a1 = f"trajsft-{h}-a0", f"trajsft-{h}-a1"
-    run_dir = data[1] / "checkpoints" / f"demo-{h}"
+    a0, a1, a2 = (f"trajsft-{h}-a{n}" for n in range(3))
+    run_dir = Path(plan_of(wd, prof)["checkpoint_dir"])
     ckdir = str(run_dir / "checkpoints")
-    p = _start(wd, prof, ray_head, wd / "snakemake.log")
-    job = _running_job(ray_head, h, p)
+    image = host_image_without(tmp_path / "image", "wandb")
+    assert slices.complete_slices("v4-8") == []
+    broken = slices.new_slice_name()
+    slices.add_slice(broken, "v4-8", python=image)
+    p = snakemake(wd, prof, slices.head, check=False)
+    assert p.returncode != 0
+    said = [ln for ln in p.stderr.splitlines() if ln.startswith("trajsft train demo: configuration error:")]
+    cause = f"{broken} host 0: wandb missing (the lock pins 0.31.0)"
+    assert said and said[0].startswith(f"trajsft train demo: configuration error: {cause}: its Python is not "
+                                       f"tpu-requirements.txt"), p.stderr[-3000:]
+    assert f"(Ray job {a0}; not retried" in said[0]
+    # Snakemake's retries (the profile's 3) each answered at once, without resubmitting
+    again = [ln for ln in said[1:] if "not resubmitted" in ln]
+    assert len(again) == 3 and all(cause in ln for ln in again), said
+    [job] = jobs(slices.head, h)
+    assert (job["submission_id"], job["status"]) == (a0, "FAILED")
+    # four Snakemake attempts, one slice attempt: the first one's
+    att = attempts(run_dir)
+    assert [a["outcome"] for a in att] == ["failed"] * 4
+    assert [(s["outcome"], s["cause"].split(":")[0]) for s in att[0]["slice_attempts"]] == [
+        ("configuration error", f"{broken} host 0")]
+    assert not any(a.get("slice_attempts") for a in att[1:])
+    row = status(wd, prof, slices.head)
+    assert (row["state"], row["ray_job_id"]) == ("configuration error", a0)
+    assert row["cause"].startswith(cause) and f"trajsft retry demo" in row["next"]
+
+    # the image is fixed (a slice of our own image); nothing the fingerprint sees changed: `trajsft retry`, and the
+    # next run trains as a1
+    slices.kill_slice(broken)
+    slices.add_slice(slices.new_slice_name(), "v4-8")
+    r = trajsft(wd, slices.head, "retry", "demo", "--profile", str(prof))
+    assert r.returncode == 0 and f"cleared the configuration error of Ray job {a0}" in r.stdout, r.stderr
+    p = _start(wd, prof, slices.head, wd / "snakemake.log")
+    job = _running_job(slices.head, h, p)
+    assert job["submission_id"] == a1
     wait_for(lambda: checkpoints.latest_checkpoint(ckdir), 600, "a checkpoint", p)
-    row = status(wd, prof, ray_head)
-    assert row["state"] == "training running" and row["ray_job_id"] == a0 and row["steps_total"] == RETRY_STEPS
-    c = json.loads(trajsft(wd, ray_head, "clusters", str(prof), "--json").stdout)[0]
-    assert c["jobs"]["ours_running"] == [a0]
-    assert cluster_jobs.stop(ray_head.address, job["submission_id"], 60, auth_token=ray_head.token) == "STOPPED"  # like a preemption
+    row = status(wd, prof, slices.head)  # running after a failed job: retrying, and a1 the job
+    assert row["state"] == "retrying" and row["ray_job_id"] == a1 and row["steps_total"] == RETRY_STEPS, row
+    c = json.loads(trajsft(wd, slices.head, "clusters", str(prof), "--json").stdout)[0]
+    assert c["jobs"]["ours_running"] == [a1]
+    assert cluster_jobs.stop(slices.address, a1, 60, auth_token=slices.head.token) == "STOPPED"  # like a preemption
     resumed_from = checkpoints.latest_checkpoint(ckdir)["completed_steps"]
-    row = wait_for(lambda: (r := status(wd, prof, ray_head))["state"] in ("failed", "retrying") and r, 120,
+    row = wait_for(lambda: (r := status(wd, prof, slices.head))["state"] in ("failed", "retrying") and r, 120,
                    "status to show the stopped attempt", p)
     assert row["cause"] == "stopped" and row["next"] == f"resume from step {resumed_from}"
 
     # the retry runs as a new Ray job; kill -9 Snakemake alone (its job dies with it: PDEATHSIG)
-    wait_for(lambda: {j["submission_id"]: j["status"] for j in jobs(ray_head, h)}.get(a1) == "RUNNING", 300,
+    wait_for(lambda: {j["submission_id"]: j["status"] for j in jobs(slices.head, h)}.get(a2) == "RUNNING", 300,
              "the retry's Ray job to run", p)
     assert rule_jobs(p, "launcher.log"), "no train launcher"
     tree = kill9_snakemake_only(p)
     wait_for(lambda: not alive(tree), 60, "the launcher to die with Snakemake")
-    assert {j["submission_id"]: j["status"] for j in jobs(ray_head, h)} == {a0: "STOPPED", a1: "RUNNING"}
+    assert {j["submission_id"]: j["status"] for j in jobs(slices.head, h)} == {a0: "FAILED", a1: "STOPPED",
+                                                                                a2: "RUNNING"}
     last = attempts(run_dir)[-1]
     assert last["outcome"] == "detached" and "a rerun re-attaches" in last["error"], last
-    snakemake(wd, prof, ray_head, "--unlock")
-    snakemake(wd, prof, ray_head)
-    assert {j["submission_id"]: j["status"] for j in jobs(ray_head, h)} == {a0: "STOPPED", a1: "SUCCEEDED"}
+    snakemake(wd, prof, slices.head, "--unlock")
+    snakemake(wd, prof, slices.head)
+    assert {j["submission_id"]: j["status"] for j in jobs(slices.head, h)} == {a0: "FAILED", a1: "STOPPED",
+                                                                                a2: "SUCCEEDED"}
     result = json.loads((run_dir / "training_result.json").read_text())
     assert result["resumed_from_step"] == resumed_from >= 1
     done = json.loads((wd / "checkpoints/demo/done").read_text())
-    assert done["steps"] == RETRY_STEPS and done["ray_job_id"] == a1
-    assert [a["outcome"] for a in attempts(run_dir)] == ["failed", "detached", "succeeded"], attempts(run_dir)
+    assert done["steps"] == RETRY_STEPS and done["ray_job_id"] == a2
+    assert [a["outcome"] for a in attempts(run_dir)] == ["failed"] * 5 + ["detached", "succeeded"], attempts(run_dir)
+    assert status(wd, prof, slices.head)["state"] == "done"
 
 
 def test_sigint_and_sigterm_to_snakemake_stop_their_ray_jobs(data, ray_head):
@@ -395,6 +436,9 @@ def test_sigint_and_sigterm_to_snakemake_stop_their_ray_jobs(data, ray_head):
             h = run_hash(wd, prof)
             runs[sig] = (wd, prof, h, _start(wd, prof, ray_head, wd / "snakemake.log"))
         started = {sig: _running_job(ray_head, h, p) for sig, (_, _, h, p) in runs.items()}
+        wd, prof, h, _ = runs[signal.SIGINT]  # a first Ray job running: status says so
+        row = status(wd, prof, ray_head)
+        assert (row["state"], row["ray_job_id"], row["attempt"]) == ("training running", f"trajsft-{h}-a0", 1), row
         for sig, (_, _, _, p) in runs.items():
             os.kill(p.pid, sig)  # to Snakemake's own pid only, not its process group
         for _, _, _, p in runs.values():
@@ -414,50 +458,3 @@ def test_sigint_and_sigterm_to_snakemake_stop_their_ray_jobs(data, ray_head):
         row = status(wd, prof, ray_head)
         assert (row["state"], row["cause"], row["attempt"]) == ("failed", "stopped", 1), (sig.name, row)
         assert row["next"].startswith(("resume from step", "start from step 0")), (sig.name, row)
-
-
-def test_a_host_image_missing_a_package_fails_in_one_line_and_is_submitted_once(data, slices, tmp_path):
-    """The only slice of the profile's type (a v4-8 added beside the shape's slices, which stay up) runs an image
-    whose Python lacks one package the lock pins (wandb): the job fails before training, every Snakemake attempt
-    answers the same line naming the host and the package, and one Ray job was submitted; status says so. After
-    the image is fixed, `trajsft retry` and the next run trains."""
-    wd = workdir(data, "image")
-    prof = profile(wd.parent / "image-profile", slices.address, data[1],
-                   short_seq({"teachers": {"demo": {"training": {"batch_size": 8, "max_steps": 2}}},
-                              "ray": {**SLICE["ray"], "tpu_type": "v4-8"}}))
-    h = run_hash(wd, prof)
-    image = host_image_without(tmp_path / "image", "wandb")
-    assert slices.complete_slices("v4-8") == []
-    broken = slices.new_slice_name()
-    slices.add_slice(broken, "v4-8", python=image)
-    p = snakemake(wd, prof, slices.head, check=False)
-    assert p.returncode != 0
-    said = [ln for ln in p.stderr.splitlines() if ln.startswith("trajsft train demo: configuration error:")]
-    cause = f"{broken} host 0: wandb missing (the lock pins 0.31.0)"
-    assert said and said[0].startswith(f"trajsft train demo: configuration error: {cause}: its Python is not "
-                                       f"tpu-requirements.txt"), p.stderr[-3000:]
-    assert f"(Ray job trajsft-{h}-a0; not retried" in said[0]
-    # Snakemake's retries (the profile's 3) each answered at once, without resubmitting
-    again = [ln for ln in said[1:] if "not resubmitted" in ln]
-    assert len(again) == 3 and all(cause in ln for ln in again), said
-    [job] = jobs(slices.head, h)
-    assert (job["submission_id"], job["status"]) == (f"trajsft-{h}-a0", "FAILED")
-    # four Snakemake attempts, one slice attempt: the first one's
-    att = attempts(Path(plan_of(wd, prof)["checkpoint_dir"]))
-    assert [a["outcome"] for a in att] == ["failed"] * 4
-    assert [(s["outcome"], s["cause"].split(":")[0]) for s in att[0]["slice_attempts"]] == [
-        ("configuration error", f"{broken} host 0")]
-    assert not any(a.get("slice_attempts") for a in att[1:])
-    row = status(wd, prof, slices.head)
-    assert (row["state"], row["ray_job_id"]) == ("configuration error", f"trajsft-{h}-a0")
-    assert row["cause"].startswith(cause) and f"trajsft retry demo" in row["next"]
-
-    # the image is fixed (a slice of our own image); nothing the fingerprint sees changed: `trajsft retry`
-    slices.kill_slice(broken)
-    slices.add_slice(slices.new_slice_name(), "v4-8")
-    r = trajsft(wd, slices.head, "retry", "demo", "--profile", str(prof))
-    assert r.returncode == 0 and f"cleared the configuration error of Ray job trajsft-{h}-a0" in r.stdout, r.stderr
-    snakemake(wd, prof, slices.head)
-    assert sorted((j["submission_id"], j["status"]) for j in jobs(slices.head, h)) == [
-        (f"trajsft-{h}-a0", "FAILED"), (f"trajsft-{h}-a1", "SUCCEEDED")]
-    assert status(wd, prof, slices.head)["state"] == "done"
