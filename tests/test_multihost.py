@@ -59,7 +59,7 @@ TPU = "v5p-16"  # 2 hosts x 4 chips
 BASE = {"ray": {"tpu_type": TPU, "failure_grace_seconds": 45, "fit_check": False, "pip_requirements": None}}
 
 
-PREEMPT_STEPS = 30  # the bucket scenario's training length (evaluated every 3 steps: n // 10)
+PREEMPT_STEPS = 30  # the bucket scenario's training length (short_seq: no held-out chat, no evaluation)
 HUB_REPO, HUB_SHA = "trajsft-test/tiny-qwen3", "89abcdef0123456789abcdef0123456789abcdef"
 
 

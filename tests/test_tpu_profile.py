@@ -54,7 +54,10 @@ def profile(dest: Path, address: str, storage_root: Path, overrides: dict | None
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory, shared_cluster):
-    return data_rules(tmp_path_factory.mktemp("tpu"), shared_cluster.cluster.head, SLICE)
+    # and mix-demo's data in the end-to-end test: the demo's 256-token windows with its held-out chats (demo, trained
+    # beside it, is evaluated)
+    return data_rules(tmp_path_factory.mktemp("tpu"), shared_cluster.cluster.head, SLICE,
+                      {**SLICE, "teachers": {"demo": {"training": {"seq_len": SHORT_SEQ_LEN}}}})
 
 
 def test_test_profile_differs_from_tpu_east5_only_in_address_and_storage(tmp_path):
@@ -332,8 +335,8 @@ def _running_job(head, h, proc):
 
 
 # the stop lands after the first checkpoint (step 3), a status and a clusters call: on SHORT_SEQ_LEN windows a step
-# and its checkpoint take well under a second, so the run is long enough to still be training then (evaluated every 6
-# steps: n // 10)
+# and its checkpoint take well under a second, so the run is long enough to still be training then (short_seq: no
+# held-out chat, no evaluation)
 RETRY_STEPS = 60
 
 

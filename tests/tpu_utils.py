@@ -29,9 +29,13 @@ SHORT_SEQ_LEN = 256
 
 
 def short_seq(overrides: dict) -> dict:
-    """``overrides`` with the demo trained on SHORT_SEQ_LEN-token windows (its tokenized data is built by
-    :func:`data_rules`)."""
-    return deep_merge(overrides, {"teachers": {"demo": {"training": {"seq_len": SHORT_SEQ_LEN}}}})
+    """``overrides`` with the demo trained on SHORT_SEQ_LEN-token windows and holding out no chat, as the real
+    teachers' default (``heldout_fraction`` 0): the trainer then never evaluates, as nothing of these scenarios
+    reads an evaluation (the demo's tenth of its chats held out cost each train_lm start an evaluation's compile,
+    and the run an evaluation every ``n // 10`` steps, every step below 10). Its tokenized data is built by
+    :func:`data_rules`."""
+    return deep_merge(overrides, {"teachers": {"demo": {"training": {"seq_len": SHORT_SEQ_LEN},
+                                                        "transform": {"heldout_fraction": 0.0}}}})
 
 
 def make_profile(dest: Path, address: str, storage_root: Path, overrides: dict | None = None) -> Path:
@@ -99,29 +103,36 @@ def run_hash(wd: Path, profile: Path) -> str:
 _SHARED_DATA: dict[str, tuple[Path, Path]] = {}
 
 
-def data_rules(base: Path, ray_head, overrides: dict | None = None):
+def data_rules(base: Path, ray_head, overrides: dict | None = None, *more: dict):
     """The data rules, once per test session: they run locally and write content-addressed artifacts
     to the storage root, so the TPU-profile and multi-host modules share one storage root and one
     seed workdir (cluster settings are cosmetic: the same artifacts either way). Each module gets its
-    own ``base`` for its workdirs and profiles; tests copy the seed state with :func:`workdir`."""
+    own ``base`` for its workdirs and profiles; tests copy the seed state with :func:`workdir`.
+
+    The demo's tokenized data at its seq_len and as :func:`short_seq` trains it, and for each of ``more`` (other
+    overrides a module's tests train with), each built once a session."""
     if "seed" not in _SHARED_DATA:
-        _SHARED_DATA["seed"] = _build_data(base, ray_head, overrides)
+        storage, wd = base / "storage", base / "seed"
+        wd.mkdir()
+        _SHARED_DATA["seed"] = storage, wd
     storage, seed = _SHARED_DATA["seed"]
+    for over in (overrides or {}, short_seq(overrides or {}), *more):
+        key = json.dumps(over, sort_keys=True)
+        if key not in _BUILT:
+            _tokenize(seed, storage, ray_head, over, seed.parent / f"seed-profile-{len(_BUILT)}")
+            _BUILT.add(key)
     return base, storage, seed
 
 
-def _build_data(base: Path, ray_head, overrides: dict | None) -> tuple[Path, Path]:
-    """The demo's tokenized data at its seq_len and at SHORT_SEQ_LEN (the second run reuses the first's shards)."""
-    storage, wd = base / "storage", base / "seed"
-    wd.mkdir()
-    for name, over in (("seed-profile", overrides or {}), ("seed-short-profile", short_seq(overrides or {}))):
-        prof = make_profile(base / name, ray_head.address, storage, over)
-        tok = [a for a in plan_of(wd, prof)["artifacts"] if a["kind"] == "tokenized"][0]
-        p = subprocess.run([SNAKEMAKE, "-s", str(REPO / "Snakefile"), "-d", str(wd), "--profile", str(prof),
-                            tok["manifest"]], capture_output=True, text=True, env=sm_env(ray_head), cwd=REPO,
-                           timeout=900)
-        assert p.returncode == 0, p.stderr[-4000:]
-    return storage, wd
+_BUILT: set[str] = set()  # the overrides whose tokenized data the session's seed workdir holds
+
+
+def _tokenize(wd: Path, storage: Path, ray_head, overrides: dict, profile_dir: Path) -> None:
+    prof = make_profile(profile_dir, ray_head.address, storage, overrides)
+    tok = [a for a in plan_of(wd, prof)["artifacts"] if a["kind"] == "tokenized"][0]
+    p = subprocess.run([SNAKEMAKE, "-s", str(REPO / "Snakefile"), "-d", str(wd), "--profile", str(prof),
+                        tok["manifest"]], capture_output=True, text=True, env=sm_env(ray_head), cwd=REPO, timeout=900)
+    assert p.returncode == 0, p.stderr[-4000:]
 
 
 def workdir(data, name: str) -> Path:
