@@ -2,8 +2,9 @@
 
 ``demo_fit`` is the first compile of that setting in the session, whichever test asks for it first:
 tests/test_fit.py checks the compile itself (``cached`` is False) and the cache, tests/test_tpu_profile.py
-reads the cached result through the CLI (remat full; ``demo_fit_auto``'s other policies are test_fit's alone). Both ask for the fixture, so neither depends on the other running
-first; the compile lands in the session's fit cache (``TRAJSFT_FIT_CACHE``, set in conftest.py).
+reads the cached result through the CLI (remat full; ``demo_fit_auto``'s other policies are test_fit's alone).
+Both ask for the fixture, so neither depends on the other running first; the compile lands in the session's fit
+cache (``TRAJSFT_FIT_CACHE``, set in conftest.py).
 ``oversized_fit`` is the same for the student no v5p-8 holds: test_fit checks the CLI's refusal, and
 test_tpu_profile's check_fit rule then reads that compile from the cache instead of compiling it again.
 """

@@ -117,14 +117,14 @@ def data_rules(base: Path, ray_head, overrides: dict | None = None, *more: dict)
         _SHARED_DATA["seed"] = storage, wd
     storage, seed = _SHARED_DATA["seed"]
     for over in (overrides or {}, short_seq(overrides or {}), *more):
-        key = json.dumps(over, sort_keys=True)
+        key = json.dumps({k: v for k, v in over.items() if k != "ray"}, sort_keys=True)  # ray: cosmetic here
         if key not in _BUILT:
             _tokenize(seed, storage, ray_head, over, seed.parent / f"seed-profile-{len(_BUILT)}")
             _BUILT.add(key)
     return base, storage, seed
 
 
-_BUILT: set[str] = set()  # the overrides whose tokenized data the session's seed workdir holds
+_BUILT: set[str] = set()  # the overrides (but ray) whose tokenized data the session's seed workdir holds
 
 
 def _tokenize(wd: Path, storage: Path, ray_head, overrides: dict, profile_dir: Path) -> None:
