@@ -34,7 +34,7 @@ if "TRAJSFT_FIT_CACHE" not in os.environ:
     os.environ["TRAJSFT_FIT_CACHE"] = tempfile.mkdtemp(prefix="trajsft-fit-cache-")
     atexit.register(shutil.rmtree, os.environ["TRAJSFT_FIT_CACHE"], True)
 
-pytest_plugins = ["ray_fixtures", "gcs_fixtures", "fit_fixtures", "slice_fixtures"]
+pytest_plugins = ["ray_fixtures", "gcs_fixtures", "fit_fixtures", "slice_fixtures", "checkout_guard"]
 
 # what a TPU VM's variables say is decided by each test for its own children, never left behind: a test that leaves
 # a TPU_* variable in os.environ (libtpu writes TPU_WORKER_ID where it finds no TPU) is named, and the variable goes
@@ -75,3 +75,4 @@ def pytest_xdist_make_scheduler(config, log):
             super()._assign_work_unit(node)
 
     return SlicesFirst(config, log)
+

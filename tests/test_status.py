@@ -33,7 +33,7 @@ def expect(**kw) -> dict:
     r = {"target": "demo", "state": "not started", "hash": H, "run": RUN, "cluster": "local", "ray_job_id": None,
          "attempt": None, "step": None, "steps_total": None, "loss": None, "eval_loss": None, "wandb_url": None,
          "checkpoint_dir": checkpoints, "hf_export": None, "log": LOG, "cause": None, "next": None, "preemptions": 0,
-         "failures": 0, "detail": None, "previous_done": None}
+         "failures": 0, "detail": None, "previous_done": None, "finished_elsewhere": None}
     assert set(kw) <= set(r), set(kw) - set(r)
     return {**r, **kw}
 
@@ -252,6 +252,31 @@ def test_done_for_a_previous_hash_then_back_to_it():
                                 "run": "demo-n3w0000000", "hash": "n3w0000000",
                                 "finished": "2026-11-21T10:00:00+00:00", "hf_export": f"{checkpoints}/hf/step-26",
                                 "steps": 27, "final_loss": 3.343})
+
+
+def test_a_run_of_this_hash_finished_under_another_root_is_not_done_here():
+    """A local run's marker read under a Ray profile (same hash: the storage root is cosmetic): not done, as
+    Snakemake trains it again into the profile's bucket; the row says where it finished, and the local log's
+    figures are not this run's progress."""
+    gs = f"gs://b/trajsft/checkpoints/{RUN}"
+    away = {k: DONE.get(k) for k in ("run", "checkpoint_dir", "cluster", "finished", "hf_export", "steps", "final_loss")}
+    away["checkpoint_dir"] = checkpoints
+    for where in ({"done": {**DONE, "checkpoint_dir": checkpoints}}, {"kept": {**DONE, "checkpoint_dir": checkpoints}}):
+        f = facts(cluster="east5", checkpoint_dir=gs, data_ready=True, metrics={24: {"train/loss": 3.1}}, **where)
+        assert row(f) == expect(state="data ready", cluster="east5", checkpoint_dir=gs, next="start from step 0",
+                                finished_elsewhere=away)
+        assert needs_resume_point(f)
+        line = [ln for ln in render([row(f)]).splitlines() if "finished as" in ln]
+        assert line == [f"  demo: this config finished as {RUN} in {checkpoints} (cluster local, {DONE['finished']}, "
+                        f"HF export {DONE['hf_export']}), not in this row's {gs}"]
+    # once this directory's run has an attempt, the log is its own: its progress shows
+    f = facts(cluster="east5", checkpoint_dir=gs, done={**DONE, "checkpoint_dir": checkpoints},
+              metrics={3: {"train/loss": 5.0}}, attempts=({"attempt": 1, "outcome": "failed", "error": "OOM"},))
+    assert (row(f)["state"], row(f)["step"], row(f)["loss"]) == ("failed", 4, 5.0)
+    # the same directory spelled with a trailing slash or ./, and a marker naming none: done here
+    for d in (f"{checkpoints}/", f"./{checkpoints}", None):
+        assert row(facts(done={**DONE, "checkpoint_dir": d}))["state"] == "done", d
+    assert row(facts(checkpoint_dir=gs, done={**DONE, "checkpoint_dir": gs + "/"}))["state"] == "done"
 
 
 def test_previous_run_is_the_latest_finished_one_of_this_target():

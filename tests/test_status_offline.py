@@ -1,7 +1,10 @@
 """`trajsft status --profile tpu-east5` when the bucket does not answer or refuses us, and the head is down:
 the table at once, each row saying which, no traceback and no retry storm. The bucket is a real HTTP endpoint
 on loopback (nothing listening, or a server answering 403 to everything: fake-gcs-server checks no
-credentials), reached through gcsfs' STORAGE_EMULATOR_HOST as a TPU VM reaches GCS."""
+credentials), reached through gcsfs' STORAGE_EMULATOR_HOST as a TPU VM reaches GCS.
+
+Every command runs in a working directory of its own (``wd``): what a user's runs left in the checkout
+(the demo's ``checkpoints/demo/done``, ``results/``) is not what these tests read."""
 
 from __future__ import annotations
 
@@ -22,12 +25,20 @@ REPO = Path(__file__).resolve().parents[1]
 TARGETS = 6  # the default config's teachers and mixtures
 
 
-def _status(endpoint: str) -> tuple[subprocess.CompletedProcess, float]:
+@pytest.fixture
+def wd(tmp_path) -> Path:
+    """The commands' working directory: empty, as a fresh clone's (the config is the repository's)."""
+    d = tmp_path / "wd"
+    d.mkdir()
+    return d
+
+
+def _status(endpoint: str, wd: Path) -> tuple[subprocess.CompletedProcess, float]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("STORAGE_EMULATOR", "RAY_ADDRESS"))}
     env["STORAGE_EMULATOR_HOST"] = endpoint
     t0 = time.monotonic()
     p = subprocess.run([sys.executable, "-m", "trajsft.cli", "status", "--profile", "tpu-east5"], env=env,
-                       capture_output=True, text=True, cwd=REPO, timeout=300)
+                       capture_output=True, text=True, cwd=wd, timeout=300)
     return p, time.monotonic() - t0
 
 
@@ -37,11 +48,11 @@ def _rows(out: str) -> list[list[str]]:
     return [ln.split() for ln in lines[1:1 + TARGETS]]
 
 
-def test_a_bucket_that_does_not_answer_is_said_per_row_at_once():
+def test_a_bucket_that_does_not_answer_is_said_per_row_at_once(wd):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         dead = f"http://127.0.0.1:{s.getsockname()[1]}"
-    p, took = _status(dead)
+    p, took = _status(dead, wd)
     assert p.returncode == 0 and "Traceback" not in p.stderr + p.stdout, p.stderr[-2000:]
     assert all(r[1] == "unknown" for r in _rows(p.stdout)), p.stdout
     causes = [ln for ln in p.stdout.splitlines() if ": cause: " in ln]
@@ -83,8 +94,8 @@ def refusing():
     r.server.server_close()
 
 
-def test_a_bucket_that_refuses_the_credentials_is_said_per_row_without_retries(refusing):
-    p, took = _status(refusing.endpoint)
+def test_a_bucket_that_refuses_the_credentials_is_said_per_row_without_retries(refusing, wd):
+    p, took = _status(refusing.endpoint, wd)
     assert p.returncode == 0 and "Traceback" not in p.stderr + p.stdout, p.stderr[-2000:]
     assert all(r[1] == "unknown" for r in _rows(p.stdout)), p.stdout
     causes = [ln for ln in p.stdout.splitlines() if ": cause: " in ln]
@@ -103,28 +114,28 @@ def test_the_row_of_an_unreadable_run_dir_is_unknown_and_says_why():
     assert (done["state"], done["step"]) == ("done", 3)  # the local done marker decides; the bucket is not needed
 
 
-def test_plan_and_logs_say_which_in_one_go(refusing):
+def test_plan_and_logs_say_which_in_one_go(refusing, wd):
     env = {k: v for k, v in os.environ.items() if not k.startswith("STORAGE_EMULATOR")}
     env["STORAGE_EMULATOR_HOST"] = refusing.endpoint
     p = subprocess.run([sys.executable, "-m", "trajsft.cli", "plan", "demo", "--profile", "tpu-east5"], env=env,
-                       capture_output=True, text=True, cwd=REPO, timeout=300)
+                       capture_output=True, text=True, cwd=wd, timeout=300)
     assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr[-2000:]
     marks = [ln for ln in p.stdout.splitlines() if "gs://marin-us-east5/trajsft/" in ln and "[" in ln]
     assert marks and all("gs://marin-us-east5/trajsft refused: Forbidden" in ln for ln in marks), p.stdout
     assert refusing.requests <= 2  # refused once for the whole plan, not once per artifact
     # the profile's head is down (nothing on 127.0.0.1:8265 here): logs names the command that opens the tunnel
     p = subprocess.run([sys.executable, "-m", "trajsft.cli", "logs", "demo", "--profile", "tpu-east5"], env=env,
-                       capture_output=True, text=True, cwd=REPO, timeout=300)
+                       capture_output=True, text=True, cwd=wd, timeout=300)
     [line] = p.stderr.strip().splitlines()
     assert p.returncode == 1 and line.startswith("trajsft logs: cannot use Ray at http://127.0.0.1:8265")
     assert line.endswith("open the tunnel to the head first: ray dashboard infra/marin-us-east5-a.yaml")
 
 
-def test_preflight_says_the_bucket_refused_and_the_head_is_down_in_two_lines(refusing):
+def test_preflight_says_the_bucket_refused_and_the_head_is_down_in_two_lines(refusing, wd):
     env = {k: v for k, v in os.environ.items() if not k.startswith("STORAGE_EMULATOR")}
     env.update(STORAGE_EMULATOR_HOST=refusing.endpoint, HF_TOKEN="x", WANDB_API_KEY="y" * 40)
     p = subprocess.run([sys.executable, "-m", "trajsft.cli", "preflight", "--profile", "tpu-east5"], env=env,
-                       capture_output=True, text=True, cwd=REPO, timeout=300)
+                       capture_output=True, text=True, cwd=wd, timeout=300)
     lines = p.stderr.strip().splitlines()
     assert p.returncode == 1 and len(lines) == 2 and "Traceback" not in p.stderr, p.stderr
     assert lines[0].startswith("trajsft preflight: unreachable: Ray dashboard http://127.0.0.1:8265 unreachable")
@@ -132,7 +143,7 @@ def test_preflight_says_the_bucket_refused_and_the_head_is_down_in_two_lines(ref
     assert "Forbidden" in lines[1] and refusing.requests == 1
 
 
-def test_a_head_that_refuses_the_token_is_said_per_row(refusing, tmp_path):
+def test_a_head_that_refuses_the_token_is_said_per_row(refusing, tmp_path, wd):
     """The head answers, but 403 to everything (a wrong RAY_AUTH_TOKEN): the table, the cause, no traceback."""
     import yaml
 
@@ -143,7 +154,7 @@ def test_a_head_that_refuses_the_token_is_said_per_row(refusing, tmp_path):
         s.bind(("127.0.0.1", 0))
         env["STORAGE_EMULATOR_HOST"] = f"http://127.0.0.1:{s.getsockname()[1]}"
     p = subprocess.run([sys.executable, "-m", "trajsft.cli", "status", "--profile", "tpu-east5", "--configfile",
-                        str(over)], env=env, capture_output=True, text=True, cwd=REPO, timeout=300)
+                        str(over)], env=env, capture_output=True, text=True, cwd=wd, timeout=300)
     assert p.returncode == 0 and "Traceback" not in p.stderr + p.stdout, p.stderr[-2000:]
     causes = [ln for ln in p.stdout.splitlines() if ": cause: " in ln]
     assert len(causes) == TARGETS and all("cluster not reachable" in c and "403" in c for c in causes), causes
@@ -156,14 +167,14 @@ def _dead_endpoint() -> str:
         return f"http://127.0.0.1:{s.getsockname()[1]}"
 
 
-def test_eval_says_a_dead_or_refusing_bucket_in_one_line(refusing):
+def test_eval_says_a_dead_or_refusing_bucket_in_one_line(refusing, wd):
     """The matrix reads the targets' checkpoints in the bucket: it is asked once, and said in one line."""
     for endpoint, said in ((_dead_endpoint(), "did not answer (no network"), (refusing.endpoint, "refused: Forbidden")):
         env = {k: v for k, v in os.environ.items() if not k.startswith("STORAGE_EMULATOR")}
         env["STORAGE_EMULATOR_HOST"] = endpoint
         t0 = time.monotonic()
         p = subprocess.run([sys.executable, "-m", "trajsft.cli", "eval", "demo", "--profile", "tpu-east5"], env=env,
-                           capture_output=True, text=True, cwd=REPO, timeout=300)
+                           capture_output=True, text=True, cwd=wd, timeout=300)
         [line] = p.stderr.strip().splitlines()
         assert p.returncode == 2 and line.startswith(f"trajsft: storage root gs://marin-us-east5/trajsft {said}"), p.stderr
         assert time.monotonic() - t0 < 60
@@ -192,3 +203,46 @@ def test_fit_says_the_snapshot_bucket_refused_in_its_facts_line(refusing, monkey
         clear_fsspec_cache()
     assert line.startswith("not checked: ") and "its snapshot's bucket refused: Forbidden" in line, line
     assert refusing.requests <= 2
+
+
+def _local_demo_run(wd: Path) -> str:
+    """The done marker and kept run manifest a local demo run writes (fields as train writes them), in ``wd``;
+    its run hash (the same under every profile: the storage root is cosmetic)."""
+    import json
+
+    from trajsft.plan import config as C
+    from trajsft.plan import step_configs
+
+    run = step_configs.train(C.Plan(C.load([C.DEFAULT_CONFIG]), base_dir=C.REPO_DIR), "demo").run
+    assert not run.location.startswith("gs://")
+    rec = {"attempts": 1, "checkpoint_dir": run.location, "cluster": "local", "executor": "local", "final_loss": 3.12,
+           "finished": "2026-11-29T06:01:57+00:00", "hash": run.hash, "hf_export": str(wd / run.location / "hf/step-24"),
+           "run": run.name, "steps": 25, "target": "demo", "wandb_mode": "offline", "wandb_url": None}
+    for path in (wd / "checkpoints/demo/done", wd / "results/checkpoints" / run.name / "manifest.json"):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(rec))
+    (wd / "results/checkpoints" / run.name / "train.log").write_text(
+        '{"step": 24, "train/loss": 3.12}\n')  # the local run's log: not this profile's run's progress
+    return run.hash
+
+
+def test_a_local_runs_marker_is_not_done_under_a_ray_profile_and_says_where_it_finished(wd):
+    """The run's hash is the same under every profile, its payload is not: under tpu-east5 the demo that finished
+    locally is not done (Snakemake trains it again into the profile's bucket), and the row says where it did finish;
+    without a profile it is done."""
+    h = _local_demo_run(wd)
+    p, _ = _status(_dead_endpoint(), wd)
+    assert p.returncode == 0 and "Traceback" not in p.stderr + p.stdout, p.stderr[-2000:]
+    [demo] = [r for r in _rows(p.stdout) if r[0] == "demo"]
+    assert demo[1] == "unknown" and demo[2] == h and "25/25" not in p.stdout, p.stdout
+    [where] = [ln for ln in p.stdout.splitlines() if "this config finished as" in ln]
+    assert where.startswith(f"  demo: this config finished as demo-{h} in results/checkpoints/demo-{h} (cluster local")
+    assert where.endswith(f"not in this row's gs://marin-us-east5/trajsft/checkpoints/demo-{h}"), where
+    local = subprocess.run([sys.executable, "-m", "trajsft.cli", "status"], capture_output=True, text=True, cwd=wd,
+                           timeout=300)
+    [demo] = [r for r in _rows(local.stdout) if r[0] == "demo"]
+    assert demo[:3] == ["demo", "done", h] and "this config finished as" not in local.stdout, local.stdout
+    plan = subprocess.run([sys.executable, "-m", "trajsft.cli", "plan", "demo", "--profile", "tpu-east5", "--offline"],
+                          capture_output=True, text=True, cwd=wd, timeout=300).stdout
+    assert plan.splitlines()[0] == ("demo:  checkpoints/demo/done  [not done here: checkpoints/demo/done is of this "
+                                    f"config's run in results/checkpoints/demo-{h}]"), plan

@@ -201,6 +201,20 @@ def _present_at(plan: C.Plan, a: C.Artifact, timeout_s: float = 20.0) -> list[st
         pool.shutdown(wait=False)
 
 
+def _done_elsewhere(done: str, run: C.Artifact) -> str | None:
+    """Where the current hash's run finished when its done marker names another run directory than this plan's
+    (a local run's marker read under a Ray profile, or the reverse), else None."""
+    from .observe.status_row import same_run_dir
+
+    try:
+        rec = json.loads(Path(done).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(rec, dict) or rec.get("hash") != run.hash or same_run_dir(rec, run.location):
+        return None
+    return rec["checkpoint_dir"]
+
+
 def cmd_plan(args) -> int:
     plan = _load(args)
     targets = args.targets or plan.cfg["default_targets"]
@@ -229,8 +243,10 @@ def cmd_plan(args) -> int:
         run = tc.run
         done = C.Plan.done_path(t)
         done_hash = C.Plan.done_hash(done)
+        away = _done_elsewhere(done, run)
         entry = {
-            "target": t, "done": done, "done_exists": done_hash == run.hash, "done_hash": done_hash,
+            "target": t, "done": done, "done_exists": done_hash == run.hash and away is None, "done_hash": done_hash,
+            "done_elsewhere": away,
             "checkpoint_dir": run.location, "hf_export": io.join(run.location, "hf"),
             "init_weights": tc.model and tc.model.location,
             "artifacts": rows,
@@ -260,6 +276,8 @@ def cmd_plan(args) -> int:
     shown: dict[tuple[str, str], str] = {}  # shared data -> the target it was shown under
     for t in out:
         stale = f", {t['done']} is of an earlier config (hash {t['done_hash']})" if t["done_hash"] and not t["done_exists"] else ""
+        if t["done_elsewhere"]:
+            stale = f" here: {t['done']} is of this config's run in {t['done_elsewhere']}"
         print(f"{t['target']}:  {t['done']}  [{'done' if t['done_exists'] else 'not done' + stale}]")
         print(f"  weights (checkpoints): {t['checkpoint_dir']}")
         print(f"  HF exports:            {t['hf_export']}/step-<N>")

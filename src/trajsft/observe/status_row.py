@@ -3,8 +3,9 @@
 No I/O here: :mod:`trajsft.observe.status` gathers the :class:`Facts` (done markers, manifests,
 attempts.json, Levanter's log, the Ray job list, checkpoints) and calls :func:`row`.
 
-States, in precedence order: ``done`` (a done marker or kept run manifest of the current hash)
-beats everything; else the newest Ray job decides (``training running`` / ``retrying`` /
+States, in precedence order: ``done`` (a done marker or kept run manifest of the current hash, written
+for this row's run directory: a run of the same hash that finished under another storage root is said in
+``finished_elsewhere``, not counted done, as Snakemake trains it again there) beats everything; else the newest Ray job decides (``training running`` / ``retrying`` /
 ``failed``), else, without Ray jobs, the newest local attempt (``training running`` if its process
 lives, else ``failed``); else ``data ready`` (every tokenized manifest exists) or ``not started``,
 which a preflight refusal in the launcher log turns into ``failed``. Preemptions, failures and a
@@ -13,6 +14,7 @@ wait for a slice are counted in ``detail`` from the slice attempts, whatever the
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field
 from typing import Mapping
@@ -121,6 +123,30 @@ def slice_summary(attempts: list[dict] | tuple[dict, ...]) -> dict:
     return out
 
 
+def same_run_dir(record: dict, checkpoint_dir: str) -> bool:
+    """A finished run's record (done marker or kept manifest) was written where ``checkpoint_dir`` is: the run's
+    hash is the same under every profile (the storage root is cosmetic), its payload is not. A record that names
+    no directory (written before it did) counts as here."""
+    theirs = record.get("checkpoint_dir")
+    if not theirs:
+        return True
+    if io.is_remote(theirs) or io.is_remote(checkpoint_dir):
+        return theirs.rstrip("/") == checkpoint_dir.rstrip("/")
+    return os.path.normpath(theirs) == os.path.normpath(checkpoint_dir)
+
+
+def finished_elsewhere(f: Facts) -> dict | None:
+    """The current hash's finished run under another storage root (a local run's marker read under a Ray
+    profile, or the reverse): where its weights are. Not ``done`` here: Snakemake trains it again under this
+    profile (the rule's output location changed), into :attr:`Facts.checkpoint_dir`."""
+    found = [d for d in ([f.done] if isinstance(f.done, dict) else []) + [f.kept if isinstance(f.kept, dict) else {}]
+             if d.get("hash") == f.hash and d.get("finished") and not same_run_dir(d, f.checkpoint_dir)]
+    if not found:
+        return None
+    d = found[0]
+    return {k: d.get(k) for k in ("run", "checkpoint_dir", "cluster", "finished", "hf_export", "steps", "final_loss")}
+
+
 def previous_finished_run(target: str, current_hash: str, done: dict | None, manifests=()) -> dict | None:
     """The latest finished run of ``target`` under another config hash: its done marker, or a run
     manifest kept in results/checkpoints/<target>-<hash>/ after Snakemake deleted the marker."""
@@ -134,8 +160,8 @@ def previous_finished_run(target: str, current_hash: str, done: dict | None, man
 
 
 def marker_current(f: Facts) -> bool:
-    """The done marker was written for the current hash."""
-    return bool(f.done and f.done.get("hash") == f.hash)
+    """The done marker was written for the current hash, in this run's directory."""
+    return bool(f.done and f.done.get("hash") == f.hash and same_run_dir(f.done, f.checkpoint_dir))
 
 
 def finish_record(f: Facts) -> dict | None:
@@ -143,7 +169,8 @@ def finish_record(f: Facts) -> dict | None:
     (finished, but Snakemake deleted the marker after a failed run of another config), else None."""
     if marker_current(f):
         return f.done
-    if isinstance(f.kept, dict) and f.kept.get("hash") == f.hash and f.kept.get("finished"):
+    if (isinstance(f.kept, dict) and f.kept.get("hash") == f.hash and f.kept.get("finished")
+            and same_run_dir(f.kept, f.checkpoint_dir)):
         return f.kept
     return None
 
@@ -210,6 +237,7 @@ def row(f: Facts) -> dict:
     sl = slice_summary(f.attempts)
     r.update(preemptions=sl["preemptions"], failures=sl["failures"], detail=sl["detail"])
     r["previous_done"] = None if marker_current(f) else previous_finished_run(f.target, f.hash, f.done, f.manifests)
+    r["finished_elsewhere"] = finished_elsewhere(f)
     done = finish_record(f)
     if done is not None:
         if not marker_current(f):
@@ -221,10 +249,12 @@ def row(f: Facts) -> dict:
             r["cluster"] = done["cluster"]
         return r
     r["steps_total"] = f.steps_total
-    losses = [(s, m["train/loss"]) for s, m in sorted(f.metrics.items()) if "train/loss" in m]
+    # the log's figures are the run's that finished elsewhere until this directory's run has an attempt or a job
+    metrics = {} if r["finished_elsewhere"] and not (f.attempts or f.jobs) else f.metrics
+    losses = [(s, m["train/loss"]) for s, m in sorted(metrics.items()) if "train/loss" in m]
     if losses:
         r["step"], r["loss"] = losses[-1][0] + 1, losses[-1][1]
-    evals = [v for s, m in sorted(f.metrics.items()) for k, v in m.items() if k == "eval/loss"]
+    evals = [v for s, m in sorted(metrics.items()) for k, v in m.items() if k == "eval/loss"]
     if evals:
         r["eval_loss"] = evals[-1]
     r["hf_export"] = f.hf_export
@@ -264,6 +294,11 @@ def render(rows: list[dict]) -> str:
         if prev:
             lines.append(f"  {r['target']}: config changed since the finished run {prev['run']} ({prev['finished']}, "
                          f"HF export {prev['hf_export']}); the row above is the current config (hash {r['hash']})")
+        away = r.get("finished_elsewhere")
+        if away:
+            lines.append(f"  {r['target']}: this config finished as {away['run']} in {away['checkpoint_dir']} (cluster "
+                         f"{away['cluster']}, {away['finished']}, HF export {away['hf_export']}), not in this row's "
+                         f"{r['checkpoint_dir']}")
         if r.get("cause") or r.get("next"):
             lines.append(f"  {r['target']}: " + "; ".join(x for x in (
                 f"cause: {r['cause']}" if r.get("cause") else None,
