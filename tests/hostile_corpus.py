@@ -71,7 +71,7 @@ ROW_KINDS: dict[str, tuple[dict, tuple]] = {
     "reasoning_content_part": (_r(chat(asst([{"type": "reasoning", "text": "hmm"}], [call(2)]), tool(2))), ("keep", {"reasoning_from:reasoning_part": 1})),
     "same_reasoning_twice": (_r(chat(asst("x", [call(2)], reasoning_content="r", reasoning="r"), tool(2))), ("keep", {"reasoning_from:reasoning": 1})),
     "think_block_in_content": (_r(chat(asst("<think>\nplan\n</think>\n\nLet me run it.", [call(2)]), tool(2))), ("keep", {"reasoning_from:think_tags": 1})),
-    "legacy_function_call": (_r([SYS, USER, {"role": "assistant", "content": None, "function_call": {"name": "submit", "arguments": "{}"}}]),
+    "legacy_function_call": (_r([SYS, USER, {"role": "assistant", "content": None, "function_call": {"name": "bash", "arguments": '{"command": "ls"}'}}]),
                              ("keep", {"function_call_to_tool_calls": 1, "null_content": 1})),
     "empty_tool_calls_list": (_r(chat(asst("thinking aloud", []))), ("keep", {"empty_tool_calls_dropped": 1})),
     "int_tool_call_id": (_r([SYS, USER, asst("", [dict(call(1), id=7)]), {"role": "tool", "content": "ok", "tool_call_id": 7}, asst("done")]),
@@ -118,6 +118,14 @@ ROW_KINDS: dict[str, tuple[dict, tuple]] = {
     "dangling_tool_call_id": (_r(chat(asst("", [call(2)]), tool(9))), ("skip", "dangling_tool_call_id")),
     "tool_reply_without_call": (_r(chat(asst("thinking"), tool(2))), ("skip", "tool_reply_without_call")),
     "empty_assistant_turn": (_r(chat(asst(""))), ("skip", "empty_assistant_turn")),
+    # the teacher's tools (the corpus's teacher was given bash, as the SWE-smith-rs teachers: BASH_TOOLS), checked
+    # after every other check of the row: a malformed call keeps its own reason (recursive_tool_arguments...)
+    "call_to_unknown_tool": (_r(chat(asst("", [call(2, '{"command": "view", "path": "/a"}', name="str_replace_editor")]), tool(2))),
+                             ("skip", "unknown_tool")),
+    "legacy_function_call_to_unknown_tool": (_r([SYS, USER, {"role": "assistant", "content": None, "function_call": {"name": "submit", "arguments": "{}"}}]),
+                                             ("skip", "unknown_tool")),  # converted to a tool call, then checked
+    "call_missing_required_argument": (_r(chat(asst("", [call(2, '{"cmd": "ls"}')]), tool(2))), ("skip", "missing_tool_argument")),
+    "dict_arguments_missing_required": (_r(chat(asst("", [call(2, {})]), tool(2))), ("skip", "missing_tool_argument")),
     "function_call_and_tool_calls": (_r(chat(asst("", [call(2)], function_call={"name": "x", "arguments": "{}"}), tool(2))), ("skip", "bad_tool_calls")),
     "tool_call_without_name": (_r(chat(asst("", [{"id": "c", "type": "function", "function": {"arguments": "{}"}}]))), ("skip", "bad_tool_calls")),
     "tool_calls_not_a_list": (_r(chat(asst("", {"id": "c"}))), ("skip", "bad_tool_calls")),

@@ -214,3 +214,58 @@ def test_the_side_by_side_file_shows_context_teacher_and_student(tmp_path):
     call = next((t for t in turns if t.reference.get("tool_calls")), None)
     if call is not None:  # a teacher's tool call is shown as name(arguments)
         assert f"{call.reference['tool_calls'][0]['function']['name']}(" in text
+
+
+# ---- the teacher's tools in every prompt, and turns with no room to answer (issue 64) ----------------------------
+def test_prompts_render_with_the_tools_the_student_trained_with(turns, tok, tmp_path):
+    from trajsft.plan.tools import BASH
+
+    plan = C.Plan(C.load(), base_dir=C.REPO_DIR)
+    assert step_configs.eval_actions(plan, "demo").tools == {"demo": [BASH]}
+    bare = C.Plan(C.load(None, {"teachers": {"demo": {"tools": []}}}), base_dir=C.REPO_DIR)
+    assert step_configs.eval_actions(bare, "demo").tools == {"demo": None}
+    # another teacher's split is prompted with the target's own tools (what its student trained with)
+    other = C.Plan(C.load(None, {"tools": [], "teachers": {"demo": {"tools": "bash", "actions": {
+        "teachers": ["demo", "gpt-5-mini"]}}}}), base_dir=C.REPO_DIR)
+    assert step_configs.eval_actions(other, "demo").tools == {"demo": [BASH], "gpt-5-mini": [BASH]}
+    with_tools = A.held_out_turns("demo", _shards(tmp_path, 0.1), max_turns=40, tools=[BASH])
+    for t, bare_turn in zip(with_tools, turns):
+        text = A.prompt_text(tok, t)
+        assert text.startswith("<|im_start|>system\n") and text.count("# Tools\n") == 1
+        assert text.endswith(A.prompt_text(tok, bare_turn).split("<|im_start|>user", 1)[1])
+        assert json.dumps(BASH) in text  # the schema as the template writes it (tojson: the key order kept)
+    # the teacher's own turns, rendered with the tools: still every agreement
+    got = A.evaluate(A.Replay(tok), with_tools)
+    assert {k: got[k] for k in A.AGREEMENTS} == {k: 1.0 for k in A.AGREEMENTS} and got["skipped_no_room"] == 0
+
+
+def test_a_turn_whose_prompt_fills_the_context_is_skipped_and_counted(turns, tok, monkeypatch):
+    """The student (through the engine's generate) is not asked a turn whose prompt leaves it no room to generate:
+    the turn is skipped and counted, the rest are scored; the engine refuses such a prompt in one line."""
+    from trajsft.errors import ConfigError
+    from trajsft.train import generate
+
+    lengths = sorted(len(tok.encode(A.prompt_text(tok, t), add_special_tokens=False)) for t in turns)
+    cut = lengths[len(lengths) // 2]  # the longer half of the prompts fill a context of this many tokens
+
+    class Loaded:
+        tokenizer, max_seq_len = tok, cut
+
+    asked = []
+
+    def fake_generate(loaded, prompts, max_tokens):
+        asked.extend(prompts)
+        assert all(generate.room(loaded, p) > 0 for p in prompts)
+        return [(tok.encode("done", add_special_tokens=False), True) for _ in prompts]
+
+    monkeypatch.setattr(generate, "generate", fake_generate)
+    full = sum(n >= cut for n in lengths)
+    got = A.evaluate(A.Student("demo-x", Loaded(), 8), turns)
+    assert got["skipped_no_room"] == full > 0 and got["turns"] == len(turns) - full == len(asked)
+    assert got["valid"] == 1.0
+    monkeypatch.undo()
+    with pytest.raises(ConfigError, match=rf"^prompt 0 holds {cut} tokens: no room to generate within the model's "
+                                          rf"seq_len {cut}$"):
+        generate.generate(Loaded(), [[1] * cut], 8)
+    text = A.side_by_side({"demo": turns[:1]}, {"demo": [A.answered(turns[0], None)]}, "demo-x")
+    assert "not asked: the prompt fills the student's seq_len (skipped, counted)" in text

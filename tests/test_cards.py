@@ -167,6 +167,19 @@ def test_real_demo_manifest(tmp_path):
     assert c["trajectories"]["turns"]["n"] == len(m["trajectories"]) == m["kept_total"]
     assert c["trajectories"]["turns"]["mean"] == pytest.approx(np.mean([t["turns"] for t in m["trajectories"]]))
     assert c["ok"]
+    assert m["tools"] == ["bash"] and c["tools"] == {"names": ["bash"], "block_tokens": None}  # counted when tokenized
+
+
+def test_the_card_says_which_tools_each_teacher_trained_with_and_what_their_block_adds():
+    a = cards.dataset_card(shards_manifest("alpha"), {**tokenized_manifest("alpha"), "tools": ["bash"],
+                                                      "tools_block_tokens": 225}, 250)
+    b = cards.dataset_card(shards_manifest("beta"), {**tokenized_manifest("beta"), "tools": [], "tools_block_tokens": 0},
+                           250)
+    assert a["tools"] == {"names": ["bash"], "block_tokens": 225}
+    mc = cards.mixture_card({"alpha": a, "beta": b}, {"alpha": 1, "beta": 1}, name="mix")
+    assert mc["tools"]["names"] == ["bash"] and set(mc["tools"]["per_teacher"]) == {"alpha", "beta"}
+    row = dict(tables.table_rows({"alpha": a, "beta": b, "mix": mc})[1])["tools (their block per chat)"]
+    assert row == ["bash (+225 tokens per chat)", "none", "alpha: bash (+225 tokens per chat); beta: none"]
 
 
 def test_mixture_card():

@@ -6,8 +6,10 @@ come from Levanter's own ``ChatProcessor`` (what the tokenize rule runs) on our 
 
 Prefix property: for every kept chat (every demo row, real public agent trajectories in
 ``tests/data/agent_trajectories``, the hostile corpus), the training ids are exactly the ids of the
-full source conversation (after ``drop_roles``) rendered by the OFFICIAL Qwen3 template, and the
-loss mask covers exactly what the assistant generated in each turn of that full rendering.
+full source conversation (after ``drop_roles``) rendered by the OFFICIAL Qwen3 template with the tools the
+teacher was given (the demo's: mini-swe-agent's bash tool; each real source: a tools list naming the functions it
+calls, schemas written here), and the loss mask covers exactly what the assistant generated in each turn of that
+full rendering. The tools block changes no assistant token and no mask bit.
 
 Control-token property: a kept chat's ids hold each of Qwen3's 26 added tokens exactly as often as
 the chat's structure does (the same chat with every text replaced by a placeholder); and every row
@@ -28,6 +30,7 @@ import hostile_corpus as H
 from trajsft.data import qwen3_tokenizer
 from trajsft.data import transform as T
 from trajsft.data.template import load_template
+from trajsft.plan.tools import BASH
 
 REPO = Path(__file__).resolve().parents[1]
 OFFICIAL = (REPO / "tests" / "data" / "qwen3_chat_template.official.jinja").read_text(encoding="utf-8")
@@ -37,11 +40,28 @@ DROP = ["exit"]
 
 @pytest.fixture(scope="module")
 def qwen3():
-    from levanter.data.text import ChatProcessor
     from transformers import AutoTokenizer
 
+    from trajsft.data.chat_processor import ToolsChatProcessor
+
     tok = AutoTokenizer.from_pretrained(str(qwen3_tokenizer.fetch()))
-    return tok, ChatProcessor(tok, chat_template=load_template())
+    return tok, lambda tools: ToolsChatProcessor(tok, load_template(), tools)  # what rule tokenize runs
+
+
+def _tool(name: str, required: list[str], optional: list[str] = (), description: str = "") -> dict:
+    props = {k: {"type": "integer" if k in ("line", "line_number") else "string"} for k in [*required, *optional]}
+    return {"type": "function", "function": {"name": name, "description": description or f"The {name} command",
+                                             "parameters": {"type": "object", "properties": props,
+                                                            "required": required}}}
+
+
+# the tools each real source's agent was given: the functions it calls, with the arguments it passes
+SWE_AGENT_TOOLS = [_tool("bash", ["command"], description="runs the given command directly in bash"),
+                   _tool("find_file", ["file_name"], ["dir"]), _tool("open", ["path"], ["line_number"]),
+                   _tool("create", ["filename"]), _tool("insert", ["text"], ["line"]),
+                   _tool("edit", ["search", "replace"]), _tool("submit", [])]
+OPENHANDS_TOOLS = [_tool("str_replace_editor", ["command", "path"], ["file_text", "old_str", "new_str"]),
+                   _tool("finish", [])]
 
 
 # ---- real public agent trajectories, converted faithfully to OpenAI chat messages ----------------
@@ -107,14 +127,17 @@ def demo_sources() -> dict[str, list[dict]]:
 
 DEMO = demo_sources()
 SOURCES = {**REAL, **DEMO}
+# the tools each source renders with (mini-swe-agent's text-mode trajectories call none: rendered with its bash tool)
+TOOLS = {"swe-agent__function_calling_simple": SWE_AGENT_TOOLS, "swe-agent__marshmallow-1867": SWE_AGENT_TOOLS,
+         "openhands__basic": OPENHANDS_TOOLS, **{n: [BASH] for n in SOURCES if n.startswith(("demo:", "mini-swe-agent"))}}
 
 
 def _ids(tok, text: str) -> list[int]:
     return tok(text, add_special_tokens=False)["input_ids"]
 
 
-def _train(processor, msgs: list[dict]):
-    [out] = processor([{"messages": msgs}])
+def _train(processor, msgs: list[dict], tools: list[dict] | None = None):
+    [out] = processor(tools)([{"messages": msgs}])
     return [int(x) for x in out["input_ids"]], [int(x) for x in out["assistant_masks"]]
 
 
@@ -140,6 +163,13 @@ def _generated_spans(text: str) -> list[tuple[int, int]]:
     return spans
 
 
+def test_every_source_is_rendered_with_tools_naming_what_it_calls():
+    assert set(TOOLS) == set(SOURCES)
+    for name, msgs in SOURCES.items():
+        norm, _ = T.normalize_messages(msgs, DROP, TOOLS[name])  # every call names one of them, with its arguments
+        assert norm
+
+
 def test_fixtures_are_real_and_complete():
     # EXPECTED.json's valid rows + two it calls malformed that are kept: ends_with_user_turn (the
     # trailing turn carries no loss) and a tool reply given as text parts (joined, counted)
@@ -162,10 +192,11 @@ def test_tokenizer_is_qwen3(qwen3):
 def test_prefix_property(qwen3, name):
     """Every assistant turn trains exactly as it renders inside the full source conversation."""
     tok, processor = qwen3
-    src = SOURCES[name]
-    norm, _ = T.normalize_messages(src, DROP)
-    ids, mask = _train(processor, norm)
-    ref_text = tok.apply_chat_template(_joined(src), tokenize=False, chat_template=OFFICIAL)
+    src, tools = SOURCES[name], TOOLS[name]
+    norm, _ = T.normalize_messages(src, DROP, tools)
+    ids, mask = _train(processor, norm, tools)
+    ref_text = tok.apply_chat_template(_joined(src), tools=tools, tokenize=False, chat_template=OFFICIAL)
+    assert ref_text.count("# Tools\n") == 1 and ref_text.index("# Tools") < ref_text.index("<|im_start|>user")
     enc = tok(ref_text, add_special_tokens=False, return_offsets_mapping=True)
     assert ids == enc["input_ids"]
     spans = _generated_spans(ref_text)
@@ -173,6 +204,25 @@ def test_prefix_property(qwen3, name):
     expected = [int(any(s < e1 and e0 < e for s, e in spans)) for e0, e1 in enc["offset_mapping"]]
     assert mask == expected
     # any truncation window is a prefix of the same ids (Levanter keeps the first seq_len tokens)
+
+
+@pytest.mark.parametrize("name", sorted(SOURCES))
+def test_the_tools_block_changes_no_assistant_token_and_no_mask_bit(qwen3, name):
+    """The block comes before the messages, outside every {% generation %} span: with and without it the chat
+    trains on the same assistant tokens, and the block itself carries no loss."""
+    tok, processor = qwen3
+    norm, _ = T.normalize_messages(SOURCES[name], DROP, TOOLS[name])
+    ids, mask = _train(processor, norm, TOOLS[name])
+    bare_ids, bare_mask = _train(processor, norm)
+    assert [i for i, m in zip(ids, mask) if m] == [i for i, m in zip(bare_ids, bare_mask) if m]
+    assert sum(mask) == sum(bare_mask) and len(ids) > len(bare_ids)
+    text = tok.apply_chat_template(_joined(SOURCES[name]), tools=TOOLS[name], tokenize=False, chat_template=OFFICIAL)
+    enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
+    assert enc["input_ids"] == ids
+    start = text.index("# Tools")
+    end = text.index("</tool_call><|im_end|>", start)  # the block's end: its tool-call format line
+    in_block = [m for m, (a, b) in zip(mask, enc["offset_mapping"]) if a < end and b > start]
+    assert in_block and not any(in_block)
 
 
 def test_trimming_the_tail_would_have_forged_an_empty_think_block(qwen3):
@@ -220,10 +270,12 @@ def kept_hostile() -> dict[str, list[dict]]:
 def test_no_content_becomes_a_control_token(qwen3, name):
     tok, processor = qwen3
     norm = kept_hostile()[name] if name.startswith("hostile:") else T.normalize_messages(SOURCES[name], DROP)[0]
-    ids, _ = _train(processor, norm)
-    structure, _ = _train(processor, _placeholder(norm))
+    tools = TOOLS.get(name, [BASH])  # the hostile corpus's teacher was given bash
+    ids, _ = _train(processor, norm, tools)
+    structure, _ = _train(processor, _placeholder(norm), tools)
     assert _specials(tok, ids) == _specials(tok, structure)
-    assert _specials(tok, ids)[tok.convert_tokens_to_ids("<|im_start|>")] == len(norm) - sum(
+    own_system = 0 if norm[0]["role"] == "system" else 1  # the tools block opens a system turn of its own
+    assert _specials(tok, ids)[tok.convert_tokens_to_ids("<|im_start|>")] == len(norm) + own_system - sum(
         1 for i, m in enumerate(norm) if m["role"] == "tool" and i and norm[i - 1]["role"] == "tool")
 
 

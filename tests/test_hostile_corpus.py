@@ -13,11 +13,14 @@ import pytest
 import hostile_corpus as H
 from trajsft.plan import step_configs
 from trajsft.plan import config as C
+from trajsft.plan import tools
 from trajsft.data import download
 from trajsft.data import shard
 from trajsft.data import transform as T
 
 TRANSFORM = {"drop_roles": ["exit"], "dedup_traj_id": True}
+BASH = tools.PRESETS["bash"]  # the corpus's teacher was given bash, as the default config's teachers
+TOOL_REASONS = ("unknown_tool", "missing_tool_argument")
 
 
 def test_corpus_size():
@@ -33,7 +36,7 @@ def test_row_kind_outcome(kind):
     rows = dict(H.corpus_rows())
     src = [(T.Source("f.parquet", 0), H.FIRST_DUP)] if kind == "duplicate_traj_id" else []
     src.append((T.Source("f.parquet", len(src)), rows[kind]))
-    res = T.transform_rows(src, "hostile", TRANSFORM)
+    res = T.transform_rows(src, "hostile", TRANSFORM, tools=BASH)
     kept = len(res.records["train"]) + len(res.records["validation"])
     assert res.rows_in == kept + sum(res.skipped.values()) == len(src)
     assert len(res.skipped_rows) == sum(res.skipped.values())
@@ -47,6 +50,21 @@ def test_row_kind_outcome(kind):
             assert res.events[event] == n, (event, res.events)
         rec = res.records["train"][0]
         T.gzip_jsonl([rec])  # writable
+
+
+@pytest.mark.parametrize("kind", sorted(k for k, (what, r) in H.ROW_KINDS.items() if r in TOOL_REASONS))
+def test_rows_that_disagree_with_the_tools_are_kept_without_tools(kind):
+    """The tool checks come from the teacher's tools alone: with none (``tools: []``) the same rows are kept, and
+    with a tool list naming the called function and no required argument too."""
+    row = dict(H.corpus_rows())[kind]
+    assert T.transform_rows([(T.Source("f", 0), row)], "hostile", TRANSFORM).kept["train"] == 1
+    called = [c["function"]["name"] for m in T.normalize_messages(row["messages"], ["exit"])[0]
+              for c in m.get("tool_calls", ())]
+    lax = [{"type": "function", "function": {"name": n, "parameters": {"type": "object"}}} for n in dict.fromkeys(called)]
+    assert T.transform_rows([(T.Source("f", 0), row)], "hostile", TRANSFORM, tools=lax).kept["train"] == 1
+    res = T.transform_rows([(T.Source("f", 0), row)], "hostile", TRANSFORM, tools=BASH)
+    [skipped] = res.skipped_rows
+    assert skipped["reason"] in TOOL_REASONS and skipped["detail"].startswith("messages["), skipped
 
 
 def test_kept_rows_carry_parsed_resolved_and_reasoning():

@@ -274,8 +274,16 @@ def test_a_teacher_entry_that_reads_the_same_dataset_shares_its_data_and_trains_
 
 def test_the_runs_and_their_data_keep_their_hashes():
     """Naming data by its dataset renamed raw, shards and tokenized only: every hash, and so every run's name and
-    checkpoint directory, is what it was (the demo's local dir is named by its path)."""
-    p = plan()
+    checkpoint directory, is what it was (the demo's local dir is named by its path). With ``tools: []`` the
+    teachers' tools add nothing to a hash: the names from before tools were a setting (issue 64); with the default
+    (``tools: bash``) the shards, tokenized data and runs are named anew, the raw snapshots are not."""
+    assert {t: plan().target(t)["run"].name for t in plan().targets} == {
+        "gpt-5-mini": "gpt-5-mini-fe1dd03d2a", "minimax-m2.5": "minimax-m2.5-cce1b876d2",
+        "gemini-3-flash": "gemini-3-flash-eb31785c4a", "demo": "demo-6793026b50",
+        "mix-minimax-gemini": "mix-minimax-gemini-c17a32be17", "mix-all": "mix-all-0491ec3747"}
+    assert names(plan(), "demo") == {"raw": "demo-dataset-3423a9c9fb", "shards": "demo-dataset-773626607f",
+                                     "tokenized": "demo-dataset-8224f08649", "checkpoints": "demo-6793026b50"}
+    p = plan(tools=[])
     assert {t: p.target(t)["run"].name for t in p.targets} == {
         "gpt-5-mini": "gpt-5-mini-a8f91fe17d", "minimax-m2.5": "minimax-m2.5-b3b795e0cb",
         "gemini-3-flash": "gemini-3-flash-7a512659a0", "demo": "demo-4a31a8c394",
@@ -308,3 +316,39 @@ def test_plan_shows_shared_data_once_and_who_uses_it(tmp_path):
                                                      "ready": False, "used_by": a["tokenized"]["used_by"]}]
     text = subprocess.run(status, capture_output=True, text=True, check=True, cwd=tmp_path).stdout
     assert text.count("data tokenized/") == 1 and "used by minimax-m2.5, minimax-lr2" in text, text
+
+
+# ---- the tools a teacher was given (issue 64) -----------------------------------------------------------------
+def test_tools_are_a_setting_over_every_teacher_and_mixtures_take_their_teachers():
+    from trajsft.plan import tools
+
+    p = plan(teachers={"demo": {"tools": []}})
+    assert tools.load(p.specs.teachers["gpt-5-mini"].tools) == tools.PRESETS["bash"]
+    assert p.specs.teachers["demo"].tools is None
+    # byte-equal to mini-swe-agent's BASH_TOOL, key order included (the template's tojson keeps it)
+    assert p.specs.teachers["gpt-5-mini"].tools == (
+        '[{"type": "function", "function": {"name": "bash", "description": "Execute a bash command", "parameters": '
+        '{"type": "object", "properties": {"command": {"type": "string", "description": "The bash command to '
+        'execute"}}, "required": ["command"]}}}]')
+    mixed = p.target("mix-all")["tokenized"]
+    assert [a.spec["tools"] for a in mixed] == [tools.PRESETS["bash"]] * 3
+    assert p.target("minimax-m2.5")["tokenized"][0] in mixed  # the mixture trains its teachers' own data
+
+
+@pytest.mark.parametrize("where,value,said", [
+    ("default", "bsh", "config: teachers.gpt-5-mini: tools: no preset 'bsh' (presets: bash; or give a list"),
+    ("demo", {"name": "bash"}, "config: teachers.demo.tools: {'name': 'bash'} is not allowed (allowed: string or "
+                               "array or null)"),  # the schema's line
+    ("demo", [{"type": "retrieval"}], "config: teachers.demo: tools[0] is not a function tool"),
+    ("demo", [{"type": "function", "function": {"name": "bash", "parameters": {"type": "array"}}}],
+     "config: teachers.demo: tools[0].function.parameters is not an object schema"),
+    ("demo", [{"type": "function", "function": {"description": "no name"}}],
+     "config: teachers.demo: tools[0].function.name is missing"),
+    ("demo", [{"type": "function", "function": {"name": "bash", "parameters": {"type": "object", "required": "x"}}}],
+     "config: teachers.demo: tools[0].function.parameters.required is not a list of names"),
+])
+def test_bad_tools_are_one_line_at_plan_time_naming_the_teacher_and_the_key(where, value, said):
+    over = {"tools": value} if where == "default" else {"teachers": {where: {"tools": value}}}
+    with pytest.raises(C.ConfigError) as e:
+        plan(**over)
+    assert str(e.value).startswith(said) and "\n" not in str(e.value), str(e.value)

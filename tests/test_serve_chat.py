@@ -16,6 +16,7 @@ from trajsft.errors import ConfigError
 from trajsft.plan import config as C
 from trajsft.plan import step_configs
 from trajsft.report import trained
+from trajsft.plan.tools import BASH
 from trajsft.serve import chat, server
 
 TOOLS = [{"type": "function", "function": {"name": "bash", "description": "run a command",
@@ -149,6 +150,7 @@ def test_what_cannot_be_served_is_one_line(tmp_path, monkeypatch):
     (export / "config.json").write_text(json.dumps({"model_type": "qwen3", "hidden_size": 64, "num_hidden_layers": 2}))
     served = trained.locate(step_configs.train(plan, "demo"), 7)
     assert served.source == {"kind": "hf_export", "path": str(export), "step": 7} and served.name == run.name
+    assert served.tools == ([BASH],)  # what the demo's chats trained with: a request's tools are compared to it
     assert served.train_cfg["trainer"]["checkpointer"]["base_path"] == f"{run_dir}/checkpoints"  # where it was found
     shutil.rmtree(run_dir)
 
@@ -161,3 +163,86 @@ def test_a_busy_port_is_one_line():
             server.bind("127.0.0.1", port)
     finally:
         first.close()
+
+
+# ---- serve renders what training rendered, and says when a request's tools differ (issue 64) ------------------
+def _held_out_demo_chats() -> list[list[dict]]:
+    """The demo's held-out chats (its transform's heldout_fraction) as the shards hold them."""
+    import pyarrow.parquet as pq
+
+    from trajsft.data import transform as T
+
+    plan = C.Plan(C.load(), base_dir=C.REPO_DIR)
+    frac, tools = plan.specs.teachers["demo"].transform.heldout_fraction, [BASH]
+    out = []
+    for f in sorted((C.REPO_DIR / "demo/dataset/data").glob("*.parquet")):
+        for row in pq.read_table(f).to_pylist():
+            try:
+                msgs, _ = T.normalize_messages(row["messages"], ["exit"], tools)
+            except T.BadRow:
+                continue
+            if T.heldout(row["traj_id"], frac):
+                out.append(msgs)
+    return out
+
+
+def test_a_held_out_chats_prompt_as_serve_renders_it_is_the_training_rendering_of_its_prefix(tok):
+    """Parity: for each assistant turn of the demo's held-out chats, a request carrying the chat so far and the
+    teacher's tools (bash) renders, token for token, as the training ids of the whole chat up to that turn."""
+    from trajsft.data.chat_processor import ToolsChatProcessor
+
+    processor = ToolsChatProcessor(tok, load_template(), [BASH])
+    chats, turns = _held_out_demo_chats(), 0
+    assert len(chats) >= 2
+    for msgs in chats:
+        [trained_on] = processor([{"messages": msgs}])
+        ids, mask = list(trained_on["input_ids"]), list(trained_on["assistant_masks"])
+        starts = [i for i in range(1, len(mask)) if mask[i] and not mask[i - 1]]  # each turn's first trained token
+        asked = [k for k, m in enumerate(msgs) if m["role"] == "assistant"]
+        assert len(starts) == len(asked)
+        for k, start in zip(asked, starts):
+            body = {"model": "demo", "messages": msgs[:k], "tools": [BASH]}
+            prompt = chat.render(tok, chat.messages(body), chat.tools(body))
+            assert prompt == ids[:start], (k, tok.decode(prompt[-20:]), tok.decode(ids[start - 20:start]))
+            turns += 1
+    assert turns >= 5  # every assistant turn of them (8 in the demo)
+    # without the tools the prompt is another one: the block is what the student trained with
+    bare = chat.render(tok, chat.messages({"messages": chats[0][:2]}), None)
+    assert bare != chat.render(tok, chat.messages({"messages": chats[0][:2]}), [BASH])
+
+
+def test_a_request_whose_tools_differ_from_the_trained_ones_is_served_as_asked_with_one_log_line(tok, caplog):
+    """Over the app's real route (a stand-in engine): the same tools, no line; other tools, none, or the bash tool
+    with its keys in another order are served as asked (the prompt holds what the request sent), one line per
+    distinct tool set."""
+    from fastapi.testclient import TestClient
+
+    prompts = []
+
+    class Out:
+        tokens = tok.encode("ok<|im_end|>", add_special_tokens=False)
+
+    async def submit(prompt, max_tokens, temperature, seed, n):
+        prompts.append(prompt)
+        return [Out()]
+
+    served = trained.Trained(target="demo", name="demo-0123456789", run_dir="/r", source={}, train_cfg={},
+                             tools=([BASH],))
+    client = TestClient(server.create_app(served, tok, submit, max_seq_len=4096, max_seqs=2))
+    reordered = [{"function": BASH["function"], "type": "function"}]
+    said = []
+    for tools in ([BASH], TOOLS, TOOLS, None, reordered, [BASH]):
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="trajsft"):
+            r = client.post("/v1/chat/completions", json={"model": "demo", "messages": HISTORY[:2], "tools": tools})
+        assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "ok", r.text
+        assert prompts[-1] == chat.render(tok, chat.messages({"messages": HISTORY[:2]}), tools)  # as asked
+        said.append([rec.getMessage() for rec in caplog.records if "not the ones the student trained with" in rec.getMessage()])
+    assert said[0] == said[2] == said[5] == []  # the trained tools; an other set already said once
+    assert said[1] == ["chat completion: the request's tools (bash) are not the ones the student trained with (bash) "
+                       "(the same names: their schemas or key order differ): served as asked, so the prompt is not "
+                       "one it trained on"]
+    assert said[3] == ["chat completion: the request's tools (none) are not the ones the student trained with (bash): "
+                       "served as asked, so the prompt is not one it trained on"]
+    assert len(said[4]) == 1 and "(the same names: their schemas or key order differ)" in said[4][0]
+    assert chat.tools_mismatch(None, (None,)) is None and chat.tools_mismatch([BASH], ()) is None

@@ -17,6 +17,7 @@ from trajsft.plan import step_configs
 from trajsft.plan.kinds import KINDS
 from trajsft.plan import config as C
 from trajsft.plan import specs as S
+from trajsft.plan.tools import BASH as BASH_TOOL
 
 QWEN3_8B_REV = "b968826d9c46dd6066d109eabc6255188de91218"
 SCHEMA = yaml.safe_load(C.SCHEMA_PATH.read_text())
@@ -171,6 +172,9 @@ def test_each_spec_field_holds_the_type_its_schema_key_allows(section):
                 continue  # a nested section: its own parametrization
             (held, none_ok), (allowed, null_ok) = _field_type(cls, f.name), _schema_type(sub)
             checked += 1
+            if f.name in S.RESOLVED_KEYS:  # resolved from the config's form (tools: a preset or a list -> JSON text)
+                assert held == {S.RESOLVED_KEYS[f.name]} and none_ok, (section, f.name, held)
+                continue
             if all(isinstance(t, type) and issubclass(t, S.Spec) for t in held):
                 assert allowed == {str}, (section, f.name)  # a key naming another section (a student): resolved
                 continue
@@ -252,6 +256,12 @@ PERTURB = {
     ("TeacherSpec", "rows"): [(teacher("gpt-5-mini", rows=4000), "gpt-5-mini", None)],
     ("TeacherSpec", "transform"): [(teacher("demo", transform={"heldout_fraction": 0.2, "long_chats": "drop"}),
                                     "demo", None)],
+    ("TeacherSpec", "tools"): [(teacher("demo", tools=[]), "demo", None),
+                               (lambda c: c.update(tools=[{"type": "function", "function": {"name": "bash"}}]),
+                                "gpt-5-mini", None),
+                               # the same bash tool, its keys in another order: it renders differently
+                               (teacher("gpt-5-mini", tools=[{"function": BASH_TOOL["function"], "type": "function"}]),
+                                "gpt-5-mini", None)],
     ("TransformSpec", "drop_roles"): [(transform(drop_roles=["exit", "system"]), "gpt-5-mini", None)],
     ("TransformSpec", "resolved_only"): [(transform(resolved_only=True), "gpt-5-mini", None)],
     ("TransformSpec", "dedup_traj_id"): [(transform(dedup_traj_id=False), "gpt-5-mini", None)],

@@ -37,7 +37,7 @@ def test_cells_are_the_grid_and_a_cell_that_changes_nothing_is_its_base():
     chain = {x.kind: x.name for x in plan.chain("lr-demo-learning_rate-0.001")}
     demo = {x.kind: x.name for x in plan.chain("demo")}
     assert chain["tokenized"] == demo["tokenized"] and chain["checkpoints"].startswith("lr-demo-learning_rate-0.001-")
-    assert demo["checkpoints"] == "demo-4a31a8c394"
+    assert demo["checkpoints"] == "demo-6793026b50"
     assert C.validate(cfg) is cfg and sweeps.cells(cfg) == sweeps.cells(load(LR_DEMO))  # validating again: the same
 
 

@@ -54,10 +54,17 @@ def profile(dest: Path, address: str, storage_root: Path, overrides: dict | None
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory, shared_cluster):
-    # and mix-demo's data in the end-to-end test: the demo's 256-token windows with its held-out chats (demo, trained
-    # beside it, is evaluated)
+    # and the end-to-end test's data, without tools (E2E_DEMO): mix-demo's, the demo's 256-token windows with its
+    # held-out chats (demo, trained beside it, is evaluated), and demo's own 1024-token windows
     return data_rules(tmp_path_factory.mktemp("tpu"), shared_cluster.cluster.head, SLICE,
-                      {**SLICE, "teachers": {"demo": {"training": {"seq_len": SHORT_SEQ_LEN}}}})
+                      {**SLICE, "teachers": {"demo": {"training": {"seq_len": SHORT_SEQ_LEN}, "tools": []}}},
+                      {**SLICE, "teachers": {"demo": {"tools": []}}})
+
+
+# the end-to-end test's demo and its later runs of the same run (the sweep, the export refusal, the evaluation): no
+# tools, as mix-demo trains the demo's chats on 256-token windows that the tools block (about 225 tokens) would fill,
+# and a mixture renders its teachers' chats with their tools
+E2E_DEMO = {"training": {"max_steps": 4}, "tools": []}
 
 
 def test_test_profile_differs_from_tpu_east5_only_in_address_and_storage(tmp_path):
@@ -166,7 +173,7 @@ def test_end_to_end_two_targets_at_once_and_no_secret_leaks(data, ray_head):
     mix_training = {"epochs": 2, "batch_size": 4, "learning_rate": 3.0e-3, "max_grad_norm": 1.0,
                     "seq_len": SHORT_SEQ_LEN, "max_steps": 4}
     prof = profile(wd.parent / "e2e-profile", ray_head.address, data[1], {
-        "teachers": {"demo": {"training": {"max_steps": 4}}},
+        "teachers": {"demo": E2E_DEMO},
         "mixtures": {"mix-demo": {"teachers": {"demo": 1.0}, "student": "tiny", "training": mix_training}}})
     h = run_hash(wd, prof)
     cmd = [SNAKEMAKE, "-s", str(REPO / "Snakefile"), "-d", str(wd), "--profile", str(prof), "-j", "2",
@@ -252,7 +259,7 @@ def test_end_to_end_two_targets_at_once_and_no_secret_leaks(data, ray_head):
     exports = sorted(data[1].rglob("export_hf.log"))
     before = {f: f.read_text().count("export ") for f in exports}
     big = profile(wd.parent / "big-export-profile", ray_head.address, data[1], {
-        "teachers": {"demo": {"training": {"max_steps": 4}}}, "ray": {**SLICE["ray"], "export_memory_gib": 1000}})
+        "teachers": {"demo": E2E_DEMO}, "ray": {**SLICE["ray"], "export_memory_gib": 1000}})
     p = snakemake(wd, big, ray_head, check=False, timeout=600)
     out = p.stdout + p.stderr
     assert p.returncode != 0 and "the final HF export needs about 1000.0 GiB of memory and no node of the cluster " \
@@ -270,7 +277,7 @@ def next_actions_on_a_slice_host_killed_then_resumed(wd: Path, ray_head, data) -
     import psutil
 
     prof = profile(wd.parent / "e2e-eval-profile", ray_head.address, data[1], {
-        "teachers": {"demo": {"training": {"max_steps": 4}, "actions": {"max_seqs": 1}}}})
+        "teachers": {"demo": {**E2E_DEMO, "actions": {"max_seqs": 1}}}})
     ev = next(a for a in plan_of(wd, prof)["artifacts"] if a["kind"] == "evals")
     chats = Path(ev["location"]) / "chats"
     reference = subprocess.Popen(  # uninterrupted, on this machine's CPU, meanwhile (--teachers: computed, not read)

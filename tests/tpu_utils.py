@@ -33,9 +33,10 @@ def short_seq(overrides: dict) -> dict:
     teachers' default (``heldout_fraction`` 0): the trainer then never evaluates, as nothing of these scenarios
     reads an evaluation (the demo's tenth of its chats held out cost each train_lm start an evaluation's compile,
     and the run an evaluation every ``n // 10`` steps, every step below 10). Its tokenized data is built by
-    :func:`data_rules`."""
+    :func:`data_rules`. No tools: their block (about 225 tokens of the demo tokenizer) would leave the windows no
+    assistant token."""
     return deep_merge(overrides, {"teachers": {"demo": {"training": {"seq_len": SHORT_SEQ_LEN},
-                                                        "transform": {"heldout_fraction": 0.0}}}})
+                                                        "transform": {"heldout_fraction": 0.0}, "tools": []}}})
 
 
 def make_profile(dest: Path, address: str, storage_root: Path, overrides: dict | None = None) -> Path:

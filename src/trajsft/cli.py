@@ -406,7 +406,7 @@ def cmd_eval_actions(args) -> int:
         if not args.teachers and (problem := step_configs.held_out_problem(plan, row.target)):
             raise C.ConfigError(f"{row.target}: {problem}")
         held_out = {t: _held_out(plan, t) for t in args.teachers or ev.held_out}
-        turns = actions.sampled(held_out, max_turns)
+        turns = actions.sampled(held_out, max_turns, step_configs.prompt_tools(plan, row.target, held_out))
         if args.replay:
             from transformers import AutoTokenizer
 

@@ -110,6 +110,7 @@ def build_chat_cache(
     messages_field: str = "messages",
     seq_len: Optional[int] = None,
     workers: Optional[int] = None,
+    tools: Optional[list[dict]] = None,
 ) -> dict:
     """Build Levanter chat caches ``<cache_dir>/train`` (and ``/validation``) from chat shards.
 
@@ -119,7 +120,9 @@ def build_chat_cache(
     ``preprocessor_for_format`` gives for ``ChatLmDatasetFormat``) with
     ``tokenizer.apply_chat_template(..., return_assistant_tokens_mask=True)``, i.e. exactly what
     ``train_lm`` would build, so training loads this cache as is. Every chat must contain at least
-    one assistant turn (Levanter raises otherwise) and the template needs ``{% generation %}`` tags.
+    one assistant turn (Levanter raises otherwise) and the template needs ``{% generation %}`` tags. With
+    ``tools`` (the teacher's) every chat renders with their block (``trajsft.data.chat_processor``, Levanter's
+    processor passing ``tools``).
 
     The shards stream through that processor into Levanter's ``SerialCacheWriter`` in this process
     (``trajsft.data.chat_cache``): the rows and ledger metadata Levanter's own Ray cache builder
@@ -165,16 +168,13 @@ def build_chat_cache(
 
     with _building(final_dir) as build_dir:
         from levanter.compat.hf_checkpoints import load_tokenizer
-        from levanter.data.text import ChatLmDatasetFormat, preprocessor_for_format
+
+        from . import chat_cache
+        from .chat_processor import ToolsChatProcessor
 
         tok = load_tokenizer(resolve_tokenizer(tokenizer))
-        fmt = ChatLmDatasetFormat(
-            messages_field=messages_field, chat_template=chat_template, pack=True, mask_user_turns=True
-        )
-        from . import chat_cache
-
-        # the processor Levanter's builder would use (same ledger metadata)
-        processor = preprocessor_for_format(fmt, tok, enforce_bos=True, enforce_eos=True)
+        # the processor Levanter's builder would use for ChatLmDatasetFormat (same ledger metadata), with the tools
+        processor = ToolsChatProcessor(tok, chat_template, tools, messages_field=messages_field)
         if workers is None:
             workers = chat_cache.pool_workers(sum(chat_cache.shard_bytes(u) for u in splits.values()))
         # the pool (large inputs only) is forked before any cache writer exists

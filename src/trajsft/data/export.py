@@ -8,8 +8,8 @@ Each export says how to train it, so that the other trainer sees exactly what tr
   renders of them, :func:`messages_row`), plus ``messages/chat_template.jinja`` (the
   template trajsft trains with: Qwen3's official one with ``{% generation %}`` markers, which TRL's
   ``assistant_only_loss`` needs) and ``messages/sft_config.json`` (TRL ``SFTConfig`` arguments).
-  The source datasets carry no tool schema, so there is no ``tools`` column: a rendering with a
-  tool list would show the model a system block the teacher never saw.
+  There is no ``tools`` column yet: trajsft trains every chat with its teacher's tools block (config
+  ``tools:``), so a trainer reading these rows trains without it until they carry the tools (issue 64's second part).
 - ``llamafactory/``: sharegpt rows, ``dataset_info.json`` and ``train_args.yaml`` (``template:
   qwen3_nothink``, ``dataset_dir``, ``dataset``, ``cutoff_len`` = the target's ``seq_len``, the
   mixture arguments). Every assistant value is written as Qwen3 renders that turn inside the full

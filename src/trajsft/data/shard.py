@@ -74,7 +74,8 @@ def shard(cfg: ShardConfig) -> dict:
         if isinstance(rec.get("resolved"), bool):
             resolved.append(rec["resolved"])
 
-    res = transform.transform_rows(_iter_rows(cfg.raw_location), cfg.teacher, cfg.transform, sink=sink)
+    res = transform.transform_rows(_iter_rows(cfg.raw_location), cfg.teacher, cfg.transform, sink=sink,
+                                   tools=cfg.tools)
     listing = "".join(json.dumps(r, ensure_ascii=True, sort_keys=True) + "\n" for r in res.skipped_rows)
     write_text(cfg.skipped_list, listing)
     if str(cfg.skipped_list) != io.join(cfg.location, "skipped.jsonl"):  # in the payload too
@@ -102,5 +103,6 @@ def shard(cfg: ShardConfig) -> dict:
         "files": files,
         "shard_tokens": transform.SHARD_TOKENS,
         "transform": cfg.transform,
+        "tools": [t["function"]["name"] for t in cfg.tools or ()],  # the functions every call was checked against
         "trajectories": sorted(trajectories, key=lambda t: t["split"] != "train"),
     }

@@ -32,6 +32,17 @@ def length_shares(lengths: list[int]) -> dict:
     return out
 
 
+def tools_block_tokens(cfg: TokenizeConfig) -> int:
+    """Tokens the teacher's tools block adds to every chat (0: no tools), with the student's tokenizer."""
+    if not cfg.tools:
+        return 0
+    from levanter.compat.hf_checkpoints import load_tokenizer
+
+    from .chat_processor import tools_block_tokens as count
+
+    return count(load_tokenizer(data_cache.resolve_tokenizer(cfg.tokenizer)), template.load_template(), cfg.tools)
+
+
 def _traj_ids(urls: list[str]) -> list:
     from .chat_cache import iter_records
 
@@ -59,7 +70,7 @@ def tokenize(cfg: TokenizeConfig) -> dict:
 
     stats = data_cache.build_chat_cache(urls["train"], urls.get("validation", []), join(loc, "cache"),
                                         tokenizer=cfg.tokenizer, chat_template=template.load_template(),
-                                        seq_len=seq_len)
+                                        seq_len=seq_len, tools=cfg.tools)
     window, dropped, orders, bins, report = {"seq_len": seq_len, "long_chats": policy}, [], {}, {}, {}
     for split in ("train", "validation"):
         if not stats.get(split):
@@ -113,6 +124,7 @@ def tokenize(cfg: TokenizeConfig) -> dict:
              tr["assistant_fraction"], tr["packed_sequences"], seq_len, 100 * tr["packed_non_pad"],
              report["train"]["next_fit_in_shard_order"]["sequences"], report["train"]["lower_bound"])
     return {"teacher": cfg.teacher, "cache_dir": final_dir, "tokenizer": cfg.tokenizer,
+            "tools": [t["function"]["name"] for t in cfg.tools or ()], "tools_block_tokens": tools_block_tokens(cfg),
             "template_sha256": template.template_sha256(), "window": window, "dropped": dropped,
             "packing": report, "stats": stats}
 

@@ -55,8 +55,9 @@ REASONS = (
     "invalid_json", "too_deeply_nested", "integer_too_long", "invalid_unicode", "not_a_message_list",
     "unknown_role", "non_string_content", "conflicting_reasoning", "control_token_in_content", "bad_tool_calls",
     "invalid_tool_arguments", "duplicate_tool_call_id", "tool_message_without_id", "dangling_tool_call_id",
-    "tool_reply_without_call", "invalid_name", "empty_assistant_turn", "no_assistant_turn", "no_user_turn", "missing_traj_id",
-    "invalid_metadata", "invalid_resolved", "duplicate_traj_id", "unresolved",
+    "tool_reply_without_call", "invalid_name", "empty_assistant_turn", "no_assistant_turn", "no_user_turn",
+    "unknown_tool", "missing_tool_argument", "missing_traj_id", "invalid_metadata", "invalid_resolved",
+    "duplicate_traj_id", "unresolved",
 )
 
 
@@ -270,8 +271,27 @@ def _check_tool_links(msgs: list[dict]) -> Counter:
     return +events
 
 
-def normalize_messages(raw: Any, drop_roles: Iterable[str] = ()) -> tuple[list[dict], Counter]:
-    """Validate one row's ``messages`` value; return clean messages and event counts."""
+def _check_calls(msgs: list[dict], source_index: list[int], tools: list[dict]) -> None:
+    """Every call names a function of the teacher's ``tools`` and its arguments hold that function's required keys
+    (checked after every other check of the row: a row with a malformed call keeps that reason)."""
+    required = {t["function"]["name"]: (t["function"].get("parameters") or {}).get("required", []) for t in tools}
+    for m, i in zip(msgs, source_index):
+        for j, call in enumerate(m.get("tool_calls") or ()):
+            w, fn = f"messages[{i}].tool_calls[{j}].function", call["function"]
+            if fn["name"] not in required:
+                raise BadRow("unknown_tool", f"{w}.name {fn['name']!r:.60} is not one of the teacher's tools "
+                             f"({', '.join(required)})")
+            args = json.loads(fn["arguments"]) if isinstance(fn["arguments"], str) else fn["arguments"]
+            missing = [k for k in required[fn["name"]] if k not in args]
+            if missing:
+                raise BadRow("missing_tool_argument", f"{w}.arguments lack {fn['name']}'s required "
+                             f"{', '.join(repr(k) for k in missing)}")
+
+
+def normalize_messages(raw: Any, drop_roles: Iterable[str] = (), tools: list[dict] | None = None
+                       ) -> tuple[list[dict], Counter]:
+    """Validate one row's ``messages`` value; return clean messages and event counts. With ``tools`` (the
+    teacher's), every call must name one of them with its required arguments."""
     events: Counter = Counter()
     if isinstance(raw, str):
         raw = parse_json(raw, "messages")
@@ -280,6 +300,7 @@ def normalize_messages(raw: Any, drop_roles: Iterable[str] = ()) -> tuple[list[d
     check_depth(raw, "messages")
     drop = set(drop_roles)
     msgs: list[dict] = []
+    source_index: list[int] = []  # each kept message's index in the row (errors name the row's own index)
     for i, m in enumerate(raw):
         role = m.get("role")
         where = f"messages[{i}]"
@@ -317,12 +338,15 @@ def normalize_messages(raw: Any, drop_roles: Iterable[str] = ()) -> tuple[list[d
         if name is not None:
             out["name"] = name
         msgs.append(out)
+        source_index.append(i)
     last = max((i for i, m in enumerate(msgs) if m["role"] == "assistant"), default=None)
     if last is None:
         raise BadRow("no_assistant_turn", "messages has no assistant turn")
     if not any(m["role"] == "user" for m in msgs[:last]):
         raise BadRow("no_user_turn", "messages has no user turn before the assistant")
     events.update(_check_tool_links(msgs))
+    if tools:
+        _check_calls(msgs, source_index, tools)
     return msgs, events
 
 
@@ -397,9 +421,10 @@ def record_bytes(rec: dict) -> bytes:
 
 
 def transform_rows(rows: Iterable[tuple[Source, dict]], teacher: str, transform: dict,
-                   sink: Callable[[str, dict], None] | None = None) -> Result:
-    """Validate ``rows``; kept records go to ``sink(split, record)`` as they come (streaming), else
-    into ``Result.records``. ``Result.kept`` counts them per split either way."""
+                   sink: Callable[[str, dict], None] | None = None, tools: list[dict] | None = None) -> Result:
+    """Validate ``rows`` (their calls against the teacher's ``tools``, if any); kept records go to
+    ``sink(split, record)`` as they come (streaming), else into ``Result.records``. ``Result.kept`` counts them per
+    split either way."""
     res = Result()
     seen: set[str] = set()
     for src, row in rows:
@@ -415,7 +440,7 @@ def transform_rows(rows: Iterable[tuple[Source, dict]], teacher: str, transform:
             resolved, converted = parse_resolved(row.get("resolved"))
             if transform.get("resolved_only") and resolved is not True:
                 raise BadRow("unresolved", f"resolved is {resolved} (resolved_only filter)", field="resolved")
-            msgs, events = normalize_messages(row.get("messages"), transform.get("drop_roles", ()))
+            msgs, events = normalize_messages(row.get("messages"), transform.get("drop_roles", ()), tools)
             rec = {"messages": msgs, "teacher": teacher, "traj_id": traj_id, **_meta(row)}
             if "resolved" in row:
                 rec["resolved"] = resolved

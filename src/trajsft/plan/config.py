@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from . import hashing
+from . import hashing, tools
 from ..errors import ConfigError, DataError
 from ..io import is_remote, join
 from . import specs as S
@@ -403,14 +403,15 @@ class Plan:
         h = hashing.short(inputs)
         return self._add(
             "shards", f"{self.data_label(teacher)}-{h}", h, inputs, deps=[(raw.kind, raw.name)],
-            spec={"teacher": teacher, "transform": transform, "raw": raw.name, "expected_rows": self.cfg["teachers"][teacher]["rows"]},
+            spec={"teacher": teacher, "transform": transform, "raw": raw.name, "expected_rows": self.cfg["teachers"][teacher]["rows"],
+                  "tools": tools.load(self.specs.teachers[teacher].tools)},
         )
 
     def _tokenized(self, teacher: str, student: S.StudentSpec, training: S.TrainingSpec) -> Artifact:
         shards = self.shards(teacher)
         if not TEMPLATE_PATH.exists():
             raise ConfigError(f"chat template missing: {TEMPLATE_PATH}")
-        transform = self.specs.teachers[teacher].transform
+        transform, tool_text = self.specs.teachers[teacher].transform, self.specs.teachers[teacher].tools
         seq_len, long_chats = int(training.seq_len), transform.long_chats
         inputs = {
             "format": KINDS["tokenized"].format,
@@ -421,6 +422,8 @@ class Plan:
             **student.identity("tokenized"),
             **training.identity("tokenized"),
             **transform.identity("tokenized"),
+            # every chat renders with the teacher's tools block (none: the hash of a config before tools were one)
+            **({"tools": tool_text} if tool_text else {}),
         }
         h = hashing.short(inputs)
         # the student's own checkpoint's tokenizer is read from its models/ snapshot (what training reads), not
@@ -431,7 +434,7 @@ class Plan:
             "tokenized", f"{self.data_label(teacher)}-{h}", h, inputs, deps=deps,
             spec={"teacher": teacher, "shards": shards.name,
                   "tokenizer": model.location if model else student.tokenizer.resolved(),
-                  "seq_len": seq_len, "long_chats": long_chats},
+                  "seq_len": seq_len, "long_chats": long_chats, "tools": tools.load(tool_text)},
         )
 
     def tokenizer_snapshot(self, student: S.StudentSpec) -> Artifact | None:

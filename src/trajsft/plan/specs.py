@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
-from . import hashing
+from . import hashing, tools
 from ..errors import ConfigError
 from .kinds import KINDS  # the artifact kinds a field can be hashed into
 
@@ -48,10 +48,14 @@ COSMETIC_SETTINGS = {
     "default_targets": "which targets `snakemake` builds with no target",
     "report_targets": "which targets the report compares",
 }
+# Keys whose config value is resolved into another form before it is held (their schema type is the config's, the
+# field's is what is hashed): tools, a preset name or a list of function tools, held as the list's JSON text.
+RESOLVED_KEYS = {"tools": str}
 # Top-level settings that reach the hashes through the specs.
 SPEC_SETTINGS = {
     "student": "TargetSpec.student: the student of every target that names none",
     "transform": "TransformSpec: the defaults under every teacher's own transform",
+    "tools": "TeacherSpec.tools: the default of every teacher that names none",
     "training": "TrainingSpec: the defaults under every target's own training",
     "students": "StudentSpec, ModelSpec",
     "teachers": "TeacherSpec (data); TargetSpec (a teacher trained on its own: student, training)",
@@ -212,6 +216,9 @@ class TeacherSpec(Spec):
     rows: int = hashed("checkpoints", why="with epochs_of: rows the step count is ceil(epochs * rows / batch); "
                        "download checks it (a params rerun trigger)")
     transform: TransformSpec = hashed("shards", "tokenized", why="see TransformSpec")
+    tools: Optional[str] = hashed("shards", "tokenized", why="the tools the teacher was given (their JSON text, key "
+                                  "order included): calls are checked against them, every chat renders with their "
+                                  "block (None: no tools)", default=None)
 
 
 @dataclass(frozen=True)
@@ -347,7 +354,8 @@ def build(cfg: Mapping, base_dir: str | os.PathLike) -> Specs:
     for name, t in cfg["teachers"].items():
         tr = _spec(TransformSpec, _merge(base_transform, t.get("transform")), f"teachers.{name}.transform")
         teachers[name] = TeacherSpec(name=name, dataset=refs(t["dataset"], t["revision"]), rows=int(t["rows"]),
-                                     transform=tr)
+                                     transform=tr, tools=tools.resolve(t["tools"] if "tools" in t else cfg.get("tools"),
+                                                                       f"teachers.{name}"))
     targets = {}
     entries = [(n, e, {n: 1.0}) for n, e in cfg["teachers"].items()]
     entries += [(n, e, dict(e["teachers"])) for n, e in (cfg.get("mixtures") or {}).items()]

@@ -10,7 +10,7 @@ With :mod:`trajsft.plan.step` (a rule job's sub-plan), the only module that look
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
@@ -49,6 +49,7 @@ class ShardConfig:
     raw_location: str  # the raw snapshot it reads
     location: str
     skipped_list: Path  # every skipped row, one JSON object per line, next to the manifest
+    tools: Optional[list] = None  # the teacher's tools (OpenAI function tools): every call is checked against them
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,7 @@ class TokenizeConfig:
     shards_location: str
     shard_files: Mapping[str, list[str]]  # split -> the shard files (relative to shards_location), in order
     location: str
+    tools: Optional[list] = None  # the teacher's tools: every chat renders with their block (None: none)
 
 
 def download(plan: Plan, name: str) -> DownloadConfig:
@@ -79,7 +81,7 @@ def shard(plan: Plan, name: str) -> ShardConfig:
     spec = art.spec
     return ShardConfig(name=art.name, teacher=spec["teacher"], transform=spec["transform"],
                        raw_location=plan.get("raw", spec["raw"]).location, location=art.location,
-                       skipped_list=Path(art.manifest).parent / "skipped.jsonl")
+                       skipped_list=Path(art.manifest).parent / "skipped.jsonl", tools=spec.get("tools"))
 
 
 def tokenize(plan: Plan, name: str) -> TokenizeConfig:
@@ -89,7 +91,8 @@ def tokenize(plan: Plan, name: str) -> TokenizeConfig:
     shards = plan.get("shards", spec["shards"])
     return TokenizeConfig(name=art.name, teacher=spec["teacher"], tokenizer=spec["tokenizer"],
                           seq_len=int(spec["seq_len"]), long_chats=spec["long_chats"], shards_location=shards.location,
-                          shard_files=dict(shards.read_manifest()["files"]), location=art.location)
+                          shard_files=dict(shards.read_manifest()["files"]), location=art.location,
+                          tools=spec.get("tools"))
 
 
 @dataclass(frozen=True)
@@ -187,6 +190,8 @@ class EvalActionsConfig:
     max_turns: int  # turns scored per teacher split (a deterministic sample)
     max_tokens: int  # the greedy generation cap per turn
     max_seqs: Optional[int] = None  # the engine's sequences at once (None: its measured default)
+    # teacher -> the tools its turns' prompts render with (what the student trained with; None: no tools block)
+    tools: Mapping[str, Optional[list]] = field(default_factory=dict)
 
 
 def eval_actions(plan: Plan, name: str) -> EvalActionsConfig:
@@ -196,7 +201,17 @@ def eval_actions(plan: Plan, name: str) -> EvalActionsConfig:
     return EvalActionsConfig(target=name, name=art.name, location=art.location, train=train(plan, name),
                              held_out={t: plan.get("shards", s).location for t, s in spec["shards"].items()},
                              max_turns=int(spec["max_turns"]), max_tokens=int(spec["max_tokens"]),
-                             max_seqs=spec.get("max_seqs"))
+                             max_seqs=spec.get("max_seqs"), tools=prompt_tools(plan, name, spec["shards"]))
+
+
+def prompt_tools(plan: Plan, target: str, teachers) -> dict[str, Optional[list]]:
+    """The tools each scored teacher's turns are prompted with: the tools the target's student trained with. A
+    teacher of the target: its own; another teacher's split: the target's tools when its teachers agree on them,
+    else that teacher's own."""
+    own = {t: plan.shards(t).spec.get("tools") for t in plan.specs.targets[target].teachers}
+    agreed = [*own.values()][0] if len({repr(v) for v in own.values()}) == 1 else None
+    return {t: own[t] if t in own else (agreed if agreed is not None else plan.shards(t).spec.get("tools"))
+            for t in teachers}
 
 
 def held_out_problem(plan: Plan, name: str) -> str | None:

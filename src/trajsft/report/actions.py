@@ -18,7 +18,9 @@ once (greedy, up to ``max_tokens``). Its output is parsed as ``trajsft serve`` p
   submits: ``COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT``, mini-swe-agent's signal);
 - ``tokens``: the mean tokens generated (not an agreement: no upper bound).
 
-An output that does not parse is counted (``valid`` 0, and ``unparsed``), never an error. Two built-in models prove
+Every prompt renders with the teacher's tools (the block the student trained with: ``Turn.tools``). A turn whose
+prompt leaves the student no room to generate (its ``seq_len`` filled) is skipped and counted (``skipped_no_room``),
+not scored. An output that does not parse is counted (``valid`` 0, and ``unparsed``), never an error. Two built-in models prove
 the scores honest: :class:`Replay` answers with the teacher's own turn as the template renders it (no token cap),
 which must score 1.0 on every agreement; :class:`ConstantText` answers every turn with the same text.
 
@@ -63,10 +65,13 @@ class Turn:
     index: int  # the assistant message's index in the chat
     context: tuple[dict, ...]
     reference: dict
+    tools: Optional[tuple[dict, ...]] = None  # the tools the prompt renders with (the block the student trained with)
 
 
-def held_out_turns(teacher: str, shards_location: str, max_turns: int) -> list[Turn]:
-    """The sampled assistant turns of ``teacher``'s held-out chats (the shard set's validation split)."""
+def held_out_turns(teacher: str, shards_location: str, max_turns: int,
+                   tools: Optional[Sequence[dict]] = None) -> list[Turn]:
+    """The sampled assistant turns of ``teacher``'s held-out chats (the shard set's validation split), each to be
+    prompted with ``tools``."""
     files = shard_files(shards_location).get("validation") or []
     chats = read_split(shards_location, files) if files else []
     if not chats:
@@ -77,7 +82,8 @@ def held_out_turns(teacher: str, shards_location: str, max_turns: int) -> list[T
         msgs = chat["messages"]
         for i, m in enumerate(msgs):
             if m["role"] == "assistant":
-                turns.append(Turn(teacher, str(chat["traj_id"]), i, tuple(msgs[:i]), m))
+                turns.append(Turn(teacher, str(chat["traj_id"]), i, tuple(msgs[:i]), m,
+                                  tuple(tools) if tools else None))
 
     def key(t: Turn) -> str:
         return hashlib.sha256(f"{t.traj_id}:{t.index}".encode()).hexdigest()
@@ -86,16 +92,18 @@ def held_out_turns(teacher: str, shards_location: str, max_turns: int) -> list[T
 
 
 def prompt_text(tokenizer, turn: Turn) -> str:
-    """The conversation before the turn, rendered as training renders it, the assistant's turn opened."""
-    return tokenizer.apply_chat_template(list(turn.context), chat_template=load_template(), tokenize=False,
-                                         add_generation_prompt=True)
+    """The conversation before the turn, rendered as training renders it (its tools block included), the
+    assistant's turn opened."""
+    return tokenizer.apply_chat_template(list(turn.context), tools=list(turn.tools) if turn.tools else None,
+                                         chat_template=load_template(), tokenize=False, add_generation_prompt=True)
 
 
 class Model(Protocol):
     name: str
 
-    def answer(self, turns: Sequence[Turn]) -> list[tuple[str, bool, int]]:
-        """Each turn's output text, whether the model ended its turn, and the tokens it generated."""
+    def answer(self, turns: Sequence[Turn]) -> list[Optional[tuple[str, bool, int]]]:
+        """Each turn's output text, whether the model ended its turn, and the tokens it generated; None for a turn
+        whose prompt leaves the model no room to generate (skipped, counted)."""
 
 
 class Replay:
@@ -111,7 +119,7 @@ class Replay:
         for t in turns:
             before = prompt_text(self.tokenizer, t)
             full = self.tokenizer.apply_chat_template([*t.context, t.reference], chat_template=load_template(),
-                                                      tokenize=False)
+                                                      tools=list(t.tools) if t.tools else None, tokenize=False)
             if not full.startswith(before):
                 raise DataError(f"{t.teacher}/{t.traj_id} turn {t.index}: the template renders the turn's context "
                                 "differently with the turn after it")
@@ -138,13 +146,19 @@ class Student:
     def __init__(self, name: str, loaded, max_tokens: int):
         self.name, self.loaded, self.max_tokens = name, loaded, max_tokens
 
-    def answer(self, turns: Sequence[Turn]) -> list[tuple[str, bool, int]]:
+    def answer(self, turns: Sequence[Turn]) -> list[Optional[tuple[str, bool, int]]]:
         from ..train import generate
 
         tok = self.loaded.tokenizer
         prompts = [tok.encode(prompt_text(tok, t), add_special_tokens=False) for t in turns]
-        out = []
-        for toks, ended in generate.generate(self.loaded, prompts, self.max_tokens):
+        room = [generate.room(self.loaded, p) > 0 for p in prompts]
+        outputs = iter(generate.generate(self.loaded, [p for p, r in zip(prompts, room) if r], self.max_tokens))
+        out: list[Optional[tuple[str, bool, int]]] = []
+        for fits in room:
+            if not fits:  # the prompt fills the student's seq_len: nothing to generate
+                out.append(None)
+                continue
+            toks, ended = next(outputs)
             out.append((tok.decode(toks, skip_special_tokens=True), ended, len(toks) + (1 if ended else 0)))
         return out
 
@@ -190,9 +204,16 @@ def score(student: Parsed, ended: bool, teacher: Parsed) -> dict[str, Optional[f
     return out
 
 
-def answered(turn: Turn, text: str, ended: bool, tokens: int) -> dict:
+NO_ROOM = "no_room"  # a turn whose prompt fills the student's seq_len: skipped, counted
+
+
+def answered(turn: Turn, answer: Optional[tuple[str, bool, int]]) -> dict:
     """One scored turn: the model's output, whether it ended its turn, its tokens and its metrics against the
-    teacher's (what a chat's record holds and the side-by-side file shows)."""
+    teacher's (what a chat's record holds and the side-by-side file shows); a turn the model had no room to answer
+    (``answer`` None): skipped, with the reason."""
+    if answer is None:
+        return {"index": turn.index, "skipped": NO_ROOM}
+    text, ended, tokens = answer
     student = parse_output(text)
     return {"index": turn.index, "output": text, "ended": ended, "tokens": tokens, "unparsed": not student.parsed,
             "metrics": score(student, ended, parse_message(turn.reference))}
@@ -200,7 +221,9 @@ def answered(turn: Turn, text: str, ended: bool, tokens: int) -> dict:
 
 def figures(records: Sequence[Mapping]) -> dict:
     """A split's figures from its scored turns: turns scored, the mean of each metric over the turns it applies to
-    (with that count), unparsed outputs, mean tokens generated."""
+    (with that count), unparsed outputs, mean tokens generated, and the turns skipped for no room to generate."""
+    skipped = sum(1 for r in records if r.get("skipped") == NO_ROOM)
+    records = [r for r in records if not r.get("skipped")]
     sums: dict[str, float] = {k: 0.0 for k in AGREEMENTS}
     counts: dict[str, int] = {k: 0 for k in AGREEMENTS}
     for r in records:
@@ -212,12 +235,12 @@ def figures(records: Sequence[Mapping]) -> dict:
     return {"turns": n, **{k: (sums[k] / counts[k] if counts[k] else None) for k in AGREEMENTS},
             "applies_to": {k: counts[k] for k in AGREEMENTS if k not in ("valid", "tool_or_text", "ends_episode")},
             "unparsed": sum(bool(r["unparsed"]) for r in records),
-            "tokens": sum(r["tokens"] for r in records) / n if n else None}
+            "tokens": sum(r["tokens"] for r in records) / n if n else None, "skipped_no_room": skipped}
 
 
 def evaluate(model: Model, turns: Sequence[Turn]) -> dict:
     """The split's figures (:func:`figures`) of ``model``'s answers to ``turns``."""
-    return figures([answered(t, *a) for t, a in zip(turns, model.answer(turns), strict=True)])
+    return figures([answered(t, a) for t, a in zip(turns, model.answer(turns), strict=True)])
 
 
 def table(rows: Mapping[str, Mapping[str, Mapping]], metrics: Iterable[str] = ("valid", "tool_name", "tool_or_text",
@@ -240,9 +263,12 @@ def scores(model: Model, turns: Mapping[str, Sequence[Turn]]) -> dict[str, dict]
     return {teacher: evaluate(model, ts) for teacher, ts in turns.items()}
 
 
-def sampled(held_out: Mapping[str, str], max_turns: int) -> dict[str, list[Turn]]:
-    """Each teacher's sampled held-out turns (an empty split: one line naming the setting to change)."""
-    return {teacher: held_out_turns(teacher, location, max_turns) for teacher, location in held_out.items()}
+def sampled(held_out: Mapping[str, str], max_turns: int,
+            tools: Optional[Mapping[str, Optional[Sequence[dict]]]] = None) -> dict[str, list[Turn]]:
+    """Each teacher's sampled held-out turns, prompted with ``tools[teacher]`` (an empty split: one line naming the
+    setting to change)."""
+    return {teacher: held_out_turns(teacher, location, max_turns, (tools or {}).get(teacher))
+            for teacher, location in held_out.items()}
 
 
 CHATS = "chats"  # <location>/chats/<key>.json: one chat's scored turns, written as soon as they are scored
@@ -290,7 +316,7 @@ def score_chats(make_model: Callable[[], Model], turns: Mapping[str, Sequence[Tu
         for start in range(0, len(flat), size):
             chunk = flat[start:start + size]
             for t, a in zip(chunk, model.answer(chunk), strict=True):
-                done[(t.teacher, t.traj_id, t.index)] = answered(t, *a)
+                done[(t.teacher, t.traj_id, t.index)] = answered(t, a)
             for k, ts in list(todo.items()):
                 if all((t.teacher, t.traj_id, t.index) in done for t in ts):
                     rec = {"teacher": ts[0].teacher, "traj_id": ts[0].traj_id,
@@ -349,7 +375,7 @@ def evaluated_steps(location: str) -> dict[int, dict]:
 
 def _evaluate(cfg: EvalActionsConfig, location: str, name: str, source: Optional[dict],
               make_model: Callable[[], Model], batch: Callable[[Model], int]) -> dict:
-    turns = sampled(cfg.held_out, cfg.max_turns)
+    turns = sampled(cfg.held_out, cfg.max_turns, cfg.tools)
     records, counts = score_chats(make_model, turns, location, batch)
     result = {"target": cfg.target, "model": name, "source": source, "max_turns": cfg.max_turns,
               "max_tokens": cfg.max_tokens, "splits": {t: figures(rs) for t, rs in records.items()}}
@@ -388,6 +414,9 @@ def side_by_side(turns: Mapping[str, Sequence[Turn]], records: Mapping[str, Sequ
             for m in t.context[-context:]:
                 out += [f"**{m['role']}** (context)", "", _fence(_message_text(m, limit)), ""]
             out += ["**teacher**", "", _fence(_message_text(t.reference, limit)), ""]
+            if r.get("skipped"):
+                out += ["**student**: not asked: the prompt fills the student's seq_len (skipped, counted)", ""]
+                continue
             ended = "" if r["ended"] else " (cut at the token cap)"
             out += [f"**student**{ended}", "", _fence(r["output"][:limit]), ""]
             shown = ", ".join(f"{k} {v:.2f}" for k, v in r["metrics"].items() if v is not None)
@@ -395,7 +424,7 @@ def side_by_side(turns: Mapping[str, Sequence[Turn]], records: Mapping[str, Sequ
     return "\n".join(out)
 
 
-COLUMNS = ("turns", *AGREEMENTS, "tokens", "unparsed")
+COLUMNS = ("turns", *AGREEMENTS, "tokens", "unparsed", "skipped_no_room")
 
 
 def render_html(results: Sequence[Mapping]) -> str:

@@ -41,7 +41,8 @@ def submit(cfg, log_path: str) -> dict:
     location = storage.absolute(cfg.location)
     spec = {"eval": {"target": cfg.target, "name": cfg.name, "location": location, "max_turns": cfg.max_turns,
                      "max_tokens": cfg.max_tokens, "max_seqs": cfg.max_seqs,
-                     "held_out": {t: storage.absolute(loc) for t, loc in cfg.held_out.items()}},
+                     "held_out": {t: storage.absolute(loc) for t, loc in cfg.held_out.items()},
+                     "tools": dict(cfg.tools)},
             "trained": dataclasses.asdict(trained)}
     spec_url = io.join(location, SPEC)
     io.write_json(spec_url, spec)

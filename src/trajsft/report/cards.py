@@ -181,6 +181,9 @@ def dataset_card(shards_manifest: Mapping, tokenized_manifest: Mapping | None = 
         },
         "tokens": None,
         "seq_len_advice": None,
+        # the tools the teacher was given, every chat trained with their block (what it adds per chat)
+        "tools": {"names": list((tokenized_manifest or {}).get("tools", m.get("tools")) or []),
+                  "block_tokens": (tokenized_manifest or {}).get("tools_block_tokens")},
     }
     checks = {
         "rows_balance": card["rows_in"] == card["kept_total"] + card["skipped_total"],
@@ -225,6 +228,20 @@ def window_summary(window: Mapping) -> dict | None:
         out[k] = {"chats": sum(int(p.get("chats", 0)) for p in parts),
                   "tokens": sum(int(p.get("tokens", p.get("tokens_cut", 0))) for p in parts)}
     return out
+
+
+def fmt_tools(card: Mapping) -> str:
+    """The tools a card's chats trained with and the tokens their block adds per chat ("none": no block)."""
+    def one(t: Mapping | None) -> str:
+        if not t or not t.get("names"):
+            return "none"
+        n = t.get("block_tokens")
+        return ", ".join(t["names"]) + ("" if n is None else f" (+{n:,} tokens per chat)")
+
+    tools = card.get("tools") or {}
+    if "per_teacher" in tools:  # a mixture: each teacher's
+        return "; ".join(f"{t}: {one(x)}" for t, x in tools["per_teacher"].items())
+    return one(tools)
 
 
 def fmt_window(win: Mapping | None, key: str) -> str:
@@ -360,6 +377,8 @@ def mixture_card(cards: Mapping[str, Mapping], weights: Mapping[str, float], nam
             key: mixed_dist(lambda cc, _k=key: cc["trajectories"].get(_k)) for key in ("turns", "tool_calls", "messages", "chars")
         },
         "tokens": tokens,
+        "tools": {"names": list(dict.fromkeys(n for t in teachers for n in (cards[t].get("tools") or {}).get("names", []))),
+                  "per_teacher": {t: cards[t].get("tools") for t in teachers}},
         "composition": composition,
         "teachers": {t: dict(cards[t]) for t in teachers},
         "checks": {f"{t}.{k}": v for t in teachers for k, v in (cards[t].get("checks") or {}).items()},

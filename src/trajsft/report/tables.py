@@ -5,7 +5,7 @@ from __future__ import annotations
 import html as _html
 from typing import Mapping
 
-from .cards import fmt_int, fmt_num, fmt_pct, fmt_window
+from .cards import fmt_int, fmt_num, fmt_pct, fmt_tools, fmt_window
 
 
 # ---- comparison table ----------------------------------------------------------------------
@@ -63,6 +63,7 @@ def table_rows(cards: Mapping[str, Mapping]) -> tuple[list[str], list[tuple[str,
         ("chats beyond seq_len", col(lambda c: fmt_pct(tok(c)["beyond_seq_len"]["chats_share"]))),
         ("tokens beyond seq_len", col(lambda c: fmt_pct(tok(c)["beyond_seq_len"]["tokens_share"]))),
         ("assistant-token share", col(lambda c: fmt_pct(tok(c).get("assistant_share")))),
+        ("tools (their block per chat)", col(fmt_tools)),
         ("long chats", col(lambda c: c["window"]["long_chats"])),
         ("truncated to seq_len (chats, tokens cut)", col(lambda c: fmt_window(c["window"], "truncated"))),
         ("dropped: longer than seq_len", col(lambda c: fmt_window(c["window"], "dropped_longer_than_seq_len"))),

@@ -25,6 +25,8 @@ class Trained:
     run_dir: str  # where the run was found (the current storage root first)
     source: dict  # {"kind": "hf_export"|"checkpoint", "path", "step"} (trajsft.report.matrix.model_source)
     train_cfg: dict  # the run's train_lm config, its paths pointing at run_dir
+    # the tools each of the target's teachers' chats trained with (None: a teacher without tools), in teacher order
+    tools: tuple = ()
 
 
 def locate(train: TrainConfig, step: Optional[int] = None) -> Trained:
@@ -63,7 +65,8 @@ def locate(train: TrainConfig, step: Optional[int] = None) -> Trained:
         source = {"kind": "hf_export", "path": exports[step], "step": step}
     if source["kind"] == "hf_export":
         check_architecture(train_cfg["model"], source["path"])
-    return Trained(target=target, name=run.name, run_dir=run_dir, source=source, train_cfg=train_cfg)
+    return Trained(target=target, name=run.name, run_dir=run_dir, source=source, train_cfg=train_cfg,
+                   tools=tuple(tok.spec.get("tools") for tok in train.tokenized.values()))
 
 
 def check_architecture(model: dict, hf_export: str) -> None:

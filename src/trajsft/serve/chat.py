@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, Sequence
 
 from ..data.template import load_template
 from ..data.turns import parse_output
@@ -96,6 +96,23 @@ def tools(body: Mapping) -> Optional[list[dict]]:
                 or not isinstance(fn.get("name"), str):
             raise BadRequest(f"tools[{i}]: expected {{\"type\": \"function\", \"function\": {{\"name\": ...}}}}")
     return list(given)
+
+
+def _names(tool_list: Optional[Sequence[Mapping]]) -> str:
+    return ", ".join(str((t.get("function") or {}).get("name")) for t in tool_list or ()) or "none"
+
+
+def tools_mismatch(requested: Optional[list[dict]], trained: Sequence[Optional[list]]) -> Optional[str]:
+    """The log line of a request whose tools are not a set the student trained with (``trained``: each teacher's
+    tools, None for none), else None. Compared as the template renders them (JSON text, key order included); the
+    request is served as asked either way: nothing is added or removed."""
+    text = lambda ts: json.dumps(ts or None, ensure_ascii=False)  # noqa: E731
+    if not trained or any(text(requested) == text(t) for t in trained):
+        return None
+    kinds = " / ".join(dict.fromkeys(_names(t) for t in trained))
+    same = " (the same names: their schemas or key order differ)" if _names(requested) in kinds.split(" / ") else ""
+    return (f"chat completion: the request's tools ({_names(requested)}) are not the ones the student trained with "
+            f"({kinds}){same}: served as asked, so the prompt is not one it trained on")
 
 
 def render(tokenizer, msgs: list[dict], tool_list: Optional[list[dict]]) -> list[int]:

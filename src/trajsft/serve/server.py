@@ -13,6 +13,7 @@ once, prints the URL, the model name and where the start-up time went, and serve
 
 
 import asyncio
+import json
 import logging
 import socket
 import time
@@ -58,6 +59,7 @@ def create_app(served: Trained, tokenizer, submit: Callable, max_seq_len: int, m
     app = FastAPI(title=f"trajsft serve {served.target}")
     end = tokenizer.convert_tokens_to_ids(END_OF_TURN)
     names = (served.name, served.target)
+    said: set[str] = set()  # the request tool sets already said to differ from the trained ones (one line each)
 
     @app.get("/health")
     async def health():
@@ -90,6 +92,9 @@ def create_app(served: Trained, tokenizer, submit: Callable, max_seq_len: int, m
                 raise chat.BadRequest(f"n is {gen['n']}: this server generates at most {max_seqs} at once (--max-seqs)")
         except chat.BadRequest as e:
             return _error(400, str(e))
+        if (line := chat.tools_mismatch(tool_list, served.tools)) and (key := json.dumps(tool_list)) not in said:
+            said.add(key)
+            log.warning("%s", line)
         max_tokens = min(gen["max_tokens"], max_seq_len - len(prompt))
         started = time.time()
         try:

@@ -115,10 +115,20 @@ def end_turn(tokens: list[int], end: int, cap: int) -> tuple[list[int], bool]:
     return toks, len(toks) < cap
 
 
+def room(loaded: Loaded, prompt: list[int]) -> int:
+    """Tokens the model may generate after ``prompt`` before its ``max_seq_len`` (0: none)."""
+    return max(0, loaded.max_seq_len - len(prompt))
+
+
 def generate(loaded: Loaded, prompts: list[list[int]], max_tokens: int, temperature: float = 0.0,
              seed: int = 0) -> list[tuple[list[int], bool]]:
     """Each prompt's generated tokens (up to END_OF_TURN, excluded) and whether the model ended its turn; greedy at
-    temperature 0. Prompts go through the engine ``engine_cfg.max_seqs`` at a time."""
+    temperature 0. Prompts go through the engine ``engine_cfg.max_seqs`` at a time. A prompt that leaves no room
+    (:func:`room`) is refused in one line: callers skip it (the next-action scores count it) or say so (serve)."""
+    full = [i for i, p in enumerate(prompts) if room(loaded, p) < 1]
+    if full:
+        raise ConfigError(f"prompt {full[0]} holds {len(prompts[full[0]])} tokens: no room to generate within the "
+                          f"model's seq_len {loaded.max_seq_len}")
     import haliax as hax
     import jax.numpy as jnp
     import jax.random as jrandom
