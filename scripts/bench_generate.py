@@ -44,9 +44,12 @@ def measure(workdir: Path, turns: int, max_tokens: int, settings=SETTINGS) -> li
     plan = C.Plan(C.load(), base_dir=REPO, state_dir=str(workdir / "results"))
     ev = step_configs.eval_actions(plan, "demo")
     trained = locate(ev.train)
-    held = [t for ts in actions.sampled(ev.held_out, turns).values() for t in ts]
+    held = [t for ts in actions.sampled(ev.held_out, turns, ev.tools).values() for t in ts]  # prompted as scored
+    warm = generate.load(trained.train_cfg, trained.source)  # JAX's and Levanter's process start-up, not measured
+    # the turns the evaluation asks: a prompt that fills the student's seq_len is skipped there, so here too
+    held = [t for t in held if generate.room(warm, warm.tokenizer.encode(actions.prompt_text(warm.tokenizer, t),
+                                                                      add_special_tokens=False)) > 0]
     sample = [held[i % len(held)] for i in range(turns)]  # the demo holds out a few turns: cycled to --turns
-    generate.load(trained.train_cfg, trained.source)  # JAX's and Levanter's process start-up, not measured
     out = []
     for max_seqs, page_size in settings:
         t0 = time.perf_counter()
