@@ -97,7 +97,7 @@ def export_and_cache(work: Path, key: str, teacher_over: dict | None, tokenizer:
     splits = {s: sorted(shards.glob(f"{s}-*.jsonl.gz")) for s in ("train", "validation")}
     cache_dir = work / key / "trajsft-cache"
     cache.build_chat_cache([str(f) for f in splits["train"]], [str(f) for f in splits["validation"]], str(cache_dir),
-                           tokenizer, load_template())
+                           tokenizer, load_template(), tools=step_configs.export(plan, "demo").tools.get("demo"))
     datasets = []
     for split, files in splits.items():
         if not files:

@@ -27,6 +27,7 @@ from trajsft.data import export
 from trajsft.data import download
 from trajsft.data import shard
 from trajsft.data import transform as T
+from trajsft.plan.tools import BASH
 
 SEP = "\n</tool_response>\n<tool_response>\n"
 
@@ -69,7 +70,8 @@ def test_messages_jsonl_loads_with_datasets_and_equals_the_shards(demo_export):
         loaded = _load(sorted((out / "messages" / "demo").glob(f"{split}-*.jsonl")))
         assert len(loaded) == len(recs) == res["teachers"]["demo"]["messages_rows"][split]
         for got, want in zip(loaded, recs):
-            assert got == _plain(want)  # every turn, reasoning, tool call id, tool_call_id and name
+            # every turn, reasoning, tool call id, tool_call_id and name; the teacher's tools, key order kept
+            assert got == _plain({**want, "tools": [BASH]}) and list(got["tools"][0]) == list(BASH)
     calls = [c for r in shards["train"] for m in r["messages"] for c in m.get("tool_calls", ())]
     assert len(calls) > 100 and all(c.get("id") for c in calls)
 
@@ -92,17 +94,17 @@ def _check_sharegpt(row: dict, tags: dict) -> None:
 OFFICIAL = (Path(__file__).resolve().parent / "data" / "qwen3_chat_template.official.jinja").read_text(encoding="utf-8")
 
 
-def _official(msgs: list[dict]) -> str:
-    """What trajsft trains on: the official Qwen3 template's text of the full chat."""
+def _official(msgs: list[dict], tools: list[dict] | None = None) -> str:
+    """What trajsft trains on: the official Qwen3 template's text of the full chat (with the teacher's tools)."""
     from transformers.utils.chat_template_utils import _compile_jinja_template
 
-    return _compile_jinja_template(OFFICIAL).render(messages=msgs, add_generation_prompt=False)
+    return _compile_jinja_template(OFFICIAL).render(messages=msgs, tools=tools, add_generation_prompt=False)
 
 
 def _renders_as_trained(row: dict, rec: dict) -> bool:
-    """LLaMA-Factory's text of the row is the official rendering of the chat (exact), or, when
-    trailing turns were dropped, the official rendering up to the last assistant turn."""
-    got, want = export.lf_render(row), _official(rec["messages"])
+    """LLaMA-Factory's text of the row is the official rendering of the chat with the demo's tools (exact), or,
+    when trailing turns were dropped, the official rendering up to the last assistant turn."""
+    got, want = export.lf_render(row), _official(rec["messages"], [BASH])
     if got == want:
         return True
     last = max(i for i, m in enumerate(rec["messages"]) if m["role"] == "assistant")
@@ -115,7 +117,8 @@ def test_llamafactory_dataset_loads_and_round_trips(demo_export):
     info = json.loads((lf / "dataset_info.json").read_text())
     assert set(info) == {"demo", "demo_validation"}
     for name, entry in info.items():
-        assert entry["formatting"] == "sharegpt" and entry["columns"] == {"messages": "conversations", "system": "system"}
+        assert entry["formatting"] == "sharegpt" and entry["columns"] == {"messages": "conversations", "system": "system",
+                                                                          "tools": "tools"}
         assert entry["tags"]["function_tag"] == "function_call" and entry["tags"]["observation_tag"] == "observation"
     shards = _shard_records(plan)
     for name, entry in info.items():
@@ -124,6 +127,7 @@ def test_llamafactory_dataset_loads_and_round_trips(demo_export):
         assert len(rows) == len(shards[split])  # the demo has no chat sharegpt cannot hold
         for row, rec in zip(rows, shards[split]):
             _check_sharegpt(row, entry["tags"])
+            assert json.loads(row["tools"]) == [BASH] and row["tools"] == json.dumps([BASH])  # naming bash, as written
             assert _renders_as_trained(row, rec), rec["traj_id"]
     lf, ev = res["llamafactory"], res["llamafactory"]["events"]
     n_calls = sum(len(m.get("tool_calls", ())) for r in shards["train"] + shards.get("validation", []) for m in r["messages"])
@@ -173,6 +177,31 @@ def test_empty_system_prompt_is_lossy_per_row():
     msgs = [{"role": "system", "content": ""}, U, {"role": "assistant", "content": "ok"}]
     rows, events, skipped, lossy = export.convert_split([_rec(msgs, "e")])
     assert "system" not in rows[0] and lossy == [{"traj_id": "e", "reasons": ["empty_system_prompt_dropped"]}]
+
+
+def test_with_tools_a_chat_without_a_system_prompt_is_lossy_by_two_newlines_and_an_empty_one_is_exact():
+    """LLaMA-Factory appends its Qwen tool prompt ("\n\n# Tools...") to the system prompt: with one, or an empty one,
+    it renders the official template's block exactly; with none its block opens with a blank line (counted)."""
+    call = {"role": "assistant", "content": "", "tool_calls": [_call(1)]}
+    reply = {"role": "tool", "content": "a.rs", "tool_call_id": "c1"}
+    done = {"role": "assistant", "content": "ok"}
+    cases = {"sys": [{"role": "system", "content": "Be brief."}, U, call, reply, done],
+             "empty": [{"role": "system", "content": ""}, U, call, reply, done], "none": [U, call, reply, done]}
+    rows, events, skipped, lossy = export.convert_split([_rec(m, k) for k, m in cases.items()], [BASH])
+    assert not skipped and lossy == [{"traj_id": "none", "reasons": ["tools_block_blank_lines"]}]
+    assert events["tools_block_blank_lines"] == 1 and not events["empty_system_prompt_dropped"]
+    for row, (k, msgs) in zip(rows, cases.items()):
+        got, want = export.lf_render(row), _official(msgs, [BASH])
+        assert json.loads(row["tools"]) == [BASH] and want.count("# Tools") == 1
+        if k == "none":
+            assert got != want and got.replace("<|im_start|>system\n\n\n# Tools", "<|im_start|>system\n# Tools") == want
+        else:
+            assert got == want, k
+    info = export.dataset_info({"demo": "demo/train", "other": "other/train"}, {"demo"})
+    assert info["demo"]["columns"]["tools"] == "tools" and "tools" not in info["other"]["columns"]
+    # a tools list keeps its key order in the jsonl (the rest sorted): the template's tojson renders that order
+    line = export.jsonl([{"z": 1, "a": 2, "tools": [BASH]}]).decode()
+    assert line == '{"a": 2, "z": 1, "tools": ' + json.dumps([BASH]) + "}\n"
 
 
 def _rec(msgs, traj_id="t"):
@@ -241,10 +270,10 @@ def test_every_kept_hostile_row_exports_or_is_skipped_with_a_reason():
     res = T.transform_rows(rows, "hostile", {"drop_roles": ["exit"], "dedup_traj_id": True})
     recs = res.records["train"] + res.records["validation"]
     for rec in recs:  # one type per column (datasets <= 4.0 fails otherwise), the same text rendered
-        kept, _ = export.messages_row(rec)
+        kept, _ = export.messages_row(rec, [BASH])
         assert all(isinstance(c["function"]["arguments"], str) for m in kept["messages"] for c in m.get("tool_calls", ()))
-        assert _official(kept["messages"]) == _official(rec["messages"])
-    out, events, skipped, lossy = export.convert_split(recs)  # raises if a row renders otherwise
+        assert _official(kept["messages"], kept["tools"]) == _official(rec["messages"], [BASH])
+    out, events, skipped, lossy = export.convert_split(recs, [BASH])  # raises if a row renders otherwise
     assert len(out) + len(skipped) == len(recs) and len(out) > 20
     for row, rec in zip(out, [r for r in recs if r["traj_id"] not in {s["traj_id"] for s in skipped}]):
         _check_sharegpt(row, export.LF_TAGS)

@@ -8,9 +8,10 @@ Each export says how to train it, so that the other trainer sees exactly what tr
   renders of them, :func:`messages_row`), plus ``messages/chat_template.jinja`` (the
   template trajsft trains with: Qwen3's official one with ``{% generation %}`` markers, which TRL's
   ``assistant_only_loss`` needs) and ``messages/sft_config.json`` (TRL ``SFTConfig`` arguments).
-  There is no ``tools`` column yet: trajsft trains every chat with its teacher's tools block (config
-  ``tools:``), so a trainer reading these rows trains without it until they carry the tools (issue 64's second part).
-- ``llamafactory/``: sharegpt rows, ``dataset_info.json`` and ``train_args.yaml`` (``template:
+  With the teacher's tools (config ``tools:``) every row has a ``tools`` column: the tool list, which TRL passes to
+  the template as trajsft's tokenize step does (the ``# Tools`` block trajsft trains with).
+- ``llamafactory/``: sharegpt rows (with the teacher's tools, a ``tools`` column: the list as JSON text, mapped in
+  ``dataset_info.json``), ``dataset_info.json`` and ``train_args.yaml`` (``template:
   qwen3_nothink``, ``dataset_dir``, ``dataset``, ``cutoff_len`` = the target's ``seq_len``, the
   mixture arguments). Every assistant value is written as Qwen3 renders that turn inside the full
   conversation: the think block only after the last user query, an empty one on the conversation's
@@ -33,7 +34,10 @@ Counted *events* (the rendering is still exact):
 - lossy (counted in ``lossy``, and per row in ``llamafactory/lossy.jsonl``):
   ``trailing_turns_dropped`` (sharegpt must end on an assistant turn; nothing after the last
   trained token changes a causal LM's loss), ``empty_system_prompt_dropped`` (LLaMA-Factory renders
-  no block for an empty system prompt; Qwen3 renders an empty one);
+  no block for an empty system prompt; Qwen3 renders an empty one; with tools the two agree),
+  ``tools_block_blank_lines`` (a chat with tools and no system prompt: LLaMA-Factory's tool prompt starts with a
+  blank line, ``<|im_start|>system\n\n\n# Tools``, where Qwen3 writes ``<|im_start|>system\n# Tools``: the prompt,
+  not a trained token, differs);
 - a chat sharegpt cannot hold at all is skipped with a reason (``SKIP_REASONS``), listed and
   counted; it is still in the ``messages`` export.
 
@@ -65,7 +69,14 @@ THINK_OPEN, THINK_CLOSE = "<think>\n", "\n</think>\n\n"  # Qwen3's think block
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"  # LLaMA-Factory tool_call_words
 REPLY_SEP = "\n</tool_response>\n<tool_response>\n"  # how Qwen3 renders consecutive tool replies
 SKIP_REASONS = ("system_not_first", "assistant_before_user", "user_after_user", "assistant_after_assistant")
-LOSSY = ("trailing_turns_dropped", "empty_system_prompt_dropped")
+LOSSY = ("trailing_turns_dropped", "empty_system_prompt_dropped", "tools_block_blank_lines")
+# LLaMA-Factory 0.9.5's QWEN_TOOL_PROMPT (llamafactory/data/tool_utils.py), appended to the system prompt: each tool
+# written as "\n" + json.dumps(tool), as the official template's "\n" + tool | tojson
+LF_TOOL_PROMPT = ("\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+                  "You are provided with function signatures within <tools></tools> XML tags:\n<tools>{tool_text}"
+                  "\n</tools>\n\nFor each function call, return a json object with function name and arguments within "
+                  "<tool_call></tool_call> XML tags:\n<tool_call>\n{{\"name\": <function-name>, "
+                  "\"arguments\": <args-json-object>}}\n</tool_call>")
 EMPTY_SYSTEM = "<|im_start|>system\n<|im_end|>\n"
 
 # LLaMA-Factory 0.9.5's qwen3_nothink slots (llamafactory/data/template.py)
@@ -86,12 +97,12 @@ class Unrepresentable(ValueError):
         self.reason, self.detail = reason, detail
 
 
-def messages_row(rec: dict) -> tuple[dict, int]:
+def messages_row(rec: dict, tools: list[dict] | None = None) -> tuple[dict, int]:
     """A TRL / HF ``messages`` row: the shard record as it is, but for tool-call arguments given as a
     JSON object, written as the string the template's ``tojson`` renders of it (the same text, so
-    the same tokens), and the count of those. One type per column: ``datasets`` up to 4.0 (the one
-    LLaMA-Factory and TRL 0.24 install) cannot load a column that is a string in one row and an
-    object in another."""
+    the same tokens), and the count of those; with the teacher's ``tools``, a ``tools`` column holding them. One
+    type per column: ``datasets`` up to 4.0 (the one LLaMA-Factory and TRL 0.24 install) cannot load a column that
+    is a string in one row and an object in another."""
     n, msgs = 0, []
     for m in rec["messages"]:
         objects = sum(1 for c in m.get("tool_calls") or () if not isinstance(c["function"]["arguments"], str))
@@ -99,7 +110,7 @@ def messages_row(rec: dict) -> tuple[dict, int]:
             m = {**m, "tool_calls": [{**c, "function": {**c["function"], "arguments": _args_text(c)}} for c in m["tool_calls"]]}
             n += objects
         msgs.append(m)
-    return {**rec, "messages": msgs}, n
+    return {**rec, "messages": msgs, **({"tools": tools} if tools else {})}, n
 
 
 # ---- Qwen3's rendering of an assistant turn (the official template, in Python) -----------------
@@ -166,8 +177,9 @@ def _assistant_value(m: dict, i: int, last_query: int, is_last: bool, events: Co
     return LF_TAGS["function_tag"], text + CALL_OPEN + payload + CALL_CLOSE
 
 
-def sharegpt_row(rec: dict) -> tuple[dict, Counter]:
-    """One shard record as a LLaMA-Factory sharegpt row, with its counted events.
+def sharegpt_row(rec: dict, tools: list[dict] | None = None) -> tuple[dict, Counter]:
+    """One shard record as a LLaMA-Factory sharegpt row, with its counted events; with the teacher's ``tools``, its
+    ``tools`` column (the list as JSON text, as LLaMA-Factory reads it).
 
     Raises :class:`Unrepresentable` for a chat whose turn order sharegpt cannot hold
     (human/observation and gpt/function_call must alternate, starting with human).
@@ -177,12 +189,16 @@ def sharegpt_row(rec: dict) -> tuple[dict, Counter]:
     last_query = last_query_index(full)
     start = 0
     row: dict[str, Any] = {}
+    if tools:
+        row["tools"] = json.dumps(tools, ensure_ascii=False)
     if full and full[0]["role"] == "system":
         if full[0]["content"]:
             row["system"] = full[0]["content"]
-        else:
+        elif not tools:  # with tools both render "<|im_start|>system\n\n\n# Tools": nothing lost
             events["empty_system_prompt_dropped"] += 1
         start = 1
+    elif tools:  # LLaMA-Factory's tool prompt opens with a blank line the official template does not write
+        events["tools_block_blank_lines"] += 1
     last = max(i for i, m in enumerate(full) if m["role"] == "assistant")
     if last < len(full) - 1:
         events["trailing_turns_dropped"] += len(full) - 1 - last
@@ -234,8 +250,13 @@ def _lf_function(value: str) -> str:
 
 
 def lf_render(row: dict) -> str:
-    """The text LLaMA-Factory 0.9.5 (template qwen3_nothink, no tools) renders for a sharegpt row."""
-    out = _slot(LF_SLOTS["system"], content=row["system"]) if row.get("system") else ""
+    """The text LLaMA-Factory 0.9.5 (template qwen3_nothink, its qwen tool format) renders for a sharegpt row."""
+    tools = json.loads(row["tools"]) if row.get("tools") else []
+    tool_text = LF_TOOL_PROMPT.format(tool_text="".join(
+        "\n" + json.dumps(t if t.get("type") == "function" else {"type": "function", "function": t}, ensure_ascii=False)
+        for t in tools)) if tools else ""
+    system = (row.get("system") or "") + tool_text
+    out = _slot(LF_SLOTS["system"], content=system) if system else ""
     for i, t in enumerate(row["conversations"]):
         tag, value = t["from"], t["value"]
         if tag == LF_TAGS["user_tag"]:
@@ -256,18 +277,21 @@ def _official():
     return _compile_jinja_template(strip_generation_tags(load_template()))
 
 
-def qwen3_render(messages: list[dict]) -> str:
-    """The official Qwen3 template's text of a full chat: what trajsft tokenizes and trains on."""
-    return _official().render(messages=messages, add_generation_prompt=False)
+def qwen3_render(messages: list[dict], tools: list[dict] | None = None) -> str:
+    """The official Qwen3 template's text of a full chat (with the teacher's tools): what trajsft tokenizes and
+    trains on."""
+    return _official().render(messages=messages, tools=tools or None, add_generation_prompt=False)
 
 
-def check_row(row: dict, events: Counter, messages: list[dict]) -> list[str]:
+def check_row(row: dict, events: Counter, messages: list[dict], tools: list[dict] | None = None) -> list[str]:
     """The row's lossy reasons ([] when LLaMA-Factory renders exactly what trajsft trains on);
     RuntimeError if it renders anything else than a counted loss explains."""
-    got, want = lf_render(row), qwen3_render(messages)
+    got, want = lf_render(row), qwen3_render(messages, tools)
     if got == want:
         return []
     reasons = [k for k in LOSSY if events.get(k)]
+    if "tools_block_blank_lines" in reasons:  # the two newlines LLaMA-Factory's tool prompt opens with
+        got = got.replace("<|im_start|>system\n\n\n# Tools", "<|im_start|>system\n# Tools", 1)
     if "empty_system_prompt_dropped" in reasons and want.startswith(EMPTY_SYSTEM):
         want = want[len(EMPTY_SYSTEM):]
     if reasons and (got == want or ("trailing_turns_dropped" in reasons and want.startswith(got))):
@@ -277,15 +301,27 @@ def check_row(row: dict, events: Counter, messages: list[dict]) -> list[str]:
                        f"{got[at:at + 40]!r} vs {want[at:at + 40]!r} (a bug in trajsft.data.export)")
 
 
-def dataset_info(entries: dict[str, str]) -> dict:
-    """LLaMA-Factory's dataset_info.json: one sharegpt entry per dataset name -> file or dir."""
-    return {name: {"file_name": path, "formatting": "sharegpt", "columns": dict(LF_COLUMNS), "tags": dict(LF_TAGS)}
+def dataset_info(entries: dict[str, str], with_tools: set[str] = frozenset()) -> dict:
+    """LLaMA-Factory's dataset_info.json: one sharegpt entry per dataset name -> file or dir (the names in
+    ``with_tools`` map their ``tools`` column too)."""
+    return {name: {"file_name": path, "formatting": "sharegpt",
+                   "columns": {**LF_COLUMNS, **({"tools": "tools"} if name in with_tools else {})}, "tags": dict(LF_TAGS)}
             for name, path in entries.items()}
 
 
+def _line(row: dict) -> str:
+    """One jsonl line, keys sorted but for a ``tools`` list, written last in its own key order: the template's
+    ``tojson`` keeps the order (a tool renders as trajsft trains it only with its keys as given)."""
+    tools = row.get("tools")
+    if not isinstance(tools, list):
+        return json.dumps(row, ensure_ascii=False, sort_keys=True)
+    rest = json.dumps({k: v for k, v in row.items() if k != "tools"}, ensure_ascii=False, sort_keys=True)
+    return rest[:-1] + (", " if rest != "{}" else "") + '"tools": ' + json.dumps(tools, ensure_ascii=False) + "}"
+
+
 def jsonl(rows: list[dict]) -> bytes:
-    """Deterministic jsonl bytes (UTF-8, one object per line, sorted keys)."""
-    return "".join(json.dumps(r, ensure_ascii=False, sort_keys=True) + "\n" for r in rows).encode()
+    """Deterministic jsonl bytes (UTF-8, one object per line, sorted keys; a ``tools`` list as given)."""
+    return "".join(_line(r) + "\n" for r in rows).encode()
 
 
 # ---- the export step (rule `export`) ----------------------------------------------------
@@ -327,18 +363,20 @@ def _write_chunks(dest: str, split: str, rows: list[dict]) -> list[str]:
     return names
 
 
-def convert_split(records: list[dict]) -> tuple[list[dict], Counter, list[dict], list[dict]]:
+def convert_split(records: list[dict], tools: list[dict] | None = None
+                  ) -> tuple[list[dict], Counter, list[dict], list[dict]]:
     """(sharegpt rows, events, skipped rows, lossy rows) of one split; every row is checked to render
-    in LLaMA-Factory as trajsft trains its shard chat, less the counted losses (:func:`check_row`)."""
+    in LLaMA-Factory as trajsft trains its shard chat (with the teacher's ``tools``), less the counted losses
+    (:func:`check_row`)."""
     rows, events, skipped, lossy = [], Counter(), [], []
     for rec in records:
         try:
-            row, ev = sharegpt_row(rec)
+            row, ev = sharegpt_row(rec, tools)
         except Unrepresentable as e:
             skipped.append({"traj_id": rec["traj_id"], "reason": e.reason, "detail": e.detail})
             continue
         try:
-            reasons = check_row(row, ev, rec["messages"])
+            reasons = check_row(row, ev, rec["messages"], tools)
         except RuntimeError as e:
             raise RuntimeError(f"traj_id {rec['traj_id']!r}: {e}") from None
         if reasons:
@@ -387,22 +425,25 @@ def export(cfg: ExportConfig) -> dict:
         shutil.rmtree(out)  # leftovers of a killed export of the same hash
     info: dict[str, str] = {}
     teachers, events, skipped, lossy_rows, lf_files, msg_files = {}, Counter(), [], [], {}, {}
-    args_as_string = 0
+    args_as_string, with_tools = 0, set()
     for teacher, shards_name in sorted(cfg.shards.items()):
         shards_location = cfg.shard_locations[teacher]
         files = shard_files(shards_location)
+        tools = cfg.tools.get(teacher) or None
         entry = {"shards": shards_name, "weight": cfg.weights[teacher], "messages_rows": {}, "llamafactory_rows": {},
-                 "llamafactory_rows_exact": {}, "skipped": {}}
+                 "llamafactory_rows_exact": {}, "skipped": {}, "tools": [t["function"]["name"] for t in tools or ()]}
         for split, fnames in sorted(files.items()):
             recs = read_split(shards_location, fnames)
-            msg_rows = [messages_row(r) for r in recs]
+            msg_rows = [messages_row(r, tools) for r in recs]
             args_as_string += sum(n for _, n in msg_rows)
             msg_files[f"{teacher}/{split}"] = [f"messages/{teacher}/{f}" for f in
                                               _write_chunks(f"{out}/messages/{teacher}", split, [r for r, _ in msg_rows])]
-            rows, ev, sk, lo = convert_split(recs)
+            rows, ev, sk, lo = convert_split(recs, tools)
             lf_dir = f"{teacher}/{split}"
             lf_files[lf_dir] = [f"llamafactory/{lf_dir}/{f}" for f in _write_chunks(f"{out}/llamafactory/{lf_dir}", split, rows)]
             info[teacher if split == "train" else f"{teacher}_{split}"] = lf_dir
+            if tools:
+                with_tools.add(teacher if split == "train" else f"{teacher}_{split}")
             entry["messages_rows"][split], entry["llamafactory_rows"][split] = len(recs), len(rows)
             entry["llamafactory_rows_exact"][split] = len(rows) - len(lo)
             for s in sk:
@@ -416,7 +457,7 @@ def export(cfg: ExportConfig) -> dict:
     lf_out = f"{out}/llamafactory"
     args = train_args(lf_out if is_remote(lf_out) else str(Path(lf_out).resolve()), sorted(weights),
                       [f"{t}_validation" for t in sorted(weights) if f"{t}_validation" in info], seq_len, model, weights)
-    io.write_bytes(f"{lf_out}/dataset_info.json", json.dumps(dataset_info(info), indent=2).encode())
+    io.write_bytes(f"{lf_out}/dataset_info.json", json.dumps(dataset_info(info, with_tools), indent=2).encode())
     io.write_bytes(f"{lf_out}/train_args.yaml", yaml.safe_dump(args, sort_keys=False).encode())
     io.write_bytes(f"{lf_out}/skipped.jsonl", jsonl(skipped))
     io.write_bytes(f"{lf_out}/lossy.jsonl", jsonl(lossy_rows))

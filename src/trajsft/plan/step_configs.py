@@ -146,6 +146,7 @@ class ExportConfig:
     shard_locations: Mapping[str, str]  # teacher -> its shard set's location
     seq_len: int
     model: Mapping[str, Any] | None  # the student's checkpoint as the trainers name it (name_or_path, revision)
+    tools: Mapping[str, Optional[list]] = field(default_factory=dict)  # teacher -> its tools (None: none)
 
 
 def download_model(plan: Plan, name: str) -> ModelConfig:
@@ -172,7 +173,8 @@ def export(plan: Plan, name: str) -> ExportConfig:
     return ExportConfig(target=name, name=art.name, location=art.location, weights=dict(spec["weights"]),
                         shards=dict(spec["shards"]),
                         shard_locations={t: plan.get("shards", s).location for t, s in spec["shards"].items()},
-                        seq_len=int(spec["seq_len"]), model=spec.get("model"))
+                        seq_len=int(spec["seq_len"]), model=spec.get("model"),
+                        tools={t: plan.get("shards", s).spec.get("tools") for t, s in spec["shards"].items()})
 
 
 @dataclass(frozen=True)
