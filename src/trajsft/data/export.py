@@ -56,6 +56,7 @@ from functools import lru_cache
 from typing import Any
 
 from ..plan.step_configs import ExportConfig
+from ..plan.tools import names as tool_names
 
 # dataset_info.json "tags" (LLaMA-Factory's sharegpt defaults, spelled out)
 LF_TAGS = {
@@ -431,7 +432,7 @@ def export(cfg: ExportConfig) -> dict:
         files = shard_files(shards_location)
         tools = cfg.tools.get(teacher) or None
         entry = {"shards": shards_name, "weight": cfg.weights[teacher], "messages_rows": {}, "llamafactory_rows": {},
-                 "llamafactory_rows_exact": {}, "skipped": {}, "tools": [t["function"]["name"] for t in tools or ()]}
+                 "llamafactory_rows_exact": {}, "skipped": {}, "tools": tool_names(tools)}
         for split, fnames in sorted(files.items()):
             recs = read_split(shards_location, fnames)
             msg_rows = [messages_row(r, tools) for r in recs]
@@ -441,9 +442,10 @@ def export(cfg: ExportConfig) -> dict:
             rows, ev, sk, lo = convert_split(recs, tools)
             lf_dir = f"{teacher}/{split}"
             lf_files[lf_dir] = [f"llamafactory/{lf_dir}/{f}" for f in _write_chunks(f"{out}/llamafactory/{lf_dir}", split, rows)]
-            info[teacher if split == "train" else f"{teacher}_{split}"] = lf_dir
+            dataset = teacher if split == "train" else f"{teacher}_{split}"
+            info[dataset] = lf_dir
             if tools:
-                with_tools.add(teacher if split == "train" else f"{teacher}_{split}")
+                with_tools.add(dataset)
             entry["messages_rows"][split], entry["llamafactory_rows"][split] = len(recs), len(rows)
             entry["llamafactory_rows_exact"][split] = len(rows) - len(lo)
             for s in sk:

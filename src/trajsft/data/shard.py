@@ -10,6 +10,7 @@ from pathlib import Path
 from .. import io
 from ..errors import DataError, one_line
 from ..io import is_remote, write_text
+from ..plan import tools
 from ..plan.step_configs import ShardConfig
 from . import transform
 from .download import split_of
@@ -103,6 +104,6 @@ def shard(cfg: ShardConfig) -> dict:
         "files": files,
         "shard_tokens": transform.SHARD_TOKENS,
         "transform": cfg.transform,
-        "tools": [t["function"]["name"] for t in cfg.tools or ()],  # the functions every call was checked against
+        "tools": tools.names(cfg.tools),  # the functions every call was checked against
         "trajectories": sorted(trajectories, key=lambda t: t["split"] != "train"),
     }

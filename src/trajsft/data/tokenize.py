@@ -8,6 +8,7 @@ import os
 from ..errors import DataError
 from ..io import is_remote, join
 from ..plan.config import Artifact
+from ..plan import tools
 from ..plan.step_configs import TokenizeConfig
 from . import cache as data_cache, template
 
@@ -124,7 +125,7 @@ def tokenize(cfg: TokenizeConfig) -> dict:
              tr["assistant_fraction"], tr["packed_sequences"], seq_len, 100 * tr["packed_non_pad"],
              report["train"]["next_fit_in_shard_order"]["sequences"], report["train"]["lower_bound"])
     return {"teacher": cfg.teacher, "cache_dir": final_dir, "tokenizer": cfg.tokenizer,
-            "tools": [t["function"]["name"] for t in cfg.tools or ()], "tools_block_tokens": tools_block_tokens(cfg),
+            "tools": tools.names(cfg.tools), "tools_block_tokens": tools_block_tokens(cfg),
             "template_sha256": template.template_sha256(), "window": window, "dropped": dropped,
             "packing": report, "stats": stats}
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator
 
 from ..errors import ConfigError, DataError
+from ..plan.tools import required as required_args
 
 ROLES = ("system", "user", "assistant", "tool")
 META_FIELDS = ("traj_id", "instance_id", "resolved", "model")
@@ -274,7 +275,7 @@ def _check_tool_links(msgs: list[dict]) -> Counter:
 def _check_calls(msgs: list[dict], source_index: list[int], tools: list[dict]) -> None:
     """Every call names a function of the teacher's ``tools`` and its arguments hold that function's required keys
     (checked after every other check of the row: a row with a malformed call keeps that reason)."""
-    required = {t["function"]["name"]: (t["function"].get("parameters") or {}).get("required", []) for t in tools}
+    required = required_args(tools)
     for m, i in zip(msgs, source_index):
         for j, call in enumerate(m.get("tool_calls") or ()):
             w, fn = f"messages[{i}].tool_calls[{j}].function", call["function"]
