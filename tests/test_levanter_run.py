@@ -203,6 +203,36 @@ def test_discover_latest_checkpoint_is_levanters(tmp_path, where):
             assert checkpoints.discover_latest_checkpoint(base) is not None, name
 
 
+@pytest.mark.parametrize("where", ["local", "memory"])
+@pytest.mark.parametrize("cut", ["", '{"step": 11, "timest'])
+def test_a_checkpoint_cut_off_mid_save_is_set_aside_and_levanter_resumes_from_the_one_before(tmp_path, where, cut):
+    """A kill while Levanter writes metadata.json (its last save step) leaves it empty or partial: Levanter's
+    discovery would raise on every relaunch. Ours skips it, and set_aside_cut_checkpoints moves it out of
+    Levanter's way, after which Levanter picks the checkpoint before."""
+    import fsspec
+    from levanter.checkpoint import discover_latest_checkpoint as levanters
+
+    root = str(tmp_path / "ck") if where == "local" else f"memory://cut-{tmp_path.name}"
+    fs = fsspec.filesystem("file" if where == "local" else "memory")
+    fs.makedirs(f"{root}/step-5", exist_ok=True)
+    fs.makedirs(f"{root}/step-11", exist_ok=True)
+    with fs.open(f"{root}/step-5/metadata.json", "w") as f:
+        f.write(json.dumps({"step": 5, "timestamp": "2025-01-01T00:00:01", "is_temporary": False}))
+    with fs.open(f"{root}/step-11/metadata.json", "w") as f:
+        f.write(cut)
+    with pytest.raises(ValueError):
+        levanters(root)  # what a relaunch would meet
+    assert checkpoints.discover_latest_checkpoint(root).endswith("step-5")
+    assert checkpoints.latest_checkpoint(root)["completed_steps"] == 6
+
+    cut_dirs = checkpoints.set_aside_cut_checkpoints(root)
+    assert [d.rstrip("/").rsplit("/", 1)[1] for d in cut_dirs] == ["step-11"]
+    assert fs.cat(f"{root}/step-11/{checkpoints.CUT_OFF}").decode() == cut
+    assert levanters(root) == checkpoints.discover_latest_checkpoint(root) and levanters(root).endswith("step-5")
+    assert checkpoints.set_aside_cut_checkpoints(root) == []  # once
+    assert checkpoints.set_aside_cut_checkpoints(f"{root}/absent") == []
+
+
 def test_the_train_rule_process_does_not_import_jax(tmp_path):
     """latest_checkpoint (called by the train rule's own process before and after train_lm) and the
     rule's modules never import jax or Levanter."""
@@ -359,7 +389,7 @@ def _wait_for(pred, timeout, proc=None, what=""):
 
 
 @pytest.mark.integration
-def test_kill_resume_and_finished_run(assets, chat_cache, jax_cache, tmp_path):
+def test_kill_resume_and_finished_run(assets, chat_cache, jax_cache, tmp_path, capsys):
     run_dir = str(tmp_path / "kr")
     log = os.path.join(run_dir, "train.log")
     P = chat_cache["train"]["packed_sequences"]
@@ -391,10 +421,16 @@ def test_kill_resume_and_finished_run(assets, chat_cache, jax_cache, tmp_path):
     latest = checkpoints.latest_checkpoint(ckpt_dir)
     assert latest is not None and latest["completed_steps"] < N, "run finished before it could be killed"
     killed_at = latest["completed_steps"]
+    # and the next save was cut off by the kill as it wrote metadata.json: the relaunch resumes from the one before
+    cut = os.path.join(ckpt_dir, f"step-{killed_at + 1}")
+    os.makedirs(cut, exist_ok=True)
+    with open(os.path.join(cut, "metadata.json"), "w") as f:
+        f.write('{"step": ')
 
     res = train_run.run_training(cfg, run_dir, log, env=OFFLINE_ENV)
     assert res["launched"] and res["returncode"] == 0
     assert res["resumed_from_step"] == killed_at
+    assert "metadata.json was cut off mid-save" in capsys.readouterr().out
     assert res["steps"] == N and res["checkpoint_dir"].endswith(f"step-{N - 1}")
     assert [s for s, _ in res["loss_history"]] == list(range(N))
     assert math.isfinite(res["final_loss"])

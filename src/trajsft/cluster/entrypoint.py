@@ -163,6 +163,9 @@ def _main(argv: list[str] | None = None) -> int:
         return ck["completed_steps"] if ck else None
 
     def make_job(tag: str) -> HostJob:
+        for cut in checkpoints.set_aside_cut_checkpoints(run.checkpoint_dir):  # before any host's Levanter looks
+            print(f"[trajsft.remote_train] {cut}: its metadata.json was cut off mid-save: set aside as "
+                  f"{checkpoints.CUT_OFF}, resuming from the checkpoint before", flush=True)
         return HostJob(levanter=cfg, run_dir=args.run_dir, attempt_tag=tag, coordinator_port=_free_port(),
                        channel=channel, num_slices=args.num_slices, failure_grace_s=args.failure_grace)
 

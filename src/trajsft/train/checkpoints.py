@@ -19,8 +19,6 @@ def discover_latest_checkpoint(checkpoint_path: str) -> Optional[str]:
     Levanter (~5 CPU-s in the train rule's process, which only launches and waits for its train_lm
     child; docs/performance.md, "No wasted work"). ``tests/test_levanter_run.py`` checks it against Levanter's on
     local and ``memory://`` layouts."""
-    import datetime
-    import json
     import urllib.parse
 
     import fsspec
@@ -40,13 +38,47 @@ def discover_latest_checkpoint(checkpoint_path: str) -> Optional[str]:
     ckpt_dirs = [maybe_unstrip_protocol(d) for d in fs.glob(os.path.join(checkpoint_path, "*")) if fs.isdir(d)]
     ckpt_dirs.append(checkpoint_path)
     ckpt_dirs = [d for d in ckpt_dirs if is_checkpoint_dir(d)]
+    keys = {d: _sort_key(fs, d) for d in ckpt_dirs}
+    # one difference: a metadata.json cut off mid-write (a kill during Levanter's last save step, on a local
+    # root) is not a checkpoint here, where Levanter's json.load would raise; set_aside_cut_checkpoints moves
+    # it out of Levanter's way before a launch
+    ckpt_dirs = [d for d in ckpt_dirs if keys[d] is not None]
+    return max(ckpt_dirs, key=keys.__getitem__) if ckpt_dirs else None
 
-    def checkpoint_sort_key(ckpt_dir: str):
+
+def _sort_key(fs, ckpt_dir: str):
+    """Levanter's sort key (timestamp, step) from ``ckpt_dir/metadata.json``, or None if it is unreadable."""
+    import datetime
+    import json
+
+    try:
         with fs.open(os.path.join(ckpt_dir, "metadata.json")) as f:
             metadata = json.load(f)
-        return (datetime.datetime.fromisoformat(metadata["timestamp"]), metadata["step"])
+        return (datetime.datetime.fromisoformat(metadata["timestamp"]), int(metadata["step"]))
+    except (ValueError, KeyError, TypeError):  # JSONDecodeError is a ValueError
+        return None
 
-    return max(ckpt_dirs, key=checkpoint_sort_key) if ckpt_dirs else None
+
+CUT_OFF = "metadata.json.cut-off"
+
+
+def set_aside_cut_checkpoints(checkpoint_path: str) -> list[str]:
+    """Rename the ``metadata.json`` Levanter could not finish writing (empty or partial: the process was killed
+    while saving) to ``metadata.json.cut-off`` in every checkpoint dir under ``checkpoint_path``, so Levanter's
+    own discovery, which would raise on it, resumes from the checkpoint before. The tensors of that dir may be
+    complete but nothing vouches for them. Returns the dirs set aside."""
+    import fsspec
+
+    fs, _, _ = fsspec.get_fs_token_paths(str(checkpoint_path))
+    if not fs.exists(checkpoint_path):
+        return []
+    cut = []
+    for meta in sorted(fs.glob(os.path.join(str(checkpoint_path), "*", "metadata.json"))):
+        d = os.path.dirname(meta)
+        if _sort_key(fs, d) is None:
+            fs.mv(meta, os.path.join(d, CUT_OFF))
+            cut.append(d)
+    return cut
 
 
 def latest_checkpoint(checkpoint_dir: str) -> Optional[dict]:

@@ -25,7 +25,7 @@ from typing import Mapping, Optional
 from ..data.cache import split_finished
 from ..errors import JobEnvironmentError, SingleProcessOnPod, TrainingFailed
 from ..io import is_remote, write_json
-from .checkpoints import hf_export_complete, latest_checkpoint
+from .checkpoints import CUT_OFF, hf_export_complete, latest_checkpoint, set_aside_cut_checkpoints
 from .hf_export import chat_template_of, write_chat_template, export_hf
 from .launch import TRAIN_CHILD, exit_reason, run_subprocess, levanter_env
 from .levanter_config import plain_data, resolve_hub_refs, write_config
@@ -246,6 +246,9 @@ def run_training(
         config_path = write_config(resolve_hub_refs(cfg), os.path.join(run_dir, _CONFIG_FILE))
         ensure_reference_checkpoint(cfg)
 
+        for cut in set_aside_cut_checkpoints(ckpt_dir):
+            print(f"[trajsft] {cut}: its metadata.json was cut off mid-save (killed while saving): set aside "
+                  f"as {CUT_OFF}, resuming from the checkpoint before", flush=True)
         ckpt = latest_checkpoint(ckpt_dir)
         launched = False
         rc: Optional[int] = None
