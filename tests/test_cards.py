@@ -22,6 +22,7 @@ from trajsft.plan.config import REPO_DIR
 
 sys.path.insert(0, str(Path(__file__).parent))
 import chromium  # noqa: E402
+import required  # noqa: E402
 
 
 # ---- hand-made manifests with known numbers ---------------------------------------------------
@@ -367,7 +368,7 @@ def test_curves_from_levanter_log(tmp_path):
 
 
 # ---- Snakemake rules + report + headless Chromium --------------------------------------------
-needs_chromium = pytest.mark.skipif(not chromium.available(), reason=chromium.INSTALL_HINT)
+needs_chromium = required.skip_unless(chromium.available(), "TRAJSFT_REQUIRE_CHROMIUM", chromium.INSTALL_HINT)
 
 
 @needs_chromium

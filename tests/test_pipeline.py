@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 import chromium
+import required
 from pipeline_utils import REPO, env, kill_group, plan, run, start, wait_for
 from test_cards import assert_png
 from trajsft.train import checkpoints
@@ -200,8 +201,7 @@ def test_cross_teacher_matrix_of_the_demo(demo):
     assert "Nothing to be done" in again.stdout + again.stderr
 
 
-needs_chromium = pytest.mark.skipif(
-    not chromium.available() and os.environ.get("TRAJSFT_REQUIRE_CHROMIUM") != "1", reason=chromium.INSTALL_HINT)
+needs_chromium = required.skip_unless(chromium.available(), "TRAJSFT_REQUIRE_CHROMIUM", chromium.INSTALL_HINT)
 
 
 @needs_chromium
@@ -555,7 +555,7 @@ def test_a_full_or_read_only_storage_root_is_one_line_and_the_rerun_finishes(dem
     status shows it; after the space is freed the same command finishes with an HF export byte-identical to the
     clean demo run's."""
     if not _tmpfs_allowed(tmp_path):
-        pytest.skip("needs `mount -t tmpfs` (root): this machine does not allow it")
+        required.skip_or_fail("TRAJSFT_REQUIRE_TMPFS", "needs `mount -t tmpfs` (root): this machine does not allow it")
     clean = Path(json.loads((demo[0] / "checkpoints/demo/done").read_text())["hf_export"])
     root, wd = tmp_path / "root", tmp_path / "wd"
     root.mkdir()

@@ -71,13 +71,22 @@ def test_a_malformed_request_is_one_line_naming_the_field(body, message):
 @pytest.mark.parametrize("body, message", [
     ({"max_tokens": 0}, "max_tokens is 0, expected an integer >= 1"),
     ({"temperature": -1}, "temperature is -1, expected a number >= 0"),
+    ({"temperature": 2.5}, "temperature is 2.5, expected a number >= 0 and <= 2"),
+    ({"max_completion_tokens": 0}, "max_completion_tokens is 0, expected an integer >= 1"),
+    ({"n": "2"}, 'n is "2", expected an integer >= 1'),
     ({"stream": True}, "stream: streamed responses are not served"),
-    ({"stop": [""]}, "stop: a string or a list of non-empty strings"),
-    ({"seed": "x"}, "seed is 'x', expected an integer"),
+    ({"stream": "yes"}, "stream: streamed responses are not served"),
+    ({"stop": [""]}, 'stop is [""], expected a string or a list of non-empty strings'),
+    ({"stop": -7}, "stop is -7, expected a string or a list of non-empty strings"),  # was a 500 and a traceback
+    ({"stop": {"a": 1}}, 'stop is {"a": 1}, expected a string or a list'),  # was silently the stop string "a"
+    ({"stop": ["a", 3]}, 'stop is ["a", 3], expected a string or a list'),
+    ({"seed": "x"}, 'seed is "x", expected a 64-bit integer'),
+    ({"seed": 2**64}, "seed is 18446744073709551616, expected a 64-bit integer"),
 ])
 def test_bad_generation_settings_are_one_line(body, message):
-    with pytest.raises(chat.BadRequest, match="^" + message.replace("(", r"\(")):
+    with pytest.raises(chat.BadRequest) as e:
         chat.generation_settings(body, 512)
+    assert str(e.value).startswith(message) and e.value.param == next(iter(body)), str(e.value)
 
 
 def test_generation_settings_default_and_read():
@@ -209,6 +218,105 @@ def test_a_held_out_chats_prompt_as_serve_renders_it_is_the_training_rendering_o
     # without the tools the prompt is another one: the block is what the student trained with
     bare = chat.render(tok, chat.messages({"messages": chats[0][:2]}), None)
     assert bare != chat.render(tok, chat.messages({"messages": chats[0][:2]}), [BASH])
+
+
+@pytest.fixture
+def http(tok):
+    """``server.create_app`` behind uvicorn on a loopback port (real HTTP), over a stand-in ``submit`` that answers
+    every request with ``reply`` (the student's output, as tokens); yields ``start(reply, max_seq_len)`` -> the
+    base URL."""
+    import threading
+
+    import uvicorn
+
+    running = []
+
+    def start(reply: str, max_seq_len: int = 4096) -> str:
+        class Out:
+            tokens = tok.encode(reply + "<|im_end|>", add_special_tokens=False)
+
+        async def submit(prompt, max_tokens, temperature, seed, n):
+            return [Out()] * n
+
+        served = trained.Trained(target="demo", name="demo-0123456789", run_dir="/r", source={}, train_cfg={},
+                                 tools=([BASH],))
+        sock = server.bind("127.0.0.1", 0)
+        app = server.create_app(served, tok, submit, max_seq_len=max_seq_len, max_seqs=2)
+        srv = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
+        t = threading.Thread(target=srv.run, kwargs={"sockets": [sock]}, daemon=True)
+        t.start()
+        running.append((srv, t, sock))
+        for _ in range(200):
+            if srv.started:
+                break
+            t.join(0.05)
+        assert srv.started, "uvicorn did not start"
+        return f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
+
+    yield start
+    for srv, t, sock in running:
+        srv.should_exit = True
+        t.join(10)
+        sock.close()
+
+
+def test_a_tool_call_comes_back_over_http_as_openai_tool_calls(http):
+    """The openai SDK against the app over real HTTP: the student's ``<tool_call>`` block is a tool call (its name,
+    its arguments a JSON string) with finish_reason "tool_calls", and the text before it the content."""
+    import openai
+
+    url = http('<think>\n\n</think>\n\nRunning the tests.\n<tool_call>\n{"name": "bash", "arguments": '
+               '{"command": "cargo test -q"}}\n</tool_call>')
+    client = openai.OpenAI(base_url=url, api_key="not-needed", max_retries=0, timeout=30)
+    r = client.chat.completions.create(model="demo", messages=HISTORY[:2], tools=[BASH], max_tokens=64)
+    [choice] = r.choices
+    assert choice.finish_reason == "tool_calls"
+    [call] = choice.message.tool_calls
+    assert call.type == "function" and call.id.startswith("call_") and call.function.name == "bash"
+    assert json.loads(call.function.arguments) == {"command": "cargo test -q"}
+    assert choice.message.content == "<think>\n\n</think>\n\nRunning the tests."
+    # and plain text is a stop, not a tool call
+    plain = http("All tests pass.")
+    r = openai.OpenAI(base_url=plain, api_key="x", max_retries=0).chat.completions.create(model="demo", messages=HISTORY[:2])
+    assert (r.choices[0].finish_reason, r.choices[0].message.content, r.choices[0].message.tool_calls) == \
+        ("stop", "All tests pass.", None)
+
+
+def test_errors_are_openais_over_http_and_one_log_line_each(http, tok, caplog):
+    """A prompt over the student's context is OpenAI's 400 word for word with code context_length_exceeded (what
+    litellm turns into ContextWindowExceededError, so an agent stops instead of retrying); malformed fields are a
+    400 naming the field (``stop: -7`` was a 500 with a traceback); an unknown model a 404; each rejected request
+    is one line in the server's log, and the server goes on serving."""
+    import openai
+
+    url = http("ok", max_seq_len=64)
+    client = openai.OpenAI(base_url=url, api_key="not-needed", max_retries=0, timeout=30)
+    long = [{"role": "user", "content": "word " * 100}]
+    n = len(chat.render(tok, long, None))
+    cases = [
+        (dict(messages=long), openai.BadRequestError,
+         f"This model's maximum context length is 64 tokens. However, your messages resulted in {n} tokens.",
+         "messages", "context_length_exceeded"),
+        (dict(messages=HISTORY[:1], stop=-7), openai.BadRequestError, "stop is -7, expected", "stop", None),
+        (dict(messages=HISTORY[:1], stop={"a": 1}), openai.BadRequestError, 'stop is {"a": 1}, expected', "stop", None),
+        (dict(messages=HISTORY[:1], temperature=-1), openai.BadRequestError, "temperature is -1", "temperature", None),
+        (dict(messages=[{"role": "robot"}]), openai.BadRequestError, "messages[0].role is 'robot'", "messages", None),
+        (dict(messages=HISTORY[:1], model="gpt-4o"), openai.NotFoundError, "The model 'gpt-4o' does not exist", "model",
+         "model_not_found"),
+    ]
+    for kwargs, kind, message, param, code in cases:
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="trajsft"), pytest.raises(kind) as e:
+            client.chat.completions.create(**{"model": "demo", **kwargs})
+        err = e.value.body
+        assert err["message"].startswith(message) and err["type"] == "invalid_request_error", err
+        assert (err["code"], err["param"]) == (code, param), err
+        lines = [r.getMessage() for r in caplog.records]
+        assert len(lines) == 1 and lines[0].startswith("chat completion rejected (") and message in lines[0], lines
+    assert e.value.status_code == 404
+    r = client.chat.completions.create(model="demo", messages=HISTORY[:1], max_tokens=4)
+    assert r.choices[0].message.content == "ok"  # still serving
+    assert n > 64 and len(chat.render(tok, HISTORY[:1], None)) < 64
 
 
 def test_a_request_whose_tools_differ_from_the_trained_ones_is_served_as_asked_with_one_log_line(tok, caplog):

@@ -10,6 +10,7 @@ render is an HTTP 400 naming the field, and Qwen3's ``<tool_call>`` JSON in the 
 from __future__ import annotations
 
 import json
+import math
 import uuid
 from typing import Any, Mapping, Optional, Sequence
 
@@ -20,7 +21,21 @@ ROLES = ("system", "user", "assistant", "tool")
 
 
 class BadRequest(ValueError):
-    """A request the route cannot serve: one line, sent back as HTTP 400."""
+    """A request the route cannot serve: one line, sent back as HTTP 400 (OpenAI's error object: ``param`` the
+    field, ``code`` OpenAI's code where it has one)."""
+
+    def __init__(self, message: str, *, param: Optional[str] = None, code: Optional[str] = None):
+        super().__init__(message)
+        self.param, self.code = param, code
+
+
+def context_length_exceeded(prompt_tokens: int, max_seq_len: int) -> BadRequest:
+    """OpenAI's answer to a prompt over the model's context, word for word (litellm reads "maximum context length"
+    and raises ContextWindowExceededError, so an agent stops instead of retrying): the student's context is its
+    training seq_len, and a reply needs at least one token of it."""
+    return BadRequest(f"This model's maximum context length is {max_seq_len} tokens. However, your messages resulted "
+                      f"in {prompt_tokens} tokens. Please reduce the length of the messages.", param="messages",
+                      code="context_length_exceeded")
 
 
 def _text(content: Any, where: str) -> Optional[str]:
@@ -31,24 +46,27 @@ def _text(content: Any, where: str) -> Optional[str]:
         parts = []
         for i, part in enumerate(content):
             if not isinstance(part, Mapping) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                raise BadRequest(f"{where}.content[{i}]: only text parts are served ({{\"type\": \"text\", \"text\": ...}})")
+                raise BadRequest(f"{where}.content[{i}]: only text parts are served ({{\"type\": \"text\", \"text\": ...}})",
+                                 param="messages")
             parts.append(part["text"])
         return "".join(parts)
-    raise BadRequest(f"{where}.content is {type(content).__name__}, expected a string or a list of text parts")
+    raise BadRequest(f"{where}.content is {type(content).__name__}, expected a string or a list of text parts",
+                     param="messages")
 
 
 def _tool_calls(calls: Any, where: str) -> list[dict]:
     if not isinstance(calls, list):
-        raise BadRequest(f"{where}.tool_calls is {type(calls).__name__}, expected a list")
+        raise BadRequest(f"{where}.tool_calls is {type(calls).__name__}, expected a list", param="messages")
     out = []
     for j, call in enumerate(calls):
         w = f"{where}.tool_calls[{j}]"
         fn = call.get("function") if isinstance(call, Mapping) else None
         if not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str) or not fn["name"]:
-            raise BadRequest(f"{w}.function.name is missing")
+            raise BadRequest(f"{w}.function.name is missing", param="messages")
         args = fn.get("arguments", "{}")
         if not isinstance(args, (str, Mapping)):
-            raise BadRequest(f"{w}.function.arguments is {type(args).__name__}, expected a JSON string or an object")
+            raise BadRequest(f"{w}.function.arguments is {type(args).__name__}, expected a JSON string or an object",
+                             param="messages")
         item = {"type": "function", "function": {"name": fn["name"], "arguments": args}}
         if call.get("id") is not None:
             item = {"id": str(call["id"]), **item}
@@ -61,17 +79,17 @@ def messages(body: Mapping) -> list[dict]:
     as given, a JSON string rendered as is, an object with ``tojson``)."""
     msgs = body.get("messages")
     if not isinstance(msgs, list) or not msgs:
-        raise BadRequest("messages: a non-empty list of chat messages is required")
+        raise BadRequest("messages: a non-empty list of chat messages is required", param="messages")
     out = []
     for i, m in enumerate(msgs):
         where = f"messages[{i}]"
         if not isinstance(m, Mapping):
-            raise BadRequest(f"{where} is {type(m).__name__}, expected an object")
+            raise BadRequest(f"{where} is {type(m).__name__}, expected an object", param="messages")
         role = m.get("role")
         if role == "developer":  # OpenAI's newer name of the system turn
             role = "system"
         if role not in ROLES:
-            raise BadRequest(f"{where}.role is {role!r}, expected one of {', '.join(ROLES)}")
+            raise BadRequest(f"{where}.role is {role!r}, expected one of {', '.join(ROLES)}", param="messages")
         msg: dict[str, Any] = {"role": role, "content": _text(m.get("content"), where) or ""}
         if role == "assistant" and m.get("tool_calls"):
             msg["tool_calls"] = _tool_calls(m["tool_calls"], where)
@@ -89,12 +107,13 @@ def tools(body: Mapping) -> Optional[list[dict]]:
     if given is None or given == []:
         return None
     if not isinstance(given, list):
-        raise BadRequest(f"tools is {type(given).__name__}, expected a list")
+        raise BadRequest(f"tools is {type(given).__name__}, expected a list", param="tools")
     for i, t in enumerate(given):
         fn = t.get("function") if isinstance(t, Mapping) else None
         if not isinstance(t, Mapping) or t.get("type", "function") != "function" or not isinstance(fn, Mapping) \
                 or not isinstance(fn.get("name"), str):
-            raise BadRequest(f"tools[{i}]: expected {{\"type\": \"function\", \"function\": {{\"name\": ...}}}}")
+            raise BadRequest(f"tools[{i}]: expected {{\"type\": \"function\", \"function\": {{\"name\": ...}}}}",
+                             param="tools")
     return list(given)
 
 
@@ -122,34 +141,51 @@ def render(tokenizer, msgs: list[dict], tool_list: Optional[list[dict]]) -> list
         ids = tokenizer.apply_chat_template(msgs, tools=tool_list, chat_template=load_template(),
                                             add_generation_prompt=True, tokenize=True)
     except Exception as e:  # noqa: BLE001 - jinja's errors: a request the template cannot render
-        raise BadRequest(f"messages do not render with the chat template: {' '.join(str(e).split())[:300]}") from None
+        raise BadRequest(f"messages do not render with the chat template: {' '.join(str(e).split())[:300]}",
+                         param="messages") from None
     if isinstance(ids, Mapping):  # a BatchEncoding
         ids = ids["input_ids"]
     return list(ids)
 
 
+def _shown(v: Any) -> str:
+    text = json.dumps(v, ensure_ascii=False) if not isinstance(v, float) else repr(v)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def generation_settings(body: Mapping, default_max_tokens: int) -> dict:
-    """max_tokens, temperature, seed, n and stop strings of a request (bad values: one line each)."""
-    def number(key, default, kind, lo):
-        v = body.get(key, default)
+    """max_tokens, temperature, seed, n and stop strings of a request. Every field the route reads is checked
+    (bad values: one line naming the field); fields it does not read (top_p, tool_choice, ...) are ignored."""
+    def number(key, default, kind, lo, hi=None):
+        v = body.get(key)
         if v is None:
             v = default
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or (kind is int and int(v) != v) or v < lo:
-            raise BadRequest(f"{key} is {v!r}, expected {'an integer' if kind is int else 'a number'} >= {lo}")
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) \
+                or (kind is int and int(v) != v) or v < lo or (hi is not None and v > hi):
+            want = f"{'an integer' if kind is int else 'a number'} >= {lo}" + (f" and <= {hi}" if hi is not None else "")
+            raise BadRequest(f"{key} is {_shown(v)}, expected {want}", param=key)
         return kind(v)
 
     stop = body.get("stop")
-    stops = [stop] if isinstance(stop, str) else list(stop or [])
+    if stop is None:
+        stops = []
+    elif isinstance(stop, str):
+        stops = [stop]
+    elif isinstance(stop, list):
+        stops = stop
+    else:
+        raise BadRequest(f"stop is {_shown(stop)}, expected a string or a list of non-empty strings", param="stop")
     if not all(isinstance(s, str) and s for s in stops):
-        raise BadRequest("stop: a string or a list of non-empty strings")
-    if body.get("stream"):
-        raise BadRequest("stream: streamed responses are not served; send stream: false")
+        raise BadRequest(f"stop is {_shown(stop)}, expected a string or a list of non-empty strings", param="stop")
+    stream = body.get("stream")
+    if stream not in (None, False):
+        raise BadRequest("stream: streamed responses are not served; send stream: false", param="stream")
     seed = body.get("seed")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-        raise BadRequest(f"seed is {seed!r}, expected an integer")
-    return {"max_tokens": number("max_completion_tokens", None, int, 1) if body.get("max_completion_tokens")
-            else number("max_tokens", default_max_tokens, int, 1),
-            "temperature": number("temperature", 0.7, float, 0), "n": number("n", 1, int, 1), "seed": seed,
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not -2**63 <= seed < 2**63):
+        raise BadRequest(f"seed is {_shown(seed)}, expected a 64-bit integer", param="seed")
+    return {"max_tokens": number("max_completion_tokens", None, int, 1)
+            if body.get("max_completion_tokens") is not None else number("max_tokens", default_max_tokens, int, 1),
+            "temperature": number("temperature", 0.7, float, 0, 2), "n": number("n", 1, int, 1), "seed": seed,
             "stop": stops}
 
 

@@ -21,7 +21,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Callable
 
-from ..errors import ConfigError
+from ..errors import ConfigError, one_line
 from ..report.trained import Trained
 from ..train.generate import END_OF_TURN, end_turn
 from . import chat
@@ -45,10 +45,13 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _error(status: int, message: str, kind: str = "invalid_request_error"):
+def _error(status: int, message: str, kind: str = "invalid_request_error", *, param=None, code=None):
+    """OpenAI's error object (``message``, ``type``, ``param``, ``code``), and one line in the server's log."""
     from fastapi.responses import JSONResponse
 
-    return JSONResponse(status_code=status, content={"error": {"message": message, "type": kind}})
+    log.warning("chat completion rejected (%d): %s", status, message)
+    return JSONResponse(status_code=status,
+                        content={"error": {"message": message, "type": kind, "param": param, "code": code}})
 
 
 def create_app(served: Trained, tokenizer, submit: Callable, max_seq_len: int, max_seqs: int):
@@ -79,19 +82,21 @@ def create_app(served: Trained, tokenizer, submit: Callable, max_seq_len: int, m
             return _error(400, "the request body is not a JSON object")
         model = body.get("model")
         if model not in names:
-            return _error(404, f"model {model!r} is not served here (this server serves {served.name}, also "
-                               f"called {served.target})", "model_not_found")
+            return _error(404, f"The model {model!r} does not exist: this server serves {served.name}, also "
+                               f"called {served.target}", param="model", code="model_not_found")
         try:
             msgs, tool_list = chat.messages(body), chat.tools(body)
             gen = chat.generation_settings(body, DEFAULT_MAX_TOKENS)
             prompt = chat.render(tokenizer, msgs, tool_list)
             if len(prompt) >= max_seq_len:
-                raise chat.BadRequest(f"the prompt is {len(prompt)} tokens: the student's context is {max_seq_len} "
-                                      "(its training seq_len)")
+                raise chat.context_length_exceeded(len(prompt), max_seq_len)
             if gen["n"] > max_seqs:
-                raise chat.BadRequest(f"n is {gen['n']}: this server generates at most {max_seqs} at once (--max-seqs)")
+                raise chat.BadRequest(f"n is {gen['n']}: this server generates at most {max_seqs} at once (--max-seqs)",
+                                      param="n")
         except chat.BadRequest as e:
-            return _error(400, str(e))
+            return _error(400, str(e), param=e.param, code=e.code)
+        except Exception as e:  # noqa: BLE001 - a request the checks above missed: one line, never a traceback
+            return _error(500, f"the request could not be read: {one_line(e)}", "server_error")
         if (line := chat.tools_mismatch(tool_list, served.tools)) and (key := json.dumps(tool_list)) not in said:
             said.add(key)
             log.warning("%s", line)
