@@ -90,6 +90,47 @@ class MetadataServer:
 
 
 def proxy_env(port: int) -> dict[str, str]:
+    """The proxy variables, and TRAJSFT_GCE=1: an emulated VM is a GCE VM (trajsft.gce.may_be_gce), so trajsft asks
+    its metadata server as it would on a real one."""
     no_proxy = "127.0.0.1,localhost,::1"
     return {"http_proxy": f"http://127.0.0.1:{port}", "HTTP_PROXY": f"http://127.0.0.1:{port}",
-            "no_proxy": no_proxy, "NO_PROXY": no_proxy}
+            "no_proxy": no_proxy, "NO_PROXY": no_proxy, "TRAJSFT_GCE": "1"}
+
+
+class CountingProxy:
+    """An HTTP proxy on loopback that forwards nothing: it records each request it is sent (``GET <absolute URL>``,
+    or ``CONNECT host:port``) and answers 404 (a CONNECT: 403). ``env()``: a process's variables that send every
+    non-loopback plain-HTTP request through it."""
+
+    def __init__(self):
+        self.requests: list[str] = []
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def _record(self, code: int) -> None:
+                proxy.requests.append(f"{self.command} {self.path}")
+                self.send_response(code)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def do_CONNECT(self):
+                self._record(403)
+
+            do_GET = do_HEAD = do_POST = do_PUT = lambda self: self._record(404)  # noqa: E731
+
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self._httpd.server_address[1]
+        threading.Thread(target=self._httpd.serve_forever, daemon=True).start()
+
+    def env(self) -> dict[str, str]:
+        """Plain HTTP through the proxy (the metadata server's scheme); HTTPS goes its own way."""
+        url = f"http://127.0.0.1:{self.port}"
+        no_proxy = "127.0.0.1,localhost,::1"
+        return {"http_proxy": url, "HTTP_PROXY": url, "no_proxy": no_proxy, "NO_PROXY": no_proxy}
+
+    def stop(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()

@@ -57,6 +57,21 @@ def start(workdir: Path, *args: str, config: dict | None = None, log: Path,
                             env=env(**(extra_env or {})), start_new_session=True)
 
 
+def train_and_watch(workdir: Path, config: dict, log: Path, target: str = "demo") -> list[dict]:
+    """``snakemake checkpoints/<target>/done`` started, and ``trajsft eval <target> --actions --watch --json`` beside
+    it until the run is done; both must succeed, without a traceback. The watcher's rows (one per export scored)."""
+    train = start(workdir, f"checkpoints/{target}/done", config=config, log=log)
+    try:
+        w = subprocess.run([sys.executable, "-m", "trajsft.cli", "eval", target, "--actions", "--watch", "--interval",
+                            "1", "--json", "--configfile", str(workdir / "test-overrides.yaml")],
+                           capture_output=True, text=True, cwd=workdir, env=env(), timeout=600)
+        assert train.wait(timeout=600) == 0, log.read_text()[-3000:]
+    finally:
+        kill_group(train)
+    assert w.returncode == 0 and "Traceback" not in w.stderr, w.stderr[-3000:]
+    return [json.loads(line) for line in w.stdout.splitlines()]
+
+
 def kill_group(p: subprocess.Popen, sig=signal.SIGKILL) -> None:
     try:
         os.killpg(p.pid, sig)

@@ -4,6 +4,7 @@ and output that does not parse is counted, never an error. The trained student: 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -90,6 +91,56 @@ def test_each_metric_on_one_turn():
     same = parse_message({"role": "assistant", "content": "", "tool_calls": [
         {"type": "function", "function": {"name": "bash", "arguments": json.dumps({"command": "ls -la"})}}]})
     assert A.score(same, True, teacher)["arguments_exact"] == 1.0
+
+
+def _bash(cmd: str) -> Call:
+    return Call("bash", {"command": cmd})
+
+
+def test_every_tool_call_of_a_turn_is_compared_by_position():
+    """A turn with two calls: the student must make both, in order; a missing, extra, renamed or changed second call
+    counts (the first call alone used to decide every figure)."""
+    teacher = Parsed("", (_bash("cargo test -q"), _bash("git diff")), True)
+    same = A.score(teacher, True, teacher)
+    assert {k: same[k] for k in ("tool_name", "arguments_exact", "command_program", "command_similarity")} == \
+        {"tool_name": 1.0, "arguments_exact": 1.0, "command_program": 1.0, "command_similarity": 1.0}
+    first_only = A.score(Parsed("", (_bash("cargo test -q"),), True), True, teacher)
+    assert (first_only["tool_name"], first_only["arguments_exact"], first_only["command_program"]) == (0.0, 0.0, 0.0)
+    assert first_only["command_similarity"] == 0.5  # one of the two commands matched exactly, the other missing
+    second_differs = A.score(Parsed("", (_bash("cargo test -q"), _bash("git status")), True), True, teacher)
+    assert second_differs["tool_name"] == 1.0 and second_differs["arguments_exact"] == 0.0
+    assert second_differs["command_program"] == 1.0 and 0.5 < second_differs["command_similarity"] < 1.0
+    renamed = A.score(Parsed("", (_bash("cargo test -q"), Call("str_replace", {"path": "a"})), True), True, teacher)
+    assert renamed["tool_name"] == 0.0 and renamed["command_program"] == 0.0
+    extra = A.score(Parsed("", (*teacher.calls, _bash("ls")), True), True, teacher)
+    assert extra["tool_name"] == extra["arguments_exact"] == extra["command_program"] == 0.0
+    assert extra["command_similarity"] == pytest.approx(2 / 3)
+    # a turn submits when any of its calls does
+    submits = Parsed("", (_bash("cargo test -q"), _bash(f"echo {A.SUBMIT} && git diff")), True)
+    assert A.ends_episode(submits) and A.score(Parsed("", (_bash("ls"),), True), True, submits)["ends_episode"] == 0.0
+
+
+def test_the_replay_model_scores_one_on_a_turn_with_two_calls(turns, tok):
+    """The replay proof on a held-out turn whose teacher made two calls (a real turn, its second call added): every
+    agreement 1.0; a model answering with the first call alone does not."""
+    [base] = [t for t in turns if len(t.reference.get("tool_calls") or []) == 1][:1]
+    second = {"id": "call_2", "type": "function", "function": {"name": "bash", "arguments": json.dumps(
+        {"command": "git diff"})}}
+    two = dataclasses.replace(base, reference={**base.reference, "tool_calls": [*base.reference["tool_calls"], second]})
+    assert len(parse_message(two.reference).calls) == 2
+    got = A.evaluate(A.Replay(tok), [two])
+    assert {k: got[k] for k in A.AGREEMENTS} == {k: 1.0 for k in A.AGREEMENTS}
+    one = A.evaluate(A.Replay(tok), [base])  # the teacher's first call only, scored against the two
+    text, ended, n = A.Replay(tok).answer([base])[0]
+
+    class FirstOnly:
+        name = "first-only"
+
+        def answer(self, ts):
+            return [(text, ended, n) for _ in ts]
+
+    partial = A.evaluate(FirstOnly(), [two])
+    assert one["tool_name"] == 1.0 and partial["tool_name"] == 0.0 and partial["arguments_exact"] == 0.0
 
 
 def test_an_empty_held_out_split_says_which_setting_to_change(tmp_path):

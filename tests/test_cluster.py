@@ -128,6 +128,7 @@ def test_gce_preemption_check_is_bounded_and_false_off_gce(monkeypatch):
 
     from trajsft import gce
 
+    monkeypatch.setenv(gce.GCE_ENV, "1")  # as if on a VM: the server is asked, and is not there
     monkeypatch.setattr(gce, "_state", {"unreachable": False})
     monkeypatch.setattr(gce, "METADATA_URL", "http://127.0.0.1:9/computeMetadata/v1/")
     t0 = time.monotonic()

@@ -60,10 +60,37 @@ def test_a_request_without_the_flavor_header_is_refused_as_gce_does(vm):
 
 
 def test_no_metadata_server_is_asked_once_and_answers_none(monkeypatch):
+    monkeypatch.setenv(gce.GCE_ENV, "1")
     monkeypatch.setattr(gce, "_state", {"unreachable": False})
     monkeypatch.setattr(gce, "METADATA_URL", "http://127.0.0.1:9/computeMetadata/v1/")
     assert gce.tpu_identity({}) == gce.TpuIdentity()
     assert gce._state["unreachable"] and gce.zone() is None
+
+
+def test_only_a_machine_that_can_be_a_gce_vm_asks_the_metadata_server(vm, monkeypatch, tmp_path):
+    """A laptop's or CI machine's run asks nothing (a local training asked 3 times per run); the firmware's product
+    name, TPU devices, a TPU identity variable or TRAJSFT_GCE=1 (the emulated hosts') let it ask; TRAJSFT_GCE=0
+    never asks."""
+    import glob
+
+    monkeypatch.setattr(gce, "PRODUCT_NAME", str(tmp_path / "product_name"))
+    monkeypatch.setattr(glob, "glob", lambda pattern: [])
+    assert not gce.may_be_gce({}) and gce.may_be_gce({gce.GCE_ENV: "1"})
+    assert gce.may_be_gce({"TPU_WORKER_ID": "0"}) and not gce.may_be_gce({"TPU_WORKER_ID": "0", gce.GCE_ENV: "0"})
+    assert not gce.may_be_gce({"TPU_LIBRARY_PATH": "/x/libtpu.so", "TPU_SKIP_MDS_QUERY": "1"})  # not an identity
+    (tmp_path / "product_name").write_text("Google Compute Engine\n")
+    assert gce.may_be_gce({})
+    (tmp_path / "product_name").unlink()
+    monkeypatch.setattr(glob, "glob", lambda pattern: ["/dev/accel0"] if pattern == "/dev/accel*" else [])
+    assert gce.may_be_gce({})
+    monkeypatch.setattr(glob, "glob", lambda pattern: [])
+    # the metadata server is up and reachable (vm): without a reason to ask, nothing is asked
+    asked = len(vm.requests)
+    monkeypatch.delenv(gce.GCE_ENV)
+    assert gce.metadata("instance/zone") is None and gce.tpu_identity({}) == gce.TpuIdentity()
+    assert len(vm.requests) == asked and not gce._state["unreachable"]
+    monkeypatch.setenv(gce.GCE_ENV, "1")
+    assert gce.zone() == "us-east5-a" and len(vm.requests) == asked + 1
 
 
 def test_region_of_a_zone_or_a_region():

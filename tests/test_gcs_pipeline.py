@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline_utils import env, plan, run
+from pipeline_utils import env, plan, run, train_and_watch
 from trajsft import io
 from trajsft.train import checkpoints
 
@@ -55,8 +55,12 @@ def test_demo_built_locally_trained_on_a_bucket_and_back(gcs, local_data):
         "raw": (False, [str(wd / "results")]), "shards": (False, [str(wd / "results")]),
         "tokenized": (False, [str(wd / "results")]), "checkpoints": (False, []), "exports": (False, []),
         "evals": (False, [])}
-    # `all`: done, the next-action scores, the report (cards, table, curves, next actions) and the eval matrix; plus
-    # the export rule
+    # the training, with `trajsft eval demo --actions --watch` beside it scoring each HF export from the bucket into
+    # the bucket; then `all`: the next-action scores, the report (cards, table, curves, next actions) and the eval
+    # matrix; plus the export rule
+    watched = train_and_watch(wd, over, wd / "train-gs.log")
+    steps = [r["step"] for r in watched]  # two steps: one HF export (Levanter exports none at step 0)
+    assert steps == [1] and all(r["splits"]["demo"]["turns"] == 7 for r in watched), watched
     run(wd, "all", "results/exports/demo/manifest.json", config=over)
     objs = gcs.objects()
     for k in DATA:
@@ -88,6 +92,11 @@ def test_demo_built_locally_trained_on_a_bucket_and_back(gcs, local_data):
     assert evals["source"]["path"].startswith(done["checkpoint_dir"] + "/")
     assert (evals["splits"]["demo"]["turns"], evals["splits"]["demo"]["skipped_no_room"]) == (7, 1)  # 1 fills seq_len
     assert io.read_json(f"{evals['location']}/actions.json")["splits"] == evals["splits"]
+    from trajsft.report import actions
+
+    assert list(actions.evaluated_steps(evals["location"])) == steps  # the watched steps, on the bucket
+    assert steps[-1] == int(done["hf_export"].rsplit("step-", 1)[1])
+    assert {r["model"] for r in watched} == {evals["model"]}
     t = plan(wd, "demo", over)
     assert all(a["exists"] for a in t["artifacts"]) and t["done_exists"]
     assert {a["kind"]: a["present_at"] for a in t["artifacts"]} == (
@@ -111,6 +120,49 @@ def test_demo_built_locally_trained_on_a_bucket_and_back(gcs, local_data):
     assert checkpoints.hf_export_complete(str(hf))
     prefix = done["hf_export"].split("/", 3)[3] + "/"
     assert files(hf) == {p[len(prefix):]: b for p, b in gcs.objects().items() if p.startswith(prefix)}
+
+
+def test_a_student_snapshotted_onto_the_bucket_tokenizes_and_trains_from_it(gcs, local_data, tmp_path):
+    """The student's checkpoint and tokenizer snapshotted from the (fake) Hub onto the bucket (rule download_model):
+    the tokenize rule reads the tokenizer from the gs:// snapshot, Levanter initialises from it and takes its
+    tokenizer there, with the Hub still reachable and asked nothing more; the token counts are those of the same
+    tokenizer files read locally."""
+    import tiny_hf_model
+    from fake_hub import FakeHub, Repo
+    from test_model_snapshot import REPO_ID, SHA, student_config
+    from trajsft.plan import config as C
+
+    local_wd, local_arts = local_data
+    wd = tmp_path / "wd"
+    wd.mkdir()
+    root = f"{gcs.url}/snapshot"
+    cfg = student_config(root)
+    cfg["students"]["tiny-hf"].update(tokenizer=REPO_ID, tokenizer_revision=SHA)  # the checkpoint's own
+    cfg["teachers"]["demo"]["training"] = {"max_steps": 2}
+    cfg["copy_from"] = [str(local_wd / "results")]  # the raw and shard payloads: copied, not rebuilt
+    tok_files = {f.name: f.read_bytes() for f in (C.REPO_DIR / "demo/tokenizer").iterdir()}
+    h = FakeHub({REPO_ID: Repo(SHA, {**tiny_hf_model.files(), **tok_files})}).start()
+    try:
+        arts = {a["kind"]: a for a in plan(wd, "demo", cfg)["artifacts"]}
+        snap = arts["models"]["location"]
+        assert snap.startswith(f"{root}/models/"), snap
+        online = {**h.env(), "HF_HOME": str(tmp_path / "hf-home")}
+        run(wd, arts["models"]["manifest"], config=cfg, extra_env=online)
+        asked = len(h.requests)
+        assert asked >= 4 and io.exists(f"{snap}/tokenizer.json") and io.exists(f"{snap}/model.safetensors")
+        run(wd, "checkpoints/demo/done", config=cfg, extra_env=online)
+        assert h.requests[asked:] == []  # everything after the snapshot read it from the bucket
+    finally:
+        h.stop()
+    tok = json.loads((wd / arts["tokenized"]["manifest"]).read_text())
+    assert tok["tokenizer"] == snap and tok["location"].startswith(f"{root}/tokenized/")
+    local_tok = json.loads((local_wd / local_arts["tokenized"]["manifest"]).read_text())
+    same = lambda m: {s: (m["stats"][s]["lengths"], m["stats"][s]["assistant_lengths"]) for s in ("train", "validation")}  # noqa: E731
+    assert same(tok) == same(local_tok)  # the same tokenizer files: every chat the same length
+    done = json.loads((wd / "checkpoints/demo/done").read_text())
+    lev = io.read_json(f"{done['checkpoint_dir']}/provenance/config.json")["levanter"]
+    assert lev["initialize_from_hf"] == lev["model"]["reference_checkpoint"] == lev["data"]["tokenizer"] == snap
+    assert done["steps"] == 2 and checkpoints.hf_export_complete(done["hf_export"])
 
 
 def clean_weights(ref: Path) -> dict[str, bytes]:

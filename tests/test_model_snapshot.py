@@ -166,8 +166,9 @@ def test_a_local_checkpoint_dir_is_snapshotted_by_content(tmp_path, monkeypatch)
 @pytest.mark.integration
 def test_the_rule_snapshots_once_and_training_starts_from_it(tmp_path):
     """Real Snakemake: rule download_model against the fake Hub (over HTTP, in the rule's own process), then
-    the demo tokenized and trained from the snapshot, offline: the checkpoint holds the student's tokenizer
-    (the demo's files), the tokenize rule and the Levanter config read it from the snapshot, never the Hub."""
+    the demo tokenized and trained from the snapshot with the Hub still reachable: the checkpoint holds the
+    student's tokenizer (the demo's files), the tokenize rule and the Levanter config read it from the snapshot,
+    and the Hub is asked nothing more."""
     tok_files = {f.name: f.read_bytes() for f in (C.REPO_DIR / "demo/tokenizer").iterdir()}
     h = FakeHub({REPO_ID: Repo(SHA, {**tiny_hf_model.files(), **tok_files})}).start()
     try:
@@ -185,22 +186,22 @@ def test_the_rule_snapshots_once_and_training_starts_from_it(tmp_path):
         assert m["payload_from"] == "built" and m["commit"] == SHA and m["location"] == model["location"]
         asked = len(h.requests)
         assert asked >= 4
+        # the Hub stays up and reachable (online): tokenize reads the tokenizer from the snapshot, training
+        # initialises from it (and the HF export's config comes from it); nothing asks the Hub again
+        run(wd, "checkpoints/demo/done", config=cfg, extra_env=online)
+        done = json.loads((wd / "checkpoints/demo/done").read_text())
+        tok = next(a for a in t["artifacts"] if a["kind"] == "tokenized")
+        assert json.loads((wd / tok["manifest"]).read_text())["tokenizer"] == model["location"]
+        run_dir = wd / done["checkpoint_dir"]
+        lev = json.loads((run_dir / "provenance" / "config.json").read_text())["levanter"]
+        snap = str(wd / model["location"])
+        assert lev["initialize_from_hf"] == lev["model"]["reference_checkpoint"] == lev["data"]["tokenizer"] == snap
+        levanter_log = (run_dir / "logs" / f"{done['hash']}.log.log").read_text()
+        assert f"Initializing model from HF checkpoint '{snap}'" in levanter_log
+        assert json.loads((wd / done["hf_export"] / "config.json").read_text())["architectures"] == ["Qwen3ForCausalLM"]
+        assert h.requests[asked:] == []  # asked nothing while it answered
     finally:
         h.stop()
-    # the Hub is gone: tokenize reads the tokenizer from the snapshot, training initialises from it (and the HF
-    # export's config comes from it)
-    run(wd, "checkpoints/demo/done", config=cfg)
-    done = json.loads((wd / "checkpoints/demo/done").read_text())
-    tok = next(a for a in t["artifacts"] if a["kind"] == "tokenized")
-    assert json.loads((wd / tok["manifest"]).read_text())["tokenizer"] == model["location"]
-    run_dir = wd / done["checkpoint_dir"]
-    lev = json.loads((run_dir / "provenance" / "config.json").read_text())["levanter"]
-    snap = str(wd / model["location"])
-    assert lev["initialize_from_hf"] == lev["model"]["reference_checkpoint"] == lev["data"]["tokenizer"] == snap
-    levanter_log = (run_dir / "logs" / f"{done['hash']}.log.log").read_text()
-    assert f"Initializing model from HF checkpoint '{snap}'" in levanter_log
-    assert json.loads((wd / done["hf_export"] / "config.json").read_text())["architectures"] == ["Qwen3ForCausalLM"]
-    assert len(h.requests) == asked
     # the plan shows the snapshot as done under this root
     model = next(a for a in plan_cli(wd, "demo", cfg)["artifacts"] if a["kind"] == "models")
     assert model["exists"] and model["present_at"] == [str(wd / "results")]

@@ -14,7 +14,8 @@ import pytest
 
 import chromium
 import required
-from pipeline_utils import REPO, env, kill_group, plan, run, start, wait_for
+from gce_fixtures import CountingProxy
+from pipeline_utils import REPO, env, kill_group, plan, run, start, train_and_watch, wait_for
 from test_cards import assert_png
 from trajsft.train import checkpoints
 
@@ -31,7 +32,12 @@ def manifest(workdir: Path, t: dict, kind: str) -> dict:
 def demo(tmp_path_factory):
     """The README's main job, from a clean state: `snakemake` (demo training + cards + curves)."""
     wd = tmp_path_factory.mktemp("demo")
-    run(wd)
+    proxy = CountingProxy()  # every plain-HTTP request of the run (the GCE metadata server's scheme) is seen
+    try:
+        run(wd, extra_env=proxy.env())
+    finally:
+        proxy.stop()
+    _ASKED[wd] = list(proxy.requests)
     # what `trajsft status` prints right after the run, before any test of this module (in whatever order)
     # reruns it: test_rerun_is_noop... records a second, not relaunched, attempt
     _STATUS_AFTER_RUN[wd] = cli(wd, "status", "--offline").stdout
@@ -39,6 +45,15 @@ def demo(tmp_path_factory):
 
 
 _STATUS_AFTER_RUN: dict[Path, str] = {}
+_ASKED: dict[Path, list[str]] = {}  # what the demo run sent through its proxy
+
+
+def test_a_local_run_asks_no_metadata_server(demo):
+    """The demo trained on this machine (not a GCE VM) asks the GCE metadata server nothing: 3 requests per run
+    before trajsft.gce.may_be_gce (the single-process-on-a-pod check of the train rule and of train_lm's launch)."""
+    wd, _ = demo
+    asked = [r for r in _ASKED[wd] if "metadata.google.internal" in r or "169.254.169.254" in r]
+    assert asked == [], _ASKED[wd]
 
 
 def test_done_marker_points_at_content_addressed_run(demo):
@@ -476,16 +491,7 @@ def test_watch_scores_each_export_of_a_running_training_and_the_report_grows_a_r
             "teachers": {"demo": {"training": {"seed": 7}}}}
     [tokenized] = [a["manifest"] for a in plan(wd, "demo", over)["artifacts"] if a["kind"] == "tokenized"]
     run(wd, tokenized, config=over)  # the data, copied from the demo's root
-    train = start(wd, "checkpoints/demo/done", config=over, log=wd / "train.log")
-    try:
-        w = subprocess.run([sys.executable, "-m", "trajsft.cli", "eval", "demo", "--actions", "--watch", "--interval",
-                            "1", "--json", "--configfile", str(wd / "test-overrides.yaml")],
-                           capture_output=True, text=True, cwd=wd, env=env(), timeout=600)
-        assert train.wait(timeout=600) == 0, (wd / "train.log").read_text()[-3000:]
-    finally:
-        kill_group(train)
-    assert w.returncode == 0, w.stderr[-3000:]
-    rows = [json.loads(line) for line in w.stdout.splitlines()]
+    rows = train_and_watch(wd, over, wd / "train.log")
     steps = [r["step"] for r in rows]
     done = json.loads((wd / "checkpoints/demo/done").read_text())
     assert len(steps) == 2 and steps == sorted(steps) and steps[-1] == int(Path(done["hf_export"]).name[5:]), steps
@@ -567,7 +573,8 @@ def test_a_full_or_read_only_storage_root_is_one_line_and_the_rerun_finishes(dem
         out = p.stdout + p.stderr
         assert p.returncode != 0 and "Traceback" not in out and "Logging error" not in out, out[-3000:]
         # said at the start, before any rule ran (the write probe: trajsft.storage.probe_write)
-        assert f"trajsft: the storage root {root} is read-only: Read-only file system" in out, out[-3000:]
+        ro = f"trajsft: the storage root {root} is read-only: Read-only file system"
+        assert out.count(ro) == 1, out[-3000:]  # the one line, said once
         assert "rule download" not in out, out[-3000:]
         _remount(root, "rw,size=3m")
         p = run(wd, "checkpoints/demo/done", config=config, check=False)
@@ -577,7 +584,10 @@ def test_a_full_or_read_only_storage_root_is_one_line_and_the_rerun_finishes(dem
         assert f"trajsft: note: storage root {root}: 3.0 MiB free; this run writes up to " in out, out[-3000:]
         assert "it will not fit" in out
         line = f"trajsft train demo: the training could not write: the storage root {root} is full: No space left on device"
-        assert line in out, out[-3000:]
+        # said once by the rule, and once as the failed job's log Snakemake shows (show-failed-logs: the training's
+        # rule log becomes that line); nothing else repeats it
+        said = [x.strip() for x in out.splitlines() if line in x]
+        assert len(said) == 2 and all(x.startswith(line) for x in said), out[-3000:]
         assert len(out.splitlines()) < 400, len(out.splitlines())  # was 4,000 lines: the training log echoed
         # the record of the failure: in the workdir (the root was full), its real cause in status
         [kept] = (wd / "results/attempts").glob("demo-*.json")

@@ -1,4 +1,5 @@
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -201,9 +202,35 @@ def test_pinned_tokenizer_resolves_to_a_snapshot_of_that_revision(monkeypatch):
     assert data_cache.resolve_tokenizer(f"Qwen/Qwen3-8B@{QWEN3_8B_REV}") == "/snap"
     assert calls[0][:2] == ("Qwen/Qwen3-8B", QWEN3_8B_REV) and "tokenizer.json" in calls[0][2]
     assert all(not f.endswith(".safetensors") for f in calls[0][2])
-    assert data_cache.resolve_tokenizer("demo/tokenizer") == "demo/tokenizer" and data_cache.resolve_tokenizer("gs://b/t@x") == "gs://b/t@x"
+    assert data_cache.resolve_tokenizer("demo/tokenizer") == "demo/tokenizer"
     cfg = {"data": {"tokenizer": f"Qwen/Qwen3-8B@{QWEN3_8B_REV}"}, "model": {"tokenizer": "Qwen/Qwen3-8B"}}
     assert levanter_config.resolve_hub_refs(cfg) == {"data": {"tokenizer": "/snap"}, "model": {"tokenizer": "Qwen/Qwen3-8B"}}
+
+
+def test_a_remote_tokenizer_is_read_from_a_local_copy_of_its_files(tmp_path):
+    """A tokenizer on a bucket (a student's gs:// snapshot): transformers would ask the Hub for the path's file list
+    and fail, so its tokenizer files (not the weights) are copied to a local dir once per process; a remote dir
+    without tokenizer files is one line."""
+    import fsspec
+
+    from trajsft.data import cache as data_cache
+
+    fs = fsspec.filesystem("memory")
+    src = C.REPO_DIR / "demo" / "tokenizer"
+    ref = f"memory://tok-{tmp_path.name}/models/tiny-0123"
+    for f in src.iterdir():
+        fs.pipe(f"{ref}/{f.name}", f.read_bytes())
+    fs.pipe(f"{ref}/model.safetensors", b"weights")
+    local = data_cache.resolve_tokenizer(ref)
+    assert os.path.isdir(local) and not os.path.exists(os.path.join(local, "model.safetensors"))
+    assert sorted(os.listdir(local)) == sorted(f.name for f in src.iterdir() if f.name in data_cache.TOKENIZER_FILES)
+    assert all((src / f).read_bytes() == open(os.path.join(local, f), "rb").read() for f in os.listdir(local))
+    assert data_cache.resolve_tokenizer(ref) == local  # once per process
+    fs.pipe(f"memory://tok-{tmp_path.name}/empty/README.md", b"x")
+    from trajsft.errors import DataError
+
+    with pytest.raises(DataError, match="empty: no tokenizer files"):
+        data_cache.resolve_tokenizer(f"memory://tok-{tmp_path.name}/empty")
 
 
 def test_seq_len_is_in_the_tokenized_hash():

@@ -8,7 +8,8 @@ worker id, hosts and accelerator type that way; :func:`zone` and :func:`project`
 
 Requests go through ``requests`` (so an ``http_proxy`` reaches a stand-in server, as the tests do),
 bounded by a short timeout; a machine with no metadata server answers ``None`` at once after the
-first failed request (remembered per process).
+first failed request (remembered per process). The server is asked only where this machine can be a GCE VM
+(:func:`may_be_gce`): a laptop's or a CI machine's local run asks nothing.
 """
 
 from __future__ import annotations
@@ -20,14 +21,39 @@ from typing import Callable, Mapping, Optional
 METADATA_URL = "http://metadata.google.internal/computeMetadata/v1/"
 HEADERS = {"Metadata-Flavor": "Google"}
 _state = {"unreachable": False}
+GCE_ENV = "TRAJSFT_GCE"  # "1": ask the metadata server (the emulated TPU hosts set it), "0": never ask
+TPU_IDENTITY_VARS = ("TPU_NAME", "TPU_WORKER_ID", "TPU_ACCELERATOR_TYPE", "TPU_WORKER_HOSTNAMES")
+PRODUCT_NAME = "/sys/class/dmi/id/product_name"
+
+
+def may_be_gce(env: Optional[Mapping[str, str]] = None) -> bool:
+    """Whether this machine can be a GCE VM, so that its metadata server is worth asking: ``$TRAJSFT_GCE`` says so
+    ("1" / "0"), else the firmware names Google Compute Engine, TPU devices exist (``/dev/accel*``, ``/dev/vfio``),
+    or a TPU identity variable is set (GKE's). Nothing here makes a request."""
+    import glob
+
+    env = os.environ if env is None else env
+    forced = (env.get(GCE_ENV) or "").strip()
+    if forced in ("0", "1"):
+        return forced == "1"
+    if any((env.get(v) or "").strip() for v in TPU_IDENTITY_VARS):
+        return True
+    try:
+        with open(PRODUCT_NAME) as f:
+            if "google" in f.read().lower():
+                return True
+    except OSError:
+        pass
+    return bool(glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*"))
 
 
 def metadata(path: str, timeout_s: float = 2.0, tries: int = 3) -> Optional[str]:
     """The metadata server's answer for ``path`` (e.g. ``instance/zone``), or None: unknown key (404),
     empty, or no metadata server here (its name does not resolve or nothing listens: remembered). A server
     that is slow to answer (a loaded VM) is asked again, ``tries`` times in all, with a longer timeout each
-    time: a host must not take itself for "not a TPU VM" because one answer came late."""
-    if _state["unreachable"]:
+    time: a host must not take itself for "not a TPU VM" because one answer came late. Where this machine cannot
+    be a GCE VM (:func:`may_be_gce`), None without a request."""
+    if _state["unreachable"] or not may_be_gce():
         return None
     import requests
 

@@ -11,13 +11,15 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import shutil
 import time
 import uuid
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
-from ..io import is_remote, read_json, write_json
+from ..errors import DataError
+from ..io import filesystem, is_remote, read_json, write_json
 from .packing import MAX_SEGMENTS
 
 
@@ -40,13 +42,36 @@ def resolve_tokenizer(ref: str) -> str:
 
     Levanter's data config loads its tokenizer with ``AutoTokenizer.from_pretrained(name)`` and no
     revision; its ``initialize_from_hf`` does understand ``repo@revision``. This thin layer gives the
-    tokenizer the same pin. Local dirs, gs:// paths and unpinned names pass through unchanged."""
-    if "@" not in ref or is_remote(ref) or os.path.exists(ref):
+    tokenizer the same pin. A gs:// (any remote) dir is copied to a local one (its tokenizer files, once per
+    process): transformers' ``from_pretrained`` asks the Hub for a remote path's file list (``additional_chat_templates``,
+    which Levanter's gs:// patch of ``hf_hub_download`` does not cover) and fails with RepositoryNotFoundError.
+    Local dirs and unpinned names pass through unchanged."""
+    if is_remote(ref):
+        return _local_tokenizer_copy(ref)
+    if "@" not in ref or os.path.exists(ref):
         return ref
     repo, revision = ref.rsplit("@", 1)
     from huggingface_hub import snapshot_download
 
     return snapshot_download(repo, revision=revision, allow_patterns=TOKENIZER_FILES)
+
+
+@functools.lru_cache(maxsize=None)
+def _local_tokenizer_copy(ref: str) -> str:
+    """The tokenizer files of the remote dir ``ref`` in a fresh local dir (removed when the process exits)."""
+    import atexit
+    import tempfile
+
+    fs = filesystem(ref)
+    present = {os.path.basename(p.rstrip("/")) for p in fs.ls(ref, detail=False)}
+    files = [f for f in TOKENIZER_FILES if f in present]
+    if not any(f in files for f in ("tokenizer.json", "tokenizer.model", "vocab.json")):
+        raise DataError(f"{ref}: no tokenizer files (tokenizer.json, tokenizer.model or vocab.json)")
+    local = tempfile.mkdtemp(prefix="trajsft-tokenizer-")
+    atexit.register(shutil.rmtree, local, True)
+    for f in files:
+        fs.get(f"{ref.rstrip('/')}/{f}", os.path.join(local, f))
+    return local
 
 
 # --------------------------------------------------------------------------------------

@@ -9,12 +9,14 @@ once (greedy, up to ``max_tokens``). Its output is parsed as ``trajsft serve`` p
 - ``valid``: the output parses (every ``<tool_call>`` a JSON object with a name, none left open) and the model ended
   its turn before the token cap;
 - ``tool_or_text``: both call a tool, or both answer in text;
-- ``tool_name`` (turns where the teacher calls a tool): the first call's tool is the teacher's;
-- ``arguments_exact`` (same turns): the first call's arguments equal the teacher's, as JSON objects;
-- ``command_program`` and ``command_similarity`` (turns where the teacher's first call runs a shell command: a
-  ``command`` or ``cmd`` argument): the command's program (first word) is the teacher's, and the commands' normalised
-  edit similarity (whitespace collapsed, difflib's ratio; 0 without a command);
-- ``ends_episode``: both end the episode or both go on (a turn ends it when it calls no tool, or its command
+- ``tool_name`` (turns where the teacher calls a tool): the student makes as many calls, each of the teacher's tool
+  at its position;
+- ``arguments_exact`` (same turns): as many calls, each with the teacher's arguments at its position, as JSON objects;
+- ``command_program`` and ``command_similarity`` (turns where a teacher's call runs a shell command: a ``command`` or
+  ``cmd`` argument): each such command's program (first word) is that of the student's call at its position, and the
+  mean of the commands' normalised edit similarity (whitespace collapsed, difflib's ratio; 0 without a command); a
+  call the student adds beyond the teacher's counts as a miss;
+- ``ends_episode``: both end the episode or both go on (a turn ends it when it calls no tool, or one of its calls
   submits: ``COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT``, mini-swe-agent's signal);
 - ``tokens``: the mean tokens generated (not an agreement: no upper bound).
 
@@ -33,6 +35,7 @@ from __future__ import annotations
 
 import difflib
 import hashlib
+import itertools
 import html as _html
 import json
 import logging
@@ -178,29 +181,42 @@ def _normal(cmd: str) -> str:
 def ends_episode(p: Parsed) -> bool:
     if not p.calls:
         return True
-    cmd = command(p.calls[0])
-    return bool(cmd and SUBMIT in cmd) or p.calls[0].name == "submit"
+    return any(c.name == "submit" or SUBMIT in (command(c) or "") for c in p.calls)
 
 
 def score(student: Parsed, ended: bool, teacher: Parsed) -> dict[str, Optional[float]]:
-    """One turn's metrics (None: not applicable to this teacher turn)."""
-    s_call = student.calls[0] if student.calls else None
-    t_call = teacher.calls[0] if teacher.calls else None
+    """One turn's metrics (None: not applicable to this teacher turn). Every tool call counts, matched by position:
+    ``tool_name`` and ``arguments_exact`` hold when the student makes as many calls as the teacher, each with the
+    same name (arguments); over the teacher's shell commands, ``command_program`` holds when each is matched by the
+    student's call at its position running the same program, and ``command_similarity`` is the mean of difflib's
+    ratio per command. A call the student adds beyond the teacher's counts as a miss in both."""
+    s_calls, t_calls = student.calls, teacher.calls
     out: dict[str, Optional[float]] = {
         "valid": float(student.parsed and ended),
-        "tool_or_text": float(bool(student.calls) == bool(teacher.calls)),
+        "tool_or_text": float(bool(s_calls) == bool(t_calls)),
         "tool_name": None, "arguments_exact": None, "command_program": None, "command_similarity": None,
         "ends_episode": float(ends_episode(student) == ends_episode(teacher)),
     }
-    if t_call is not None:
-        out["tool_name"] = float(s_call is not None and s_call.name == t_call.name)
-        out["arguments_exact"] = float(s_call is not None and s_call.arguments == t_call.arguments)
-        t_cmd = command(t_call)
-        if t_cmd is not None:
-            s_cmd = command(s_call)
-            out["command_program"] = float(s_cmd is not None and _program(s_cmd) == _program(t_cmd))
-            out["command_similarity"] = (0.0 if s_cmd is None else
-                                         difflib.SequenceMatcher(None, _normal(s_cmd), _normal(t_cmd)).ratio())
+    if not t_calls:
+        return out
+    pairs = list(itertools.zip_longest(s_calls, t_calls))  # (student's, teacher's) by position; None past the shorter
+    out["tool_name"] = float(all(s is not None and t is not None and s.name == t.name for s, t in pairs))
+    out["arguments_exact"] = float(all(s is not None and t is not None and s.arguments == t.arguments for s, t in pairs))
+    if any(command(t) is not None for t in t_calls):
+        programs, ratios = [], []
+        for s, t in pairs:
+            t_cmd = command(t) if t is not None else None
+            if t is not None and t_cmd is None:  # a teacher call that runs no command: not a command to match
+                continue
+            s_cmd = command(s) if s is not None else None
+            if t_cmd is None or s_cmd is None:  # a call the student added, or a command it did not run
+                programs.append(False)
+                ratios.append(0.0)
+                continue
+            programs.append(_program(s_cmd) == _program(t_cmd))
+            ratios.append(difflib.SequenceMatcher(None, _normal(s_cmd), _normal(t_cmd)).ratio())
+        out["command_program"] = float(all(programs))
+        out["command_similarity"] = sum(ratios) / len(ratios)
     return out
 
 
