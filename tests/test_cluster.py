@@ -29,6 +29,11 @@ def test_classify_our_host_outcomes():
     wrapped = RuntimeError("TPU job was preempted too many times")
     wrapped.__cause__ = host.TrainingFailed("train_lm on s-a host 0 exited with code 1: NaN")
     assert slices.classify(wrapped) == ("failed", "train_lm on s-a host 0 exited with code 1: NaN")
+    # a host whose collectives never reached its peers (seen on a loaded machine: the peer was up, but slow)
+    gloo = ("jaxlib._jax.XlaRuntimeError: INTERNAL: Buffer Definition Event: Error dispatching computation: Gloo "
+            "context initialization failed: [external/gloo/gloo/transport/tcp/pair.h:301] Connect timeout [none]")
+    assert host.peers_unreachable(f"step 3\n{gloo}\n  File x\n").startswith("jaxlib._jax.XlaRuntimeError: INTERNAL")
+    assert host.peers_unreachable("ValueError: NaN loss\n") is None
 
 
 def test_classify_ray_infrastructure_losses_are_preemptions():

@@ -185,6 +185,20 @@ def _peer_lost(host: HostInfo, grace_s: float) -> Optional[str]:
         time.sleep(2.0)
 
 
+# what a host's collectives say when a peer host never connects (a peer slow to start on a loaded or failing
+# machine; the peer itself may still be up, so _peer_lost sees nothing)
+_UNREACHABLE = ("Gloo context initialization failed", "Connect timeout")
+
+
+def peers_unreachable(log_text: str) -> Optional[str]:
+    """The line of a train_lm log saying the slice's collectives could not connect its hosts, or None. Such an
+    exit is the slice's (a host loss, retried on the preemption budget), not the training's."""
+    for ln in reversed(log_text.splitlines()):
+        if any(k in ln for k in _UNREACHABLE):
+            return " ".join(ln.split())[:300]
+    return None
+
+
 def _last_error(log_path: str) -> str:
     lines = io.tail(log_path, 60)
     for ln in reversed(lines):
@@ -264,6 +278,8 @@ def run_host(job: HostJob) -> dict:
         lost = _peer_lost(host, job.failure_grace_s)
         if lost:
             raise HostLost(f"train_lm on {host} exited with code {rc} after {lost}")
+        if host.num_hosts > 1 and (unreachable := peers_unreachable(launched)):
+            raise HostLost(f"train_lm on {host} exited with code {rc}: its peer hosts did not connect ({unreachable})")
         raise TrainingFailed(f"train_lm on {host} exited with code {rc}: {_last_error(log_path)}")
     out = {"slice": host.slice_name, "worker": host.worker_id, "slice_id": host.slice_id, "returncode": rc,
            "seconds": round(time.time() - started, 1)}
