@@ -16,7 +16,7 @@ rule download:
         location=payload_location("raw"),
         step=job_step("download"),
     script:
-        "../scripts/rule.py"
+        "../src/trajsft/rules/download.py"
 
 
 rule shard:
@@ -38,7 +38,7 @@ rule shard:
         location=payload_location("shards"),
         step=job_step("shard"),
     script:
-        "../scripts/rule.py"
+        "../src/trajsft/rules/shard.py"
 
 
 rule tokenize:
@@ -57,4 +57,4 @@ rule tokenize:
         location=payload_location("tokenized"),
         step=job_step("tokenize"),
     script:
-        "../scripts/rule.py"
+        "../src/trajsft/rules/tokenize.py"

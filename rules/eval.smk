@@ -42,7 +42,7 @@ rule eval_actions:
         location=payload_location("evals"),
         step=job_step("eval_actions"),
     script:
-        "../scripts/rule.py"
+        "../src/trajsft/rules/eval_actions.py"
 
 
 rule eval_matrix:
@@ -79,4 +79,4 @@ rule eval_matrix:
         spec=lambda w: eval_matrix.matrix_spec(step_configs.eval_matrix(PLAN)),
         step=job_step("eval_matrix"),
     script:
-        "../scripts/rule.py"
+        "../src/trajsft/rules/eval_matrix.py"

@@ -21,4 +21,4 @@ rule export:
         location=payload_location("exports"),
         step=job_step("export"),
     script:
-        "../scripts/rule.py"
+        "../src/trajsft/rules/export.py"

@@ -1,6 +1,6 @@
 # Report rules: dataset cards, the teacher comparison table and training curves.
 # Logic lives in trajsft.report (build: helpers and entry points; cards, plots, tables, curves),
-# run via scripts/rule.py (trajsft.rule_job.REPORT_RULES).
+# each rule's script is its module in src/trajsft/rules/ (trajsft.rule_job.run_report).
 # `snakemake --report report.html` includes every output marked report(...) below.
 #
 # Needs from rules/common.smk: PLAN, STATE_DIR. For `rule all`: REPORT_OUTPUTS.
@@ -57,7 +57,7 @@ rule report_card:
             "native_seq_len"
         ],
     script:
-        "../scripts/rule.py"
+        "../src/trajsft/rules/report_card.py"
 
 
 rule report_table:
@@ -78,7 +78,7 @@ rule report_table:
     resources:
         mem_mb=2000,
     script:
-        "../scripts/rule.py"
+        "../src/trajsft/rules/report_table.py"
 
 
 rule report_curves:
@@ -100,7 +100,7 @@ rule report_curves:
     resources:
         mem_mb=2000,
     script:
-        "../scripts/rule.py"
+        "../src/trajsft/rules/report_curves.py"
 
 
 rule report_actions:
@@ -127,4 +127,4 @@ rule report_actions:
             for t in ACTIONS_TARGETS
         },
     script:
-        "../scripts/rule.py"
+        "../src/trajsft/rules/report_actions.py"

@@ -18,4 +18,4 @@ rule sweep:
     resources:
         mem_mb=2000,
     script:
-        "../scripts/rule.py"
+        "../src/trajsft/rules/sweep.py"

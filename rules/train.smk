@@ -14,7 +14,7 @@ rule download_model:
         location=payload_location("models"),
         step=job_step("download_model"),
     script:
-        "../scripts/rule.py"
+        "../src/trajsft/rules/download_model.py"
 
 
 # Ray profiles (ray.fit_check, the default): the target's train step compiled for the profile's TPU
@@ -37,7 +37,7 @@ rule check_fit:
         versions=lambda wildcards: fit_versions(),
         step=job_step("check_fit"),
     script:
-        "../scripts/rule.py"
+        "../src/trajsft/rules/check_fit.py"
 
 
 # The resumable Levanter checkpoint directory (<storage_root>/checkpoints/<target>-<hash>/)
@@ -68,7 +68,7 @@ rule train:
         location=payload_location("checkpoints"),
         step=job_step("train"),
     script:
-        "../scripts/rule.py"
+        "../src/trajsft/rules/train.py"
 
 
 # A typo in the target (checkpoints/minimax/done, evals/minimax/done): fail with the list of valid

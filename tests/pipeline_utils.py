@@ -115,7 +115,7 @@ def procs(p: subprocess.Popen, mark: str) -> list[psutil.Process]:
 
 
 def rule_jobs(p: subprocess.Popen, log_fragment: str) -> list[psutil.Process]:
-    """Snakemake's rule-job processes (every rule runs scripts/rule.py, copied under .snakemake/scripts/) that hold
+    """Snakemake's rule-job processes (every rule's script, trajsft/rules/<rule>.py, is copied under .snakemake/scripts/) that hold
     a log open whose path contains ``log_fragment``: ``logs/tokenize/``, or ``launcher.log`` for a train job that
     follows a Ray job (its rule log is a link to the run's durable log)."""
     out = []

@@ -205,6 +205,9 @@ def test_download_stages_under_storage_root_and_removes_stale_staging(tmp_path, 
     from trajsft.data import download
 
     monkeypatch.chdir(tmp_path)
+    # a temp dir of this test's own: the machine's /tmp also holds what other tests (another worker) make meanwhile
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
     plan = C.Plan(C.load(None, {"storage_root": str(tmp_path / "store")}), base_dir=C.REPO_DIR)
     [raw] = [a for a in plan.chain("demo") if a.kind == "raw"]
     staging = step_configs.download(plan, raw.name).staging

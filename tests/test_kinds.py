@@ -36,9 +36,9 @@ def test_every_kind_has_a_rule_a_step_function_a_format_and_a_plan_path(kind, pl
     rules = rule_blocks()
     assert kind.rule in rules, f"no rule {kind.rule} in rules/*.smk"
     body = rules[kind.rule]
-    assert f'job_step("{kind.rule}")' in body and '"../scripts/rule.py"' in body, body
+    assert f'job_step("{kind.rule}")' in body and f'"../src/trajsft/rules/{kind.rule}.py"' in body, body
     assert body.count(f'job_resources("{kind.name}")') == 2, body  # threads and mem_mb from the record
-    assert callable(kind.step_function())
+    assert callable(rule_module(kind.rule).ENTRY.run)
     # a rule spells its output (readable in the rule, as snakemake-workflows do): it is where the plan says
     # (a training run and its next-action scores: a done marker per target, beside each other)
     markers = {"train": "checkpoints/{target}/done", "eval_actions": "evals/{target}/done"}
@@ -78,11 +78,21 @@ def test_every_rule_job_names_its_step_by_its_rule():
     assert set(steps) == set(ST.STEPS)
 
 
-def test_scripts_hold_one_rule_script():
+def rule_module(rule: str):
+    import importlib
+
+    return importlib.import_module(f"trajsft.rules.{rule}")
+
+
+def test_each_rule_names_its_own_module_as_its_script():
+    """One hop from a rule to its code: every rule with a script names trajsft/rules/<rule>.py, and every module
+    there is a rule's script."""
     rules = rule_blocks()
-    scripts = {m for body in rules.values() for m in re.findall(r'"\.\./scripts/([^"]+)"', body)}
-    assert scripts == {"rule.py"}
-    assert sorted(p.name for p in (REPO / "scripts").glob("*rule*.py")) == ["rule.py"]
+    scripts = {r: m.group(1) for r, body in rules.items() if (m := re.search(r'script:\s*"([^"]+)"', body))}
+    assert scripts and all(path == f"../src/trajsft/rules/{r}.py" for r, path in scripts.items()), scripts
+    modules = {p.stem for p in (REPO / "src/trajsft/rules").glob("*.py")} - {"__init__"}
+    assert modules == set(scripts), modules ^ set(scripts)
+    assert not list((REPO / "scripts").glob("*rule*.py"))
 
 
 def test_the_layout_page_names_each_kinds_rule_and_directory():
@@ -94,14 +104,9 @@ def test_the_layout_page_names_each_kinds_rule_and_directory():
 def test_a_step_function_is_named_as_its_rule_and_step_means_one_thing():
     """A step's code is the function its rule is named for; no module of ours is named "step" but the record's
     and its configs'."""
-    from trajsft import rule_job
-    from trajsft.plan import kinds
-
-    refs = {k.rule: k.function for k in REGISTRY} | {"check_fit": rule_job.FIT, "eval_matrix": rule_job.EVAL}
-    assert set(refs) == set(ST.STEPS)
-    for rule, ref in refs.items():
-        assert ref.split(":")[1] == rule, ref
-        assert callable(kinds.function(ref))
+    for rule in ST.STEPS:
+        fn = getattr(rule_module(rule), rule)
+        assert callable(fn) and fn.__name__ == rule, rule
     modules = [p.relative_to(REPO / "src").as_posix() for p in (REPO / "src/trajsft").rglob("*.py")]
     named = sorted(m for m in modules if re.search(r"(^|/|_)steps?(_|\.py$)", m))
     assert named == ["trajsft/plan/step.py", "trajsft/plan/step_configs.py"], named  # the record, the configs
@@ -113,11 +118,10 @@ def test_every_step_takes_its_typed_config_not_the_plan(plan):
     rule check_fit's step takes its target's training config, rule eval_matrix's the matrix's."""
     import inspect
 
-    from trajsft.plan import kinds, step_configs
-    from trajsft.rule_job import EVAL, FIT
+    from trajsft.plan import step_configs
 
-    steps = [(kind.step_function(), kinds.function(kind.config)) for kind in REGISTRY]
-    steps += [(kinds.function(FIT), step_configs.train), (kinds.function(EVAL), step_configs.eval_matrix)]
+    # each rule's step and the resolver of its typed config, as its module (trajsft/rules/<rule>.py) pairs them
+    steps = [(getattr(rule_module(r), r), getattr(step_configs, "train" if r == "check_fit" else r)) for r in ST.STEPS]
     for fn, resolver in steps:
         returns = inspect.signature(resolver).return_annotation
         first, *rest = inspect.signature(fn).parameters.values()

@@ -1,8 +1,7 @@
-"""The rule-job harness: every rule's script (``scripts/rule.py``) calls :func:`run_rule`, which runs the job's
-step with logging, stop handling, user errors as one line and the artifact's manifest. An artifact's step
-function comes from its kind's record (:data:`trajsft.plan.kinds.REGISTRY`); the two steps that write no artifact
-are ``cluster.check_fit.check_fit`` (rule check_fit) and ``report.matrix.eval_matrix`` (rule eval_matrix), and the report rules
-run their own entries (:data:`REPORT_RULES`)."""
+"""The rule-job harness: each rule's script is its own module, ``trajsft/rules/<rule>.py`` (one hop from the rule to
+its code), which gives :func:`run_rule` an :class:`Entry` (its step, and what differs about its job); the harness
+runs it with logging, stop handling, user errors as one line and the artifact's manifest. The report rules run
+their entry through :func:`run_report`."""
 
 from __future__ import annotations
 
@@ -15,35 +14,46 @@ import signal
 import sys
 import time
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Callable, Optional
 
 from . import io, storage
 from .data import transform
 from .errors import RULE_JOB_ERRORS, StorageFault
 from .io import is_remote, write_json
 from .runtime import signals
-from .plan import step_configs
-from .plan.kinds import BY_RULE, function  # function: "module:function", importing only that module
 
 
 log = logging.getLogger("trajsft")
 
 
+@dataclass(frozen=True)
+class Entry:
+    """What a rule's module gives the harness: ``run(job, snakemake)`` runs the step of ``job`` (the
+    :class:`trajsft.plan.step.Step` rules/common.smk resolved) and returns the manifest's fields (None: no manifest);
+    the rest is what its job does differently from the others."""
 
-# ---- rule entry point -------------------------------------------------------------------
-FIT = "trajsft.cluster.check_fit:check_fit"  # rule check_fit: no artifact, the summary is the output
-EVAL = "trajsft.report.matrix:eval_matrix"  # rule eval_matrix: the matrix files are the outputs
-# the report rules get no Step: their entries read the job's inputs and params
-REPORT_RULES = {"report_card": "trajsft.report.build:rule_card", "report_table": "trajsft.report.build:rule_table",
-                "report_curves": "trajsft.report.curves:rule_curves",
-                "report_actions": "trajsft.report.actions:rule_actions", "sweep": "trajsft.report.sweeps:rule_sweep"}
+    run: Callable[[Any, Any], Optional[dict]]
+    # (job, the rule's log path) -> the log the job writes (train: a link to the run's durable training log)
+    rule_log: Optional[Callable[[Any, str], str]] = None
+    # (job) -> what to call when Snakemake vanishes (train on Ray: detach from the job, which lives on), or None
+    on_snakemake_gone: Optional[Callable[[Any], Optional[Callable[[], None]]]] = None
+    user_errors: tuple[type[BaseException], ...] = ()  # more exceptions said in one line (the matrix: a deleted run)
+    manifest: bool = True  # write the artifact's manifest from the result (train writes its done marker itself)
 
 
-def _shards_skipped_listing(cfg: step_configs.ShardConfig) -> None:
-    """A shard set found sealed (here or under another root): its skipped rows next to its manifest."""
-    src = io.join(cfg.location, "skipped.jsonl")
-    if str(cfg.skipped_list) != src:
-        io.write_bytes(cfg.skipped_list, io.read_bytes(src))
+def build(job, cfg, step: Callable[[Any], dict]) -> dict:
+    """An artifact's step on its typed config, through :func:`trajsft.storage.build` (a sealed payload is reused)."""
+    return storage.build(job.plan, job.artifact, lambda: step(cfg))
+
+
+def run_report(snakemake, entry: Callable[[Any], None]) -> None:
+    """A report rule's job: its log, then its entry, which reads the job's inputs and params (no step)."""
+    from . import logs
+
+    logs.setup(snakemake.log[0] if snakemake.log else None, snakemake.config.get("log_level", "INFO"))
+    entry(snakemake)
 
 
 def _cpu_seconds() -> float:
@@ -51,39 +61,32 @@ def _cpu_seconds() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def run_rule(snakemake) -> None:
-    """The one entry of every rule job (``scripts/rule.py``): runs the job's step; user errors become one line,
-    exit 1; SIGINT/SIGTERM or a vanished Snakemake end it as stopped, nothing marked complete.
+def run_rule(snakemake, entry: Entry) -> None:
+    """A rule job (the script of every rule but the reports: ``trajsft/rules/<rule>.py``): runs ``entry`` on the job's
+    step; user errors become one line, exit 1; SIGINT/SIGTERM or a vanished Snakemake end it as stopped, nothing
+    marked complete.
 
     The step comes from ``snakemake.params.step`` (a :class:`trajsft.plan.step.Step` that rules/common.smk
-    resolved once from the workflow's plan); an artifact's manifest goes to ``snakemake.output``. The report
-    rules, which get no step, run their own entry (:data:`REPORT_RULES`).
+    resolved once from the workflow's plan); an artifact's manifest goes to ``snakemake.output``.
     """
     from . import logs
 
-    if snakemake.rule in REPORT_RULES:
-        logs.setup(snakemake.log[0] if snakemake.log else None, snakemake.config.get("log_level", "INFO"))
-        function(REPORT_RULES[snakemake.rule])(snakemake)
-        return
     job = snakemake.params.step
     step, name, plan = job.step, job.name, job.plan
     cfg = plan.cfg
     label = f"trajsft {step} {name}".rstrip()
     log_path = snakemake.log[0] if snakemake.log else None
-    if step == "train":
-        from .train import target as train_target  # never jax/levanter: train_lm runs in a child
-    if step == "train" and log_path:
-        log_path = train_target.link_rule_log(BY_RULE[step].resolve(plan, name), log_path)
+    if entry.rule_log and log_path:
+        log_path = entry.rule_log(job, log_path)
     logs.setup(log_path, cfg.get("log_level", "INFO"))
     # die with our Snakemake run (even after `kill -9` of Snakemake), cleaning up like on SIGTERM
     signals.install_stop_handler()
-    detach = step == "train" and cfg.get("executor") == "ray"  # the Ray job lives on: a rerun re-attaches
-    signals.watch_snakemake(on_gone=train_target.detach_from_ray_job if detach else None, log_path=log_path)
-    # the matrix reads every row's provenance: a run deleted by hand is the user's to rebuild
-    user_errors = (*transform.USER_ERRORS, *RULE_JOB_ERRORS) + ((FileNotFoundError,) if step == "eval_matrix" else ())
+    on_gone = entry.on_snakemake_gone(job) if entry.on_snakemake_gone else None
+    signals.watch_snakemake(on_gone=on_gone, log_path=log_path)
+    user_errors = (*transform.USER_ERRORS, *RULE_JOB_ERRORS, *entry.user_errors)
     started = time.time()
     try:
-        result = _run_step(job, snakemake)
+        result = entry.run(job, snakemake)
     except user_errors as e:
         _exit_in_one_line(f"{label}: {e}", snakemake.log[0] if isinstance(e, StorageFault) and log_path else None)
     except KeyboardInterrupt as e:  # SIGINT, SIGTERM (signals.SnakemakeGone), or our Snakemake died
@@ -107,7 +110,7 @@ def run_rule(snakemake) -> None:
         log.error("%s failed:\n%s", label, traceback.format_exc())
         raise
     art = job.artifact
-    if art is not None and step != "train":  # train writes its done marker itself
+    if art is not None and entry.manifest:
         manifest = {
             "kind": art.kind, "name": art.name, "hash": art.hash, "location": art.location,
             "hash_inputs": art.inputs, "seconds": round(time.time() - started, 3), **result,
@@ -137,35 +140,3 @@ def _exit_in_one_line(msg: str, linked_rule_log: str | None = None) -> None:
             os.unlink(linked_rule_log)
             Path(linked_rule_log).write_text(msg + "\n")
     sys.exit(1)
-
-
-def _run_step(job, snakemake) -> dict | None:
-    """The job's step: an artifact built (or found sealed) through :mod:`trajsft.storage`, a training run, the fit
-    summary or the matrix."""
-    step, name, plan = job.step, job.name, job.plan
-    if step == "check_fit":  # on its target's training config
-        result = function(FIT)(BY_RULE["train"].resolve(plan, name))
-        write_json(snakemake.output[0], result)
-        return result
-    if step == "eval_matrix":
-        return function(EVAL)(step_configs.eval_matrix(plan), dict(snakemake.output.items()))
-    kind = BY_RULE[step]
-    cfg, run = kind.resolve(plan, name), kind.step_function()  # the step's typed config, resolved once
-    if step == "train":
-        on_ray = None
-        if plan.cfg.get("executor") == "ray":
-            from .cluster.submit import train_on_ray as on_ray
-        return storage.train(plan, job.artifact, lambda: run(cfg, done_path=snakemake.output[0], on_ray=on_ray))
-    if step == "eval_actions" and plan.cfg.get("executor") == "ray":  # a Ray job on a single-host slice
-        from .report.actions_job import submit
-
-        return storage.build(plan, job.artifact, lambda: submit(cfg, snakemake.log[0]))
-    result = storage.build(plan, job.artifact, lambda: run(cfg))
-    if step == "shard" and result["payload_from"] != "built":
-        _shards_skipped_listing(cfg)
-    if step == "export":  # every row the sharegpt export could not hold, next to the manifest (like shard's)
-        io.write_bytes(str(Path(snakemake.output[0]).parent / "skipped.jsonl"),
-                       io.read_bytes(f"{job.artifact.location}/llamafactory/skipped.jsonl"))
-        log.info("export %s: %d llamafactory skip(s): %s", name, result["llamafactory"]["skipped_total"],
-                 [s["reason"] for s in result["llamafactory"]["skipped_examples"]])
-    return result

@@ -1,18 +1,18 @@
 """The artifact kinds, each declared once: one :class:`Kind` record per kind in :data:`REGISTRY`.
 
 A kind's record says where its artifacts live (``name``: the directory under ``results/`` and under the
-storage root: a noun), which rule writes them (a verb, also the name of the rule job's step), the format version hashed into each of them, the kinds built
-from it, the function its rule job runs, the settings that are not hashed but must match for a payload to be
-reused, what its seal covers and what its rule job asks Snakemake for. Everything else reads these records: the hashes
-(:class:`trajsft.plan.config.Plan`, :mod:`trajsft.plan.specs`), the typed step of a rule job
-(:mod:`trajsft.plan.step`), payload reuse (:mod:`trajsft.storage`), the rules' parameters (``rules/common.smk``)
-and the rule job's dispatch (:func:`trajsft.rule_job.run_rule`). ``tests/test_kinds.py`` checks that every kind has a
-rule, a step function, a format version and a plan path.
+storage root: a noun), which rule writes them (a verb, also the name of the rule job's step and of the module that
+holds the rule's code, ``trajsft/rules/<rule>.py``: its typed config and its step function, imported there, never
+named here by a string), the format version hashed into each of them, the kinds built from it, the settings that are
+not hashed but must match for a payload to be reused, what its seal covers and what its rule job asks Snakemake for.
+Everything else reads these records: the hashes (:class:`trajsft.plan.config.Plan`, :mod:`trajsft.plan.specs`), the
+typed step of a rule job (:mod:`trajsft.plan.step`), payload reuse (:mod:`trajsft.storage`) and the rules' parameters
+(``rules/common.smk``). ``tests/test_kinds.py`` checks that every kind has a rule whose script is its module, a step
+function, a format version and a plan path.
 """
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
@@ -30,10 +30,6 @@ class Kind:
     name: str  # the directory of its artifacts under results/ and under the storage root
     rule: str  # the Snakemake rule that writes an artifact of this kind, and the name of its job's step
     format: int  # hashed into every artifact of the kind: bump it when what a payload holds changes
-    function: str  # "module:function" that the rule job runs (it imports that module only)
-    # the step's typed config (trajsft.plan.step_configs), resolved where the job starts: its function takes that
-    # config, built by hand in a test
-    config: str  # "module:function", (plan, name) -> the config
     downstream: tuple[str, ...] = ()  # the kinds built from it, directly or not
     # settings that are not hashed but must match for a built payload to be reused (the rule's params rerun
     # triggers): name -> its value from the artifact's spec
@@ -49,51 +45,31 @@ class Kind:
     def checked_settings(self, spec: Mapping) -> dict:
         return {k: value(spec) for k, value in self.checked.items()}
 
-    def resolve(self, plan, name: str) -> Any:
-        """The typed config of the step that writes artifact ``name`` (of a target's: the target's name)."""
-        return function(self.config)(plan, name)
-
-    def step_function(self) -> Callable[..., Any]:
-        return function(self.function)
-
-
-def function(ref: str) -> Callable[..., Any]:
-    """``module:function``, importing only that module (a rule job pays no other step's imports)."""
-    module, name = ref.split(":")
-    return getattr(importlib.import_module(module), name)
-
 
 REGISTRY = (
-    Kind("raw", rule="download", format=2, function="trajsft.data.download:download",
-         config="trajsft.plan.step_configs:download",
+    Kind("raw", rule="download", format=2,
          downstream=("shards", "tokenized", "checkpoints", "exports", "evals"), checked={"rows": lambda s: int(s["rows"])},
          resources=Resources(threads=1, mem_mb=4000)),  # network-bound: parquet pages from the Hub
-    Kind("shards", rule="shard", format=3, function="trajsft.data.shard:shard",
-         config="trajsft.plan.step_configs:shard",
+    Kind("shards", rule="shard", format=3,
          downstream=("tokenized", "checkpoints", "exports", "evals"),
          checked={"strict": lambda s: bool(s["transform"].get("strict"))}, resources=Resources(threads=1, mem_mb=4000)),
-    Kind("tokenized", rule="tokenize", format=3, function="trajsft.data.tokenize:tokenize",
-         config="trajsft.plan.step_configs:tokenize",
+    Kind("tokenized", rule="tokenize", format=3,
          downstream=("checkpoints", "evals"), resources=Resources(threads=2, mem_mb=8000)),  # tokenizer workers share the cores
-    Kind("models", rule="download_model", format=1, function="trajsft.train.model_snapshot:download_model",
-         config="trajsft.plan.step_configs:download_model",
+    Kind("models", rule="download_model", format=1,
          downstream=("checkpoints", "evals"), resources=Resources(threads=1, mem_mb=4000)),  # network-bound: safetensors
     # a training run's seal covers its weights only (trainer checkpoints, HF exports): its records (attempts,
     # provenance, result, logs) change with every attempt and are written again where it runs
-    Kind("checkpoints", rule="train", format=1, function="trajsft.train.target:train",
-         config="trajsft.plan.step_configs:train",
+    Kind("checkpoints", rule="train", format=1,
          sealed=("checkpoints/", "hf/"), of_target="run", downstream=("evals",),
          # Levanter on this machine's CPUs, or, on a Ray profile, a light submitter that follows the job (so that
          # every target of a `--cores 4` profile can be submitted at once)
          resources=Resources(threads=2, mem_mb=16000), on_cluster=Resources(threads=1, mem_mb=1000)),
-    Kind("exports", rule="export", format=2, function="trajsft.data.export:export", of_target="export",
-         config="trajsft.plan.step_configs:export",
+    Kind("exports", rule="export", format=2, of_target="export",
          resources=Resources(threads=1, mem_mb=4000)),
     # the next-action scores of a target's trained student on the held-out chats (its done marker is
     # evals/<target>/done, beside checkpoints/<target>/done): generation on this machine's CPUs, or, on a Ray profile,
     # a light submitter that follows one Ray job on a single-host slice (trajsft.report.actions_job)
-    Kind("evals", rule="eval_actions", format=1, function="trajsft.report.actions:eval_actions", of_target="evals",
-         config="trajsft.plan.step_configs:eval_actions",
+    Kind("evals", rule="eval_actions", format=1, of_target="evals",
          resources=Resources(threads=2, mem_mb=8000), on_cluster=Resources(threads=1, mem_mb=1000)),
 )
 KINDS: dict[str, Kind] = {k.name: k for k in REGISTRY}

@@ -24,9 +24,9 @@ STEPS = (*BY_RULE, "check_fit", "eval_matrix")  # a step per rule: one per artif
 @dataclass(frozen=True)
 class Step:
     """One rule job: ``step`` (its rule: download, shard, tokenize, download_model, train, check_fit, export,
-    eval_matrix), ``name`` (the artifact's name, or the target of train, check_fit and export) and ``plan``: a
-    copy of the workflow's plan that holds only the artifacts this step writes and reads (and, for train,
-    check_fit, export and eval_matrix, its targets)."""
+    eval_actions, eval_matrix; :data:`STEPS`), ``name`` (the artifact's name, or the target of train, check_fit,
+    export and eval_actions) and ``plan``: a copy of the workflow's plan that holds only the artifacts this step
+    writes and reads (and, for train, check_fit, export, eval_actions and eval_matrix, its targets)."""
 
     step: str
     name: str

@@ -60,7 +60,7 @@ def card_params(plan, target: str) -> dict:
     }
 
 
-# ---- Snakemake entry points (trajsft.rule_job.REPORT_RULES) ---------------------------------------
+# ---- Snakemake entry points (trajsft/rules/report_*.py) --------------------------------------------
 def _pair_manifests(shards_paths: list[str], tokenized_paths: list[str],
                     teachers: list[str] | None = None) -> dict[str, tuple[dict, dict | None]]:
     """Each teacher's (shards, tokenized) manifests: ``teachers`` names them in the order of the paths (the
