@@ -294,16 +294,20 @@ def test_the_train_rule_submits_the_policy_fit_chose(caplog):
 
     tc = step_configs.train(_ray_plan(), "minimax-m2.5")
     assert tc.spec.training.remat == "auto"  # the Ray profiles' default
-    lev = {"model": {"gradient_checkpointing": True}}
+    lev = {"model": {"gradient_checkpointing": True, "hidden_dim": 4096}, "trainer": {"id": "x"}}
+    given = json.loads(json.dumps(lev))
     fitted = F.choose([_cand("save_attention", 81.99, recompute=0.86), _cand("full", 45.16)])
     with caplog.at_level(logging.INFO, logger="trajsft"):
-        assert submit.use_remat_policy(tc, lev, fitted) == "save_attention"
-    assert lev["model"]["gradient_checkpointing"] == remat.levanter_value("save_attention")
+        got, policy = submit.with_remat_policy(tc, lev, fitted)
+    assert policy == "save_attention" and got["model"]["gradient_checkpointing"] == remat.levanter_value(policy)
+    assert got["model"]["hidden_dim"] == 4096 and got["trainer"] == lev["trainer"]
+    assert lev == given  # a new config: the one given is not edited
     assert "remat: save_attention (chosen by the fit check: the least recompute" in caplog.text
-    assert submit.use_remat_policy(tc, lev, None) == "full" and lev["model"]["gradient_checkpointing"] is True
+    got, policy = submit.with_remat_policy(tc, lev, None)
+    assert policy == "full" and got["model"]["gradient_checkpointing"] is True
     local = step_configs.train(C.Plan(C.load(None), base_dir=C.REPO_DIR), "minimax-m2.5")
     assert local.spec.training.remat == "full"  # locally: Levanter's default
-    assert submit.use_remat_policy(local, lev, fitted) == "full"
+    assert submit.with_remat_policy(local, lev, fitted)[1] == "full"
 
 
 @pytest.mark.integration

@@ -183,7 +183,7 @@ def test_a_ray_job_is_never_handed_a_path_its_hosts_cannot_read(tmp_path, monkey
     monkeypatch.setattr(run_job, "run_job", never)
     monkeypatch.setattr(submit, "check_or_raise", lambda cfg: None)
     monkeypatch.setattr(submit, "fit_or_raise", lambda train, lev: None)  # tests/test_fit.py
-    monkeypatch.setattr(submit, "use_remat_policy", lambda train, lev, fitted: "full")  # tests/test_fit.py
+    monkeypatch.setattr(submit, "with_remat_policy", lambda train, lev, fitted: (lev, "full"))  # tests/test_fit.py
     # the settings without Levanter's TPU table (tested in test_cluster.py): this test needs no Levanter import
     monkeypatch.setattr(submit, "ray_settings", lambda cfg: {**submit.RAY_DEFAULTS, **cfg["ray"]})
     monkeypatch.chdir(tmp_path)

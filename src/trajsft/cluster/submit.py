@@ -243,9 +243,9 @@ def fit_or_raise(cfg: TrainConfig, lev: dict) -> dict | None:
     return summary
 
 
-def use_remat_policy(cfg: TrainConfig, lev: dict, fitted: dict | None) -> str:
-    """Set ``lev``'s remat policy: training.remat, or for auto the one the fit check chose (full without one:
-    fit_check off or no libtpu); the policy, said in the rule's log."""
+def with_remat_policy(cfg: TrainConfig, lev: dict, fitted: dict | None) -> tuple[dict, str]:
+    """``lev`` with its remat policy (a new config; ``lev`` is not changed): training.remat, or for auto the one the
+    fit check chose (full without one: fit_check off or no libtpu); and the policy, said in the rule's log."""
     from ..train import remat
 
     policy = cfg.spec.training.remat
@@ -255,9 +255,8 @@ def use_remat_policy(cfg: TrainConfig, lev: dict, fitted: dict | None) -> str:
             "training.remat auto without a fit check (ray.fit_check off or no libtpu): full"
     else:
         why = "training.remat"
-    lev["model"]["gradient_checkpointing"] = remat.levanter_value(policy)
     log.info("remat: %s (%s)", policy, why)
-    return policy
+    return {**lev, "model": {**lev["model"], "gradient_checkpointing": remat.levanter_value(policy)}}, policy
 
 
 def runtime_env(cfg: dict) -> dict:
@@ -342,7 +341,7 @@ def train_on_ray(train: TrainConfig, lev: dict, attempt: int) -> dict:
     if prior and prior.get("fingerprint") == setup_fingerprint(ray["address"], renv):
         # Snakemake's retry of a configuration error: the same answer, nothing submitted
         raise JobEnvironmentError(setup_failure.line(prior, repeated=True))
-    use_remat_policy(train, lev, fit_or_raise(train, lev))
+    lev, _ = with_remat_policy(train, lev, fit_or_raise(train, lev))
     cfg_url = join(run_dir, "levanter_config.json")
     io.write_bytes(cfg_url, json.dumps(lev, indent=2, sort_keys=True).encode())
     entrypoint, identity = driver_command(cfg_url, run_dir, ray, attempt)
