@@ -144,3 +144,25 @@ def test_stale_hash_target_is_refused_with_one_line(tmp_path):
            "results/shards/demo-0123456789/manifest.json")
     assert p.returncode != 0
     assert "shards/demo-0123456789 is not produced by the current config" in p.stdout + p.stderr
+
+
+@pytest.mark.integration
+def test_a_job_finished_before_the_rule_scripts_moved_is_not_rerun(tmp_path):
+    """Snakemake records a script rule's `script:` line as its code: the workdirs of every user recorded
+    "../scripts/rule.py" before each rule got its own module (src/trajsft/rules/). The workflow profile leaves "code"
+    out of the rerun triggers, so those finished jobs stay finished (with it, all of them reran once)."""
+    import base64
+    import json
+
+    from pipeline_utils import plan as plan_cli, run
+
+    [raw] = [a for a in plan_cli(tmp_path, "demo")["artifacts"] if a["kind"] == "raw"]
+    run(tmp_path, raw["manifest"])
+    meta = tmp_path / ".snakemake" / "metadata" / base64.b64encode(raw["manifest"].encode()).decode()
+    record = json.loads(meta.read_text())
+    assert record["code"].strip() == '"../src/trajsft/rules/download.py"', record["code"]
+    meta.write_text(json.dumps({**record, "code": '        "../scripts/rule.py"\n'}))  # as an older trajsft left it
+    dry = run(tmp_path, "-n", raw["manifest"])
+    assert "Nothing to be done" in dry.stdout + dry.stderr, dry.stdout[-2000:]
+    changes = run(tmp_path, "--list-changes", "code")  # what the trigger would have rerun
+    assert raw["manifest"] in changes.stdout, changes.stdout[-2000:]
