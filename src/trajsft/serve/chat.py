@@ -16,6 +16,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 from ..data.template import load_template
 from ..data.turns import parse_output
+from ..errors import one_line
 
 ROLES = ("system", "user", "assistant", "tool")
 
@@ -149,8 +150,7 @@ def render(tokenizer, msgs: list[dict], tool_list: Optional[list[dict]]) -> list
 
 
 def _shown(v: Any) -> str:
-    text = json.dumps(v, ensure_ascii=False) if not isinstance(v, float) else repr(v)
-    return text if len(text) <= 60 else text[:57] + "..."
+    return one_line(json.dumps(v, ensure_ascii=False) if not isinstance(v, float) else repr(v), 60)
 
 
 def generation_settings(body: Mapping, default_max_tokens: int) -> dict:
@@ -167,15 +167,8 @@ def generation_settings(body: Mapping, default_max_tokens: int) -> dict:
         return kind(v)
 
     stop = body.get("stop")
-    if stop is None:
-        stops = []
-    elif isinstance(stop, str):
-        stops = [stop]
-    elif isinstance(stop, list):
-        stops = stop
-    else:
-        raise BadRequest(f"stop is {_shown(stop)}, expected a string or a list of non-empty strings", param="stop")
-    if not all(isinstance(s, str) and s for s in stops):
+    stops = [] if stop is None else [stop] if isinstance(stop, str) else stop
+    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
         raise BadRequest(f"stop is {_shown(stop)}, expected a string or a list of non-empty strings", param="stop")
     stream = body.get("stream")
     if stream not in (None, False):
