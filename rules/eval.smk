@@ -4,24 +4,18 @@
 # Next-action scores (rule eval_actions, evals/<target>/done): the target's trained student generates
 # each sampled held-out assistant turn greedily and is scored against the teacher's (trajsft.report.actions).
 #
-# Needs from rules/common.smk: PLAN, STATE_DIR, eval_matrix_inputs, eval_actions_inputs, evals_of. For
+# Needs from rules/common.smk: W, STATE_DIR, job_resources, artifact_name, payload_location, job_step. For
 # `rule all`: EVAL_OUTPUTS.
 
-from trajsft.report import matrix as eval_matrix
-
-# the matrix outputs when the config has an `eval:` section, else nothing
-EVAL_OUTPUTS = (
-    list(eval_matrix.outputs(STATE_DIR).values())
-    if config.get("eval") is not None
-    else []
-) + evals_of(config["default_targets"])
+# the matrix outputs when the config has an `eval:` section, and the default targets' next-action scores
+EVAL_OUTPUTS = W.eval_outputs()
 
 
 # The payload (actions.json) is content-addressed (<storage_root>/evals/<target>-<hash>/: the run, the
 # held-out shard sets, the actions: settings); `params.name` reruns the rule when that hash changes.
 rule eval_actions:
     input:
-        eval_actions_inputs,
+        W.eval_actions_inputs,
     output:
         report(
             "evals/{target}/done",
@@ -47,7 +41,7 @@ rule eval_actions:
 
 rule eval_matrix:
     input:
-        unpack(eval_matrix_inputs),
+        unpack(W.eval_matrix_inputs),
     output:
         json=report(
             f"{STATE_DIR}/eval/matrix.json",
@@ -76,7 +70,7 @@ rule eval_matrix:
         mem_mb=16000,  # runs here (not on the cluster): a Qwen3-8B row needs ~40 GB
     params:
         # rows' runs, columns, the tokenized artifact of every cell, options: a change reruns it
-        spec=lambda w: eval_matrix.matrix_spec(step_configs.eval_matrix(PLAN)),
+        spec=W.eval_matrix_spec,
         step=job_step("eval_matrix"),
     script:
         "../src/trajsft/rules/eval_matrix.py"

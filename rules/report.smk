@@ -3,32 +3,23 @@
 # each rule's script is its module in src/trajsft/rules/ (trajsft.rule_job.run_report).
 # `snakemake --report report.html` includes every output marked report(...) below.
 #
-# Needs from rules/common.smk: PLAN, STATE_DIR. For `rule all`: REPORT_OUTPUTS.
-
-from trajsft.report import build as report_build
-from trajsft.report.actions import evaluated_steps as eval_actions_steps
+# Needs from rules/common.smk: W, PLAN, STATE_DIR. For `rule all`: REPORT_OUTPUTS.
 
 
 report: "../report/workflow.rst"
 
 
 # targets compared in results/cards/teachers.html: config `report_targets`, else `default_targets`
-REPORT_TARGETS = report_build.report_targets(PLAN, config)
+REPORT_TARGETS = W.report_targets()
 # the targets whose next-action scores the report tabulates (those that hold out chats, trained here)
-ACTIONS_TARGETS = [
-    t
-    for t in dict.fromkeys([*REPORT_TARGETS, *config["default_targets"]])
-    if evals_of([t])
-]
+ACTIONS_TARGETS = W.actions_targets()
 # table + cards of the report targets and default targets + curves of the default targets (+ next actions)
-REPORT_OUTPUTS = report_build.report_outputs(
-    PLAN, REPORT_TARGETS, config["default_targets"], STATE_DIR
-) + ([f"{STATE_DIR}/evals/actions.html"] if ACTIONS_TARGETS else [])
+REPORT_OUTPUTS = W.report_outputs()
 
 
 rule report_card:
     input:
-        unpack(lambda w: report_build.card_inputs(PLAN, w.target)),
+        unpack(W.card_inputs),
     output:
         json=report(
             f"{STATE_DIR}/cards/{{target}}/card.json",
@@ -50,19 +41,17 @@ rule report_card:
     resources:
         mem_mb=2000,
     params:
-        seq_len=lambda w: report_build.card_params(PLAN, w.target)["seq_len"],
-        weights=lambda w: report_build.card_params(PLAN, w.target)["weights"],
-        mixture=lambda w: report_build.card_params(PLAN, w.target)["mixture"],
-        native_seq_len=lambda w: report_build.card_params(PLAN, w.target)[
-            "native_seq_len"
-        ],
+        seq_len=W.card_param("seq_len"),
+        weights=W.card_param("weights"),
+        mixture=W.card_param("mixture"),
+        native_seq_len=W.card_param("native_seq_len"),
     script:
         "../src/trajsft/rules/report_card.py"
 
 
 rule report_table:
     input:
-        cards=[report_build.card_paths(t, STATE_DIR)["json"] for t in REPORT_TARGETS],
+        cards=[W.card_paths(t)["json"] for t in REPORT_TARGETS],
     output:
         html=report(
             f"{STATE_DIR}/cards/teachers.html",
@@ -122,9 +111,6 @@ rule report_actions:
         mem_mb=2000,
     params:
         # the exports `trajsft eval --actions --watch` scored since: a new one reruns the table (a row per step)
-        steps=lambda wildcards: {
-            t: list(eval_actions_steps(PLAN.target(t)["evals"].location))
-            for t in ACTIONS_TARGETS
-        },
+        steps=W.actions_steps,
     script:
         "../src/trajsft/rules/report_actions.py"

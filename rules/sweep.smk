@@ -1,16 +1,14 @@
 # Sweeps (config `sweeps:`, trajsft.plan.sweeps): every cell is a target; sweeps/<name>/done trains them all
 # and compares them (trajsft.report.sweeps): results.csv/.md, the loss curves, the final metric per setting.
 #
-# Needs from rules/common.smk: sweep_inputs.
-
-from trajsft.report.sweeps import outputs as sweep_outputs
+# Needs from rules/common.smk: W.
 
 
 rule sweep:
     input:
-        sweep_inputs,
+        W.sweep_inputs,
     output:
-        **sweep_outputs("{sweep}"),
+        **W.sweep_outputs("{sweep}"),
     log:
         "logs/sweep/{sweep}.log",
     localrule: True

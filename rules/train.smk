@@ -34,7 +34,7 @@ rule check_fit:
         # rerun triggers: a new run (any hashed setting), another slice, another compiler
         run=artifact_name("checkpoints"),
         tpu_type=(config.get("ray") or {}).get("tpu_type"),
-        versions=lambda wildcards: fit_versions(),
+        versions=W.fit_versions,
         step=job_step("check_fit"),
     script:
         "../src/trajsft/rules/check_fit.py"
@@ -46,7 +46,7 @@ rule check_fit:
 # when any hashed setting changes.
 rule train:
     input:
-        train_inputs,
+        W.train_inputs,
     output:
         report(
             "checkpoints/{target}/done",
@@ -61,7 +61,7 @@ rule train:
         "benchmarks/train/{target}.tsv"
     threads: job_resources("checkpoints").threads
     resources:
-        **sweep_slots(),
+        **W.sweep_slots(),
         mem_mb=job_resources("checkpoints").mem_mb,
     params:
         run=artifact_name("checkpoints"),
@@ -75,14 +75,14 @@ rule train:
 # targets instead of Snakemake's MissingRuleException.
 rule unknown_target:
     input:
-        typo_target,
+        W.typo_target,
     output:
         "{marker}/{other}/done",
     log:
         "logs/unknown_target/{marker}/{other}.log",
     wildcard_constraints:
         marker="checkpoints|evals",
-        other=not_a_target(),
+        other=W.not_a_target(),
     localrule: True
     threads: 1
     resources:

@@ -143,7 +143,7 @@ def cmd_retry(args) -> int:
 
 def cmd_preflight(args) -> int:
     from . import storage
-    from .cluster.submit import preflight, wandb_preflight
+    from .cluster.submit import preflight, say_preflight, wandb_preflight
     from .fit import disk
 
     plan = _load(args)
@@ -154,11 +154,7 @@ def cmd_preflight(args) -> int:
         notes = [note] if note else []
     else:  # the storage root is probed there too
         problems = preflight(plan.cfg, notes)
-    for n in notes:
-        print(f"trajsft preflight: note: {n}", file=sys.stderr)
-    for p in problems:
-        print(f"trajsft preflight: {p}", file=sys.stderr)
-    if problems:
+    if not say_preflight(notes, problems):
         return 1
     if plan.cfg["executor"] != "ray":
         print(f"local executor: storage root writable, W&B {plan.cfg['wandb']['mode']}")

@@ -31,7 +31,7 @@ log = logging.getLogger("trajsft")
 @dataclass(frozen=True)
 class Entry:
     """What a rule's module gives the harness: ``run(job, snakemake)`` runs the step of ``job`` (the
-    :class:`trajsft.plan.step.Step` rules/common.smk resolved) and returns the manifest's fields (None: no manifest);
+    :class:`trajsft.plan.step.Step` trajsft.workflow resolved) and returns the manifest's fields (None: no manifest);
     the rest is what its job does differently from the others."""
 
     run: Callable[[Any, Any], Optional[dict]]
@@ -66,7 +66,7 @@ def run_rule(snakemake, entry: Entry) -> None:
     step; user errors become one line, exit 1; SIGINT/SIGTERM or a vanished Snakemake end it as stopped, nothing
     marked complete.
 
-    The step comes from ``snakemake.params.step`` (a :class:`trajsft.plan.step.Step` that rules/common.smk
+    The step comes from ``snakemake.params.step`` (a :class:`trajsft.plan.step.Step` that trajsft.workflow
     resolved once from the workflow's plan); an artifact's manifest goes to ``snakemake.output``.
     """
     from . import logs

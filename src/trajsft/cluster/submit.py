@@ -18,6 +18,7 @@ import json
 import logging
 import os
 import shlex
+import sys
 
 from .. import io, storage
 from ..errors import ClusterError, ConfigError, JobEnvironmentError, PreflightError, TrainingFailed
@@ -126,6 +127,16 @@ def preflight(cfg: dict, notes: list[str] | None = None) -> list[str]:
         problems.append(f"storage_root {cfg['storage_root']} is a local dir: the hosts of {ray['address']} cannot "
                         "read it (use a bucket, e.g. storage_root: gs://<bucket>/trajsft)")
     return problems
+
+
+def say_preflight(notes: list[str], problems: list[str]) -> bool:
+    """Print a preflight's notes and problems on stderr, one line each (``trajsft preflight``, a run's start);
+    True when it found no problem."""
+    for n in notes:
+        print(f"trajsft preflight: note: {n}", file=sys.stderr)
+    for p in problems:
+        print(f"trajsft preflight: {p}", file=sys.stderr)
+    return not problems
 
 
 def wandb_preflight(cfg: dict, timeout_s: float = 5.0) -> tuple[str | None, str | None]:

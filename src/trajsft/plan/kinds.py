@@ -7,7 +7,7 @@ named here by a string), the format version hashed into each of them, the kinds 
 not hashed but must match for a payload to be reused, what its seal covers and what its rule job asks Snakemake for.
 Everything else reads these records: the hashes (:class:`trajsft.plan.config.Plan`, :mod:`trajsft.plan.specs`), the
 typed step of a rule job (:mod:`trajsft.plan.step`), payload reuse (:mod:`trajsft.storage`) and the rules' parameters
-(``rules/common.smk``). ``tests/test_kinds.py`` checks that every kind has a rule whose script is its module, a step
+(:mod:`trajsft.workflow`). ``tests/test_kinds.py`` checks that every kind has a rule whose script is its module, a step
 function, a format version and a plan path.
 """
 

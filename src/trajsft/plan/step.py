@@ -1,6 +1,6 @@
 """The typed step a rule job gets through ``params:``, resolved once by the Snakemake process.
 
-``rules/common.smk`` resolves each job's :class:`Step` from the workflow's one ``Plan``; the rule
+``trajsft.workflow`` (for ``rules/*.smk``) resolves each job's :class:`Step` from the workflow's one ``Plan``; the rule
 script reads ``snakemake.params.step`` and writes ``snakemake.output``: no job re-reads the config,
 re-validates it or digests local dirs again. A step is picklable (Snakemake pickles a script job's
 ``params``) and, being no builtin value, never a params rerun trigger: the rules keep their explicit
