@@ -1,0 +1,7 @@
+"""``python -m trajsft.cli``: the ``trajsft`` command."""
+
+import sys
+
+from . import main
+
+sys.exit(main())

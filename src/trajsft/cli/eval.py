@@ -1,0 +1,185 @@
+"""``trajsft eval``: the cross-teacher matrix, and next-action scores (``--actions``, ``--replay``, ``--watch``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+from .. import io
+from ..plan import config as C
+from ..plan import step_configs
+from ..plan.step_configs import TrainConfig
+from .common import load_plan, named_trainings
+
+
+def _held_out(plan: C.Plan, teacher: str) -> str:
+    """Where ``teacher``'s held-out chats are (its shard set: built, else one line saying how)."""
+    if teacher not in plan.cfg["teachers"]:
+        raise C.ConfigError(f"unknown teacher '{teacher}' (teachers: {', '.join(plan.cfg['teachers'])})")
+    shards = plan.shards(teacher)
+    if not os.path.exists(shards.manifest):
+        raise C.ConfigError(f"{teacher}: {shards.manifest} is missing: build it first (snakemake {shards.manifest})")
+    return shards.location
+
+
+def _stored_actions(ev) -> dict | None:
+    """The figures rule eval_actions wrote for exactly this evaluation (same hash), else None."""
+    try:
+        done = json.loads(Path(C.Plan.evals_done_path(ev.target)).read_text())
+    except (FileNotFoundError, ValueError):
+        return None
+    return done if done.get("name") == ev.name else None
+
+
+def cmd_eval_watch(args, plan: C.Plan, row: TrainConfig) -> int:
+    """``trajsft eval TARGET --actions --watch``: score each HF export of the target's run as it appears (its figures
+    under the evaluation's ``steps/step-<N>/``, a row per step in the report), until the run is done (its done
+    marker) and every export is scored, or Ctrl-C. One line (``--json``: one JSON object) per export scored."""
+    import time
+
+    from ..report import actions
+    from ..report.matrix import hf_exports
+    from ..report.trained import locate
+
+    ev = step_configs.eval_actions(plan, row.target)
+    if args.max_turns or args.max_tokens or args.teachers or args.replay:
+        raise C.ConfigError("--watch scores with the target's actions: settings (no --max-turns, --max-tokens, "
+                            "--teachers or --replay): change them in the config")
+    if problem := step_configs.held_out_problem(plan, row.target):
+        raise C.ConfigError(f"{row.target}: {problem}")
+    done_path = C.Plan.done_path(row.target)
+    scored = set(actions.evaluated_steps(ev.location))
+    print(f"trajsft eval --watch: {row.target} (run {row.run.name}): scoring each new HF export into "
+          f"{io.join(ev.location, actions.STEPS)} (already scored: {sorted(scored) or 'none'})", file=sys.stderr,
+          flush=True)
+    while True:
+        finished = C.Plan.done_hash(done_path) == row.run.hash  # read before the exports: none appears after it
+        try:
+            exports = hf_exports(locate(row).train_cfg["hf_save_path"])
+        except C.ConfigError:  # not started yet: no provenance, no export
+            exports = []
+        for step, _ in exports:
+            if step in scored:
+                continue
+            trained = locate(row, step)
+            r = actions.evaluate_trained(ev, trained, actions.step_location(ev, step))
+            scored.add(step)
+            if args.json:
+                print(json.dumps({k: r[k] for k in ("target", "model", "step", "splits", "chats_scored")}), flush=True)
+            else:
+                s = next(iter(r["splits"].values()))
+                print(f"{row.target} step {step}: " + ", ".join(
+                    f"{k} {s[k]:.3f}" for k in ("valid", "tool_or_text", "tool_name") if s.get(k) is not None),
+                      flush=True)
+        if finished:
+            return 0
+        time.sleep(args.interval)
+
+
+def cmd_eval_actions(args) -> int:
+    """Next-action scores of each target's student (or, with --replay, of the teachers' own turns) on the held-out
+    chats its ``actions:`` settings name: the figures rule eval_actions wrote (evals/<target>/done) when they are of
+    these settings, else computed here (--max-turns, --max-tokens and --teachers override the settings)."""
+    from .. import logs
+    from ..report import actions
+
+    plan = load_plan(args)
+    logs.setup(None, plan.cfg.get("log_level", "INFO"))
+    if args.watch:
+        rows = named_trainings(plan, args.targets or plan.cfg["default_targets"])
+        if len(rows) != 1:
+            raise C.ConfigError("--watch follows one target: name it (trajsft eval demo --actions --watch)")
+        return cmd_eval_watch(args, plan, rows[0])
+    out = []
+    for row in named_trainings(plan, args.targets or plan.cfg["default_targets"]):
+        ev = step_configs.eval_actions(plan, row.target)
+        max_turns = args.max_turns or ev.max_turns
+        max_tokens = args.max_tokens or ev.max_tokens
+        stored = None
+        if not args.replay and (max_turns, max_tokens) == (ev.max_turns, ev.max_tokens) and not args.teachers:
+            stored = _stored_actions(ev)
+        if stored is not None:
+            out.append({"target": row.target, "model": stored["model"], "max_turns": max_turns,
+                        "max_tokens": max_tokens, "splits": stored["splits"], "from": C.Plan.evals_done_path(row.target),
+                        "side_by_side": stored.get("side_by_side")})
+            continue
+        if not args.teachers and (problem := step_configs.held_out_problem(plan, row.target)):
+            raise C.ConfigError(f"{row.target}: {problem}")
+        held_out = {t: _held_out(plan, t) for t in args.teachers or ev.held_out}
+        turns = actions.sampled(held_out, max_turns, step_configs.prompt_tools(plan, row.target, held_out))
+        if args.replay:
+            from transformers import AutoTokenizer
+
+            student = row.run.spec["student"]
+            model = actions.Replay(AutoTokenizer.from_pretrained(
+                plan.resolve_ref(student["tokenizer"], student.get("tokenizer_revision"))))
+        else:
+            from ..report.trained import locate
+            from ..train import generate
+
+            trained = locate(row)
+            model = actions.Student(trained.name, generate.load(trained.train_cfg, trained.source, ev.max_seqs),
+                                    max_tokens)
+        out.append({"target": row.target, "model": model.name, "max_turns": max_turns,
+                    "max_tokens": None if args.replay else max_tokens, "splits": actions.scores(model, turns),
+                    "from": "computed"})
+    if args.json:
+        print(json.dumps(out, indent=2))
+    else:
+        for r in out:
+            src = "" if r["from"] == "computed" else f", from {r['from']}"
+            print(f"{r['target']} ({r['model']}{src}), turns per split: "
+                  + ", ".join(f"{c} {s['turns']}" for c, s in r["splits"].items()))
+            print(actions.table({r["model"]: r["splits"]}))
+            if r.get("side_by_side"):
+                print(f"  the student's turns beside the teacher's: {r['side_by_side']}")
+    return 0
+
+
+def cmd_eval(args) -> int:
+    """The cross-teacher matrix of the config's ``eval:`` section (rows and columns may be narrowed),
+    from the targets' latest HF exports or checkpoints; the same code as rule ``eval_matrix``."""
+    from .. import logs
+    from ..report import matrix
+
+    if args.actions:
+        return cmd_eval_actions(args)
+    if args.replay or args.watch:
+        raise C.ConfigError(f"--{'replay' if args.replay else 'watch'} is of the next-action scores: use it with --actions")
+
+    overrides = {}
+    if args.targets:
+        overrides["targets"] = [t.removeprefix("checkpoints/").removesuffix("/done") for t in args.targets]
+    if args.teachers:
+        overrides["teachers"] = args.teachers
+    if args.model:
+        overrides["model"] = args.model
+    if args.max_eval_batches:
+        overrides["max_eval_batches"] = args.max_eval_batches
+    plan = load_plan(args)
+    if plan.cfg.get("eval") is None and not overrides:
+        raise C.ConfigError("config: no eval: section (the cross-teacher matrix is opt-in): add one, e.g. "
+                            "--configfile config/eval.yaml, or name targets: trajsft eval demo")
+    if overrides or plan.cfg.get("eval") is None:
+        cfg = C.validate(C.deep_merge(plan.cfg, {"eval": {**(plan.cfg.get("eval") or {}), **overrides}}))
+        plan = C.Plan(cfg, base_dir=C.REPO_DIR)
+    from .. import storage
+
+    why = storage.unusable(plan.root)  # the matrix reads checkpoints and caches there: one line, not a retry storm
+    if why:
+        raise C.ConfigError(f"storage root {plan.root} {why}: the matrix reads the targets' checkpoints there")
+    for (row, col), art in plan.eval_cells.items():
+        if not os.path.exists(art.manifest):
+            raise C.ConfigError(f"{row} on {col}: {art.manifest} is missing: build it first "
+                                f"(snakemake {art.manifest})")
+    logs.setup(None, plan.cfg.get("log_level", "INFO"))
+    out = {k: str(Path(args.out, f"matrix.{k}")) for k in ("json", "png", "html")}
+    doc = matrix.eval_matrix(step_configs.eval_matrix(plan), out)
+    if args.json:
+        print(json.dumps(doc, indent=2))
+    else:
+        print(matrix.render_text(doc))
+        print(f"written: {out['json']}, {out['png']}, {out['html']}")
+    return 0
