@@ -6,6 +6,7 @@ import json
 import logging
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -232,7 +233,7 @@ def _later_steps_on_configs_built_by_hand(tmp_path, store, plan, shards, tok, mo
         return {"hf_export": str(hf), "steps": 2, "checkpoint_dir": str(store / "checkpoints/demo-run/checkpoints"),
                 "wandb_mode": "disabled"}
 
-    done = target.train(cfg, str(tmp_path / "done"), on_ray=on_ray)
+    done = target.train(cfg, str(tmp_path / "done"), executor=SimpleNamespace(train_attempt=on_ray))
     [(got, lev, attempt)] = submitted
     assert got is cfg and attempt == 1
     assert lev["data"]["cache_dir"] == tok["cache_dir"]

@@ -125,7 +125,7 @@ def run_rule(snakemake, entry: Entry) -> None:
 
 def _exit_in_one_line(msg: str, linked_rule_log: str | None = None) -> None:
     """A user error: its line to the rule's log file and, once, to stderr; exit 1. ``linked_rule_log``: a
-    training's rule log, a link to the run's whole training log (trajsft.train.target.link_rule_log), which
+    training's rule log, a link to the run's whole training log (the executor's process_log, trajsft.executor), which
     Snakemake shows on a failure (show-failed-logs): for a storage fault it becomes the one line instead (the
     training's log, named in the line, keeps everything; the next attempt links the rule log again)."""
     from . import logs

@@ -23,6 +23,7 @@ from .logs import WorkflowStop, one_line_stops
 from .plan import step_configs
 from .plan.config import STATE_DIR, ConfigError, Plan, validate
 from .plan.kinds import KINDS, Resources
+from .plan.placement import placement
 from .plan.step import resolve as resolve_step
 
 __all__ = ["STATE_DIR", "NAME_PATTERN", "Rules"]
@@ -74,7 +75,7 @@ class Rules:
 
     @property
     def train_local(self) -> bool:
-        return self.config["executor"] != "ray"
+        return not placement(self.config).on_cluster
 
     @property
     def fit_check(self) -> bool:
@@ -302,10 +303,11 @@ class Rules:
             return
         from snakemake.exceptions import WorkflowError
 
-        from .cluster.submit import preflight, say_preflight
+        from .cluster.submit import say_preflight
+        from .executor import executor_for
 
         notes: list[str] = []
-        problems = preflight(self.config, notes)
+        problems = executor_for(self.config).preflight(notes)
         if not say_preflight(notes, problems):
             raise WorkflowError(f"preflight failed ({len(problems)} problem(s) above); nothing was submitted")
 

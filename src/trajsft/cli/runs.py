@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from .. import io
+from ..executor import executor_for
 from .common import load_plan, named_trainings
 
 
@@ -35,14 +36,11 @@ def cmd_logs(args) -> int:
     plan = load_plan(args)
     [tc] = named_trainings(plan, [args.target])
     t, path = tc.target, Path(tc.log)
-    if not path.exists() and plan.cfg["executor"] == "ray":
-        from ..cluster import jobs as cluster_jobs
-
-        jobs = cluster_jobs.run_jobs(plan.cfg["ray"]["address"], tc.run.hash)
-        if not jobs:
+    if not path.exists() and tc.placement.on_cluster:  # the newest Ray job's log
+        lines = executor_for(plan.cfg).job_log(tc)
+        if lines is None:
             print(f"trajsft: no log yet for {t} ({path}) and no Ray job for {tc.run.name}", file=sys.stderr)
             return 1
-        lines = cluster_jobs.job_logs(plan.cfg["ray"]["address"], jobs[-1]["submission_id"]).splitlines()
         print("\n".join(lines[-args.n:]))
         return 0
     if not path.exists():
@@ -75,23 +73,15 @@ def cmd_clusters(args) -> int:
 
 
 def cmd_stop(args) -> int:
-    from ..cluster import jobs as cluster_jobs
-
     plan = load_plan(args)
-    if plan.cfg["executor"] != "ray":
-        print("trajsft: stop needs a cluster profile (--profile tpu-east5 ...)", file=sys.stderr)
-        return 2
-    address = plan.cfg["ray"]["address"]
+    executor = executor_for(plan.cfg)
     rc = 0
     for tc in named_trainings(plan, args.targets):
-        t, run = tc.target, tc.run
-        active = [j for j in cluster_jobs.run_jobs(address, run.hash) if j["status"] in ("PENDING", "RUNNING")]
-        if not active:
-            print(f"{t}: no running Ray job for {run.name} on {plan.cfg['ray'].get('cluster')}")
-        for j in active:
-            st = cluster_jobs.stop(address, j["submission_id"], 120)
-            print(f"{t}: {j['submission_id']} {st}")
-            rc |= st not in ("STOPPED", "SUCCEEDED", "FAILED")
+        lines, code = executor.stop(tc)
+        print("\n".join(lines), file=sys.stderr if code == 2 else sys.stdout)
+        if code == 2:  # nothing to stop here (no cluster): said once
+            return code
+        rc |= code
     return rc
 
 
@@ -109,24 +99,14 @@ def cmd_retry(args) -> int:
 
 
 def cmd_preflight(args) -> int:
-    from .. import storage
-    from ..cluster.submit import preflight, say_preflight, wandb_preflight
+    from ..cluster.submit import say_preflight
     from ..fit import disk
 
     plan = load_plan(args)
-    notes: list[str] = []
-    if plan.cfg["executor"] != "ray":  # the local executor needs W&B (when online) and its storage root
-        problem, note = wandb_preflight(plan.cfg)
-        problems = [p for p in (problem, storage.probe_write(storage.absolute(plan.root))) if p]
-        notes = [note] if note else []
-    else:  # the storage root is probed there too
-        problems = preflight(plan.cfg, notes)
-    if not say_preflight(notes, problems):
+    executor, notes = executor_for(plan.cfg), []
+    if not say_preflight(notes, executor.preflight(notes)):
         return 1
-    if plan.cfg["executor"] != "ray":
-        print(f"local executor: storage root writable, W&B {plan.cfg['wandb']['mode']}")
-    else:
-        print(f"preflight OK for {plan.cfg['ray'].get('cluster')} ({plan.cfg['ray']['address']})")
+    print(executor.ready_line())
     # what the targets' trainings write there, against its free space (a bucket's: what is written)
     print(disk.check(plan.root, named_trainings(plan, args.targets or plan.cfg["default_targets"]),
                      probe=False)["lines"][-1])

@@ -24,6 +24,7 @@ from .. import io, storage
 from ..errors import ClusterError, ConfigError, JobEnvironmentError, PreflightError, TrainingFailed
 from ..io import is_remote, join
 from ..plan.config import REPO_DIR
+from ..plan.placement import placement
 from ..plan.step_configs import TrainConfig
 from ..train import checkpoints
 from . import hooks, jobs as cluster_jobs, preflight as cluster_preflight, run_job, setup_failure
@@ -148,7 +149,7 @@ def wandb_preflight(cfg: dict, timeout_s: float = 5.0) -> tuple[str | None, str 
         return None, None
     from ..train import tracking
 
-    hosts_env = job_env(cfg.get("ray") or {}) if cfg.get("executor") == "ray" else {}
+    hosts_env = job_env(placement(cfg).ray)  # {} locally
     return tracking.check_key(key, hosts_env.get("WANDB_BASE_URL") or tracking.base_url(), timeout_s=timeout_s)
 
 

@@ -9,7 +9,9 @@ import os
 from dataclasses import replace
 from pathlib import Path
 
+from ..executor import executor_for
 from ..plan import config as C
+from ..plan.placement import placement
 from ..plan.step_configs import TrainConfig
 from ..runtime import provenance
 from .. import io
@@ -55,29 +57,20 @@ def _latest_hf_export(run_dir: str) -> str | None:
     return None
 
 
-def _jobs(address: str, content_hash: str) -> tuple[tuple[Job, ...], str | None]:
-    from ..cluster import jobs as cluster_jobs
-
-    try:
-        jobs = cluster_jobs.run_jobs(address, content_hash)
-    except cluster_jobs.RayJobsError as e:
-        return (), str(e)
-    return tuple(Job(j["submission_id"], j["attempt"], j["status"], j["message"]) for j in jobs), None
+def _jobs(tc: TrainConfig) -> tuple[tuple[Job, ...], str | None]:
+    jobs, err = executor_for(tc.workflow).jobs(tc)
+    return tuple(Job(j["submission_id"], j["attempt"], j["status"], j["message"]) for j in jobs), err
 
 
 def _training_facts(tc: TrainConfig, query_ray: bool, attempts: tuple[dict, ...], run_dir_readable: bool = True) -> dict:
     """The facts of a run that is not finished: data, progress, Ray jobs, the newest attempt, the launcher.
     Nothing is read from the run dir when its bucket did not answer (``run_dir_readable``)."""
-    from ..cluster import setup_failure
     from ..train import metrics
 
     run_dir, cfg = tc.run.location, tc.workflow
     lev = (_read_json(io.join(run_dir, "levanter_config.json")) or (
         _read_json(io.join(run_dir, "provenance", "config.json")) or {}).get("levanter")) if run_dir_readable else None
-    ray_cfg = cfg.get("ray") or {}
-    jobs, err = ((), None)
-    if cfg["executor"] == "ray" and query_ray and ray_cfg.get("address"):
-        jobs, err = _jobs(ray_cfg["address"], tc.run.hash)
+    jobs, err = _jobs(tc) if query_ray else ((), None)
     last = attempts[-1] if attempts else {}
     launcher = Path(tc.state_dir, "launcher.log")
     return {
@@ -89,7 +82,7 @@ def _training_facts(tc: TrainConfig, query_ray: bool, attempts: tuple[dict, ...]
         "jobs": jobs, "cluster_error": err,
         "attempt_alive": last.get("outcome") == "running" and provenance.attempt_alive(last),
         "launcher_tail": tuple(io.tail(launcher, 20)) if launcher.exists() else (),
-        "config_failure": setup_failure.read(run_dir) if cfg["executor"] == "ray" and run_dir_readable else None,
+        "config_failure": executor_for(cfg).config_failure(run_dir) if run_dir_readable else None,
     }
 
 
@@ -103,11 +96,10 @@ def gather(tc: TrainConfig, query_ray: bool = True) -> Facts:
     # a bucket that does not answer is said in the row, at once: gcsfs would retry it for about a minute
     readable = storage.reachable(run_dir)
     storage_error = None if readable else f"storage root {cfg['storage_root']} did not answer (no network, DNS or the endpoint down)"
-    ray_cfg = cfg.get("ray") or {}
     done = _read_json(C.Plan.done_path(target)) if Path(C.Plan.done_path(target)).exists() else None
     facts = Facts(
         target=target, hash=run.hash, run=run.name,
-        cluster=ray_cfg.get("cluster", "ray") if cfg["executor"] == "ray" else "local",
+        cluster=tc.placement.cluster,
         checkpoint_dir=run_dir, log=tc.log, wandb_url=wandb_url(cfg, run.hash),
         done=done if isinstance(done, dict) else None,
         kept=_read_json(str(Path(tc.state_dir, "manifest.json"))),
@@ -137,8 +129,8 @@ def gather(tc: TrainConfig, query_ray: bool = True) -> Facts:
 def target_status(tc: TrainConfig, query_ray: bool = True) -> dict:
     """``tc.target``'s row of ``trajsft status``."""
     r = row(gather(tc, query_ray))
-    tpu_type = (tc.workflow.get("ray") or {}).get("tpu_type")
-    if tc.executor == "ray" and tpu_type:  # the cached fit check of the profile's slice (trajsft fit)
+    tpu_type = tc.placement.tpu_type
+    if tpu_type:  # the cached fit check of the profile's slice (trajsft fit)
         from ..fit import check as fit
         from ..train.target import explain
 
@@ -159,9 +151,10 @@ def clusters(profiles: list[str] | None = None) -> list[dict]:
             plan_cfg = C.load([C.DEFAULT_CONFIG, *profile_configfiles(str(pdir))])
         except C.ConfigError:
             continue
-        ray = plan_cfg.get("ray") or {}
-        if plan_cfg["executor"] != "ray" or not ray.get("address"):
+        where = placement(plan_cfg)
+        if not where.ray_reachable:
             continue
+        ray = where.ray
         s = cluster_preflight.cluster_summary(ray["address"])
         s.update(profile=pdir.name if pdir.parent == C.REPO_DIR / "profiles" else str(pdir), cluster=ray.get("cluster"), tpu_type=ray.get("tpu_type"))
         out.append(s)

@@ -17,6 +17,7 @@ from typing import Any, Mapping, Optional
 from ..errors import ConfigError
 from ..io import is_remote
 from .config import STATE_DIR, Artifact, Plan
+from .placement import Placement, placement
 from .specs import TargetSpec
 
 STAGING = ".staging"  # <storage_root>/raw/.staging/<raw name>.<pid>-<start>: a download in progress
@@ -130,8 +131,9 @@ class TrainConfig:
         return str(Path(self.state_dir, "train.log"))
 
     @property
-    def executor(self) -> str:
-        return self.workflow["executor"]
+    def placement(self) -> Placement:
+        """Where its jobs run (the config's ``executor:``)."""
+        return placement(self.workflow)
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 from .. import io
 from ..plan import step_configs
+from ..plan.placement import placement
 from ..plan.config import Plan
 from ..plan.sweeps import Cell, cells
 
@@ -70,7 +71,7 @@ def rows(plan: Plan, records: Sequence[_Record]) -> tuple[list[str], list[dict]]
 
     axes = [a for a, _ in records[0].cell.values]
     varying = [a for a in axes if len({json.dumps(dict(r.cell.values).get(a), sort_keys=True) for r in records}) > 1]
-    tpu_type = (plan.cfg.get("ray") or {}).get("tpu_type") if plan.cfg.get("executor") == "ray" else None
+    tpu_type = placement(plan.cfg).tpu_type
     out = []
     for rec in records:
         c, tc, trained = rec.cell, rec.tc, rec.trained

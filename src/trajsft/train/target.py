@@ -7,6 +7,7 @@ import json
 import logging
 import os
 from pathlib import Path
+from typing import Protocol
 
 from .. import io, storage
 from ..data import template
@@ -90,7 +91,7 @@ def train_lm_config_for(cfg: TrainConfig, *, accelerator: str | None = None, unt
         chat_template=template.load_template(),
         sources=sources,
         num_train_steps=max(2, steps) if untokenized_ok else steps,
-        accelerator=accelerator or ("tpu" if cfg.executor == "ray" else "cpu"),
+        accelerator=accelerator or cfg.placement.accelerator,
         save_interval=f"{ck['save_interval_minutes']}m",
         keep_every=schedule.resolve_every(ck["keep_every_steps"], spec["rows"], B),
         hf_save_steps=schedule.resolve_every(ck["hf_export_every_steps"], spec["rows"], B),
@@ -114,7 +115,7 @@ def _tokenizer_ref(cfg: TrainConfig, student: StudentSpec, init_weights: str | N
     if init_weights and student.hf_checkpoint is not None and tokenizer.identity() == student.hf_checkpoint.identity():
         return init_weights
     resolved = tokenizer.resolved()
-    if cfg.executor == "ray" and tokenizer.local is not None:
+    if cfg.placement.on_cluster and tokenizer.local is not None:
         return os.path.relpath(resolved, cfg.base_dir)
     return resolved
 
@@ -161,7 +162,7 @@ def storage_fault(cfg: TrainConfig, e: BaseException) -> StorageFault | None:
     """The training failed because a place could not be written (the exception says so, or for a local run the
     child's log does): the one-line :class:`StorageFault` naming the storage root, else None."""
     fault = io.write_fault(e)
-    if fault is None and isinstance(e, TrainingFailed) and cfg.executor != "ray" and os.path.exists(cfg.log):
+    if fault is None and isinstance(e, TrainingFailed) and not cfg.placement.on_cluster and os.path.exists(cfg.log):
         cause = io.fault_in_text("\n".join(io.tail(cfg.log, 400)))
         fault = (cause, None) if cause else None
     if fault is None:
@@ -170,51 +171,42 @@ def storage_fault(cfg: TrainConfig, e: BaseException) -> StorageFault | None:
     return StorageFault(f"the training could not write: {line} (the training's log: {cfg.log})")
 
 
-def link_rule_log(cfg: TrainConfig, rule_log: str) -> str:
-    """Snakemake deletes a rule's log before every attempt; point it at the durable run log.
+class Trains(Protocol):
+    """What :func:`train` needs of an executor (:class:`trajsft.executor.Executor`: it sits above this layer)."""
 
-    Returns where this process should write its own log lines: the same file for local
-    training; for Ray a separate launcher log, since the job log is written by the log
-    follower alone (it tracks byte offsets to re-attach without duplicates).
-    """
-    os.makedirs(cfg.state_dir, exist_ok=True)
-    _link(rule_log, cfg.log)
-    if cfg.executor == "ray":
-        return str(Path(cfg.state_dir, "launcher.log"))
-    return rule_log
+    def train_attempt(self, cfg: TrainConfig, lev: dict, attempt: int) -> dict: ...
 
 
-def train(cfg: TrainConfig, done_path: str | None = None, *, on_ray=None) -> dict:
-    """Train ``cfg.target`` once more (a new attempt of its run), locally in a child process, or with the ``ray``
-    executor through ``on_ray(cfg, lev, attempt)`` (the caller passes
-    :func:`trajsft.cluster.submit.train_on_ray`: the cluster layer sits above this one)."""
+def train_here(cfg: TrainConfig, lev: dict, attempt: int) -> dict:
+    """One attempt of ``cfg``'s run on this machine: Levanter in a child process, on the CPU (the local config says
+    so: f32, no accelerator required; with libtpu installed, the fit check's compiler, JAX would otherwise try, and
+    log, a TPU first)."""
+    return run_training(lev, cfg.run.location, cfg.log, env={"JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS") or "cpu"})
+
+
+def train(cfg: TrainConfig, done_path: str | None = None, *, executor: Trains | None = None) -> dict:
+    """Train ``cfg.target`` once more (a new attempt of its run) on ``executor`` (the config's:
+    :func:`trajsft.executor.executor_for`; None: :func:`train_here`): locally in a child process, or as a Ray job
+    followed from here."""
     run, target, run_dir = cfg.run, cfg.target, cfg.run.location
     os.makedirs(cfg.state_dir, exist_ok=True)
     lev = train_lm_config_for(cfg)
     provenance.write(run_dir, {"target": target, "run": run.name, "hash": run.hash, "hash_inputs": run.inputs,
                                "config": dict(cfg.workflow), "levanter": lev})
-    executor = cfg.executor
-    if executor == "ray" and on_ray is None:
-        raise TypeError("train() with the ray executor needs on_ray (trajsft.cluster.submit.train_on_ray)")
+    where = cfg.placement
     from ..runtime.signals import snakemake_is_stopping
 
     if snakemake_is_stopping():
         raise SnakemakeStopping("Snakemake is shutting down (got SIGINT/SIGTERM): not starting another training attempt")
     running = provenance.running_attempt(run_dir)
-    if running and executor != "ray":
+    if running and not where.on_cluster:  # a Ray job is re-attached to
         raise TrainingFailed(f"attempt {running['attempt']} of {run.name} is still running (pid {running['pid']}, started "
                         f"{running['started']}): wait for it to end, or stop it with kill {running['pid']}")
-    attempt = provenance.record_attempt(run_dir, executor=executor)
+    attempt = provenance.record_attempt(run_dir, executor=where.name)
     _CURRENT.update(run_dir=run_dir, attempt=attempt["attempt"])
-    log.info("training %s -> %s (attempt %d, %s)", target, run_dir, attempt["attempt"], executor)
+    log.info("training %s -> %s (attempt %d, %s)", target, run_dir, attempt["attempt"], where.name)
     try:
-        if executor == "ray":
-            result = on_ray(cfg, lev, attempt["attempt"])
-        else:
-            # the local executor trains on the CPU (its config says so: f32, no accelerator required); with
-            # libtpu installed (the fit check's compiler) JAX would otherwise try, and log, a TPU first
-            result = run_training(lev, run_dir, cfg.log,
-                                  env={"JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS") or "cpu"})
+        result = (executor.train_attempt if executor else train_here)(cfg, lev, attempt["attempt"])
     except KeyboardInterrupt as e:  # SIGINT / SIGTERM / our Snakemake died: the trainer was stopped
         provenance.finish_attempt(run_dir, attempt["attempt"], "interrupted", error=str(e or "SIGINT")[:500])
         raise
@@ -254,8 +246,8 @@ def train(cfg: TrainConfig, done_path: str | None = None, *, on_ray=None) -> dic
         else None,
         "wandb_mode": result.get("wandb_mode") or cfg.workflow["wandb"]["mode"],
         "attempts": attempt["attempt"],
-        "executor": executor,
-        "cluster": (cfg.workflow.get("ray") or {}).get("cluster") if executor == "ray" else "local",
+        "executor": where.name,
+        "cluster": where.cluster_name,
         "ray_job_id": result.get("ray_job_id"),
         "log": cfg.log,
         "finished": provenance.now(),
@@ -280,12 +272,3 @@ def detach_from_ray_job(reason: str) -> None:
     log.error("%s; the Ray job keeps running, rerun the same command to re-attach", reason)
     logging.shutdown()
     os._exit(1)
-
-
-def _link(link: str, target: str) -> None:
-    Path(target).touch()
-    Path(link).parent.mkdir(parents=True, exist_ok=True)
-    if os.path.lexists(link):
-        os.unlink(link)
-    os.symlink(os.path.relpath(target, os.path.dirname(os.path.abspath(link))), link)
-
