@@ -33,6 +33,12 @@ def test_classify_our_host_outcomes():
     gloo = ("jaxlib._jax.XlaRuntimeError: INTERNAL: Buffer Definition Event: Error dispatching computation: Gloo "
             "context initialization failed: [external/gloo/gloo/transport/tcp/pair.h:301] Connect timeout [none]")
     assert host.peers_unreachable(f"step 3\n{gloo}\n  File x\n").startswith("jaxlib._jax.XlaRuntimeError: INTERNAL")
+    # ... and its peer, whose JAX distributed service then polled that error (the fresh-clone suite beside two other
+    # test runs: host 0 timed out in Gloo, host 1 exited on the shutdown barrier with this)
+    poll = ("F1129 13:26:15.029976    1829 client.h:75] Terminating process because the JAX distributed service "
+            "detected fatal errors. This most likely indicates that another task died; see the other task logs")
+    tail = "RPC: /tensorflow.CoordinationService/PollForError [type.googleapis.com/tensorflow.CoordinationServiceError='']"
+    assert host.peers_unreachable(f"step 3\n{poll}\nBarrier timed out\n{tail}\n").startswith("F1129 13:26:15")
     assert host.peers_unreachable("ValueError: NaN loss\n") is None
 
 

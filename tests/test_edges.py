@@ -387,6 +387,18 @@ def test_snakemake_evals_of_a_typo_or_of_a_target_without_held_out_chats_is_one_
     assert plan.returncode == 0 and "eval_actions" in plan.stdout and "train" in plan.stdout
 
 
+def test_two_entries_of_one_dataset_that_disagree_are_one_line_with_no_frames(tmp_path):
+    """A ConfigError only the plan sees (two teacher entries read one dataset with different rows) while Snakemake
+    reads the workflow: the one line, no "File ..." frames (seven before)."""
+    lr2 = write(tmp_path / "lr2.yaml", "teachers:\n  minimax-lr2: {dataset: AlienKevin/SWE-smith-rs-minimax-m2.5-"
+                                       "trajectories, revision: dfd98db, rows: 5000}\n")
+    p = sm("-n", "--configfile", lr2, cwd=tmp_path)
+    assert p.returncode == 1 and "File " not in p.stdout + p.stderr and "Traceback" not in p.stdout + p.stderr
+    assert p.stderr.strip().splitlines()[-1] == (
+        "trajsft: config: teachers minimax-lr2 and minimax-m2.5 read the same data (raw/SWE-smith-rs-minimax-m2.5-"
+        "trajectories-3a2ecb9bcc) but set rows 5000 and 5251: make them equal (the data is built once for both)")
+
+
 def test_target_after_configfile_is_named_in_one_line(tmp_path):
     """--configfile takes every following argument: an existing done marker would load as YAML."""
     mine = write(tmp_path / "mine.yaml", "training: {learning_rate: 1e-3}\n")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import math
 import os
 import shutil
@@ -34,10 +35,12 @@ def demo(tmp_path_factory):
     wd = tmp_path_factory.mktemp("demo")
     proxy = CountingProxy()  # every plain-HTTP request of the run (the GCE metadata server's scheme) is seen
     try:
-        run(wd, extra_env=proxy.env())
+        # a progress line at most every second (10 s by default): the demo's 27 steps take about a minute
+        p = run(wd, extra_env={**proxy.env(), "TRAJSFT_PROGRESS_SECONDS": "1"})
     finally:
         proxy.stop()
     _ASKED[wd] = list(proxy.requests)
+    _TERMINAL[wd] = (p.stdout, p.stderr)
     # what `trajsft status` prints right after the run, before any test of this module (in whatever order)
     # reruns it: test_rerun_is_noop... records a second, not relaunched, attempt
     _STATUS_AFTER_RUN[wd] = cli(wd, "status", "--offline").stdout
@@ -45,6 +48,7 @@ def demo(tmp_path_factory):
 
 
 _STATUS_AFTER_RUN: dict[Path, str] = {}
+_TERMINAL: dict[Path, tuple[str, str]] = {}  # what the demo run printed (stdout, stderr)
 _ASKED: dict[Path, list[str]] = {}  # what the demo run sent through its proxy
 
 
@@ -54,6 +58,21 @@ def test_a_local_run_asks_no_metadata_server(demo):
     wd, _ = demo
     asked = [r for r in _ASKED[wd] if "metadata.google.internal" in r or "169.254.169.254" in r]
     assert asked == [], _ASKED[wd]
+
+
+def test_the_training_shows_its_progress_on_the_terminal_not_in_its_log(demo):
+    """Step/total, loss, tokens/s and an ETA at a bounded rate on the rule job's stderr (Snakemake's terminal), for
+    several steps; the training's log (the rule's log, which Snakemake shows on a failure) holds none of it."""
+    wd, t = demo
+    _, err = _TERMINAL[wd]
+    lines = [x for x in err.splitlines() if x.startswith("trajsft train demo: step ")]
+    steps = {int(re.match(r"trajsft train demo: step (\d+)/", x).group(1)) for x in lines}
+    assert len(steps) >= 3 and max(steps) <= 27, lines
+    assert all(re.fullmatch(r"trajsft train demo: step \d+/27 · loss \d+\.\d{4}( · [\d.]+k? tokens/s)?"
+                            r"( · ETA \d+:\d\d)?", x) for x in lines), lines
+    assert any(" · ETA " in x for x in lines), lines
+    log = (wd / "logs/train/demo.log").read_text()
+    assert "trajsft train demo: step" not in log
 
 
 def test_done_marker_points_at_content_addressed_run(demo):
@@ -504,6 +523,46 @@ def test_watch_scores_each_export_of_a_running_training_and_the_report_grows_a_r
     assert all(f"export step {s}</span>" in table for s in steps) and "final step" in table
     report = json.loads((wd / "results/evals/actions.json").read_text())
     assert [r["step"] for r in report] == [*steps, steps[-1]] and [r["final"] for r in report] == [False, False, True]
+
+
+def test_ctrl_c_of_a_local_training_saves_its_step_and_the_rerun_resumes_from_it(demo, tmp_path):
+    """Ctrl-C (SIGINT to Snakemake's process group) mid-training (issue 67): the trainer finishes its step and saves
+    it, the terminal gets one line from trajsft (said once; the rule's log Snakemake shows is that line, not the
+    training's log), status says "stopped" and where the rerun resumes, and the rerun resumes from that step > 0.
+    Another seed names another run (its data copied from the demo's root)."""
+    import signal
+
+    demo_wd, _ = demo
+    wd = tmp_path / "ctrlc"
+    wd.mkdir()
+    over = {"copy_from": [str(demo_wd / "results")], "teachers": {"demo": {"training": {"seed": 11}}}}
+    [tokenized] = [a["manifest"] for a in plan(wd, "demo", over)["artifacts"] if a["kind"] == "tokenized"]
+    run(wd, tokenized, config=over)  # the data, copied from the demo's root
+    log = wd / "snakemake.log"
+    p = start(wd, "checkpoints/demo/done", config=over, log=log, extra_env={"TRAJSFT_PROGRESS_SECONDS": "1"})
+    try:
+        wait_for(lambda: [int(s) for s in re.findall(r"trajsft train demo: step (\d+)/27", log.read_text())
+                          if int(s) >= 4], 600, "the demo's training to pass step 4", proc=p)
+        os.killpg(p.pid, signal.SIGINT)
+        assert p.wait(timeout=300) != 0
+    finally:
+        if p.poll() is None:
+            kill_group(p)
+    out = log.read_text()
+    said = [x for x in out.splitlines() if "trajsft train demo: stopped (got SIGINT)" in x]
+    assert len(said) == 2 and said[0] == said[1], out[-3000:]  # on stderr, then as the rule's log Snakemake shows
+    m = re.fullmatch(r"trajsft train demo: stopped \(got SIGINT\); its checkpoint of step (\d+)/27 is kept: rerun "
+                     r"the same command to resume from it", said[0])
+    assert m and int(m.group(1)) >= 4, said[0]
+    assert "Traceback" not in out and "levanter.json_logger" not in out, out[-3000:]  # no training log dumped
+    s = cli(wd, "status", "demo", "--json", "--offline", "--configfile", str(wd / "test-overrides.yaml"))
+    [row] = json.loads(s.stdout)
+    assert (row["state"], row["cause"], row["next"]) == ("stopped", "stopped", f"resume from step {m.group(1)}"), row
+    run(wd, "checkpoints/demo/done", config=over)
+    done = json.loads((wd / "checkpoints/demo/done").read_text())
+    assert done["attempts"] == 2 and done["steps"] == 27
+    train_log = (wd / "logs/train/demo.log").read_text()
+    assert f"Resuming training from step {m.group(1)}" in train_log
 
 
 def test_a_sweep_trains_each_cell_once_and_compares_them(demo, tmp_path):

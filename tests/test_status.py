@@ -81,6 +81,7 @@ def test_running_attempt_whose_process_lives():
     ({"attempt": 2, "outcome": "running"}, "killed (no end recorded)"),  # its process is gone
     ({"attempt": 2, "outcome": "interrupted"}, "killed (no end recorded)"),
     ({"attempt": 2, "outcome": "interrupted", "error": "trajsft train demo: stopped on SIGTERM"}, "stopped"),
+    ({"attempt": 2, "outcome": "interrupted", "error": "got SIGINT"}, "stopped"),  # Ctrl-C of a local training
     ({"attempt": 2, "outcome": "failed", "error": "train_lm was killed by signal 9 (SIGKILL; out of memory?)"},
      "out of memory"),
     ({"attempt": 2, "outcome": "failed", "error": "ray.exceptions.NodeDiedError: node died"}, "preempted / node lost"),
@@ -91,7 +92,9 @@ def test_running_attempt_whose_process_lives():
 ])
 def test_failed_attempt_with_each_cause(attempt, cause):
     f = facts(data_ready=True, attempts=({"attempt": 1, "outcome": "failed", "error": "OOM"}, attempt))
-    assert row(f) == expect(state="failed", attempt=2, cause=cause, next="start from step 0")
+    # a stop (Ctrl-C, SIGTERM) is no failure: the row says stopped, and where the rerun resumes
+    assert row(f) == expect(state="stopped" if cause == "stopped" else "failed", attempt=2, cause=cause,
+                            next="start from step 0")
     assert needs_resume_point(f)
 
 
@@ -147,7 +150,7 @@ def test_ray_job_failed(message, log_tail, cause):
 
 def test_ray_job_stopped_is_stopped_whatever_its_log_shows():
     f = facts(data_ready=True, jobs=(job(0, "STOPPED", "OOM"),), log_tail="RESOURCE_EXHAUSTED")
-    assert row(f) == expect(state="failed", ray_job_id=f"trajsft-{H}-a0", attempt=1, cause="stopped",
+    assert row(f) == expect(state="stopped", ray_job_id=f"trajsft-{H}-a0", attempt=1, cause="stopped",
                             next="start from step 0")
 
 

@@ -408,7 +408,7 @@ def test_a_broken_host_image_a_stopped_job_and_a_kill9ed_snakemake_each_recover(
     assert c["jobs"]["ours_running"] == [a1]
     assert cluster_jobs.stop(slices.address, a1, 60, auth_token=slices.head.token) == "STOPPED"  # like a preemption
     resumed_from = checkpoints.latest_checkpoint(ckdir)["completed_steps"]
-    row = wait_for(lambda: (r := status(wd, prof, slices.head))["state"] in ("failed", "retrying") and r, 120,
+    row = wait_for(lambda: (r := status(wd, prof, slices.head))["state"] in ("stopped", "retrying") and r, 120,
                    "status to show the stopped attempt", p)
     assert row["cause"] == "stopped" and row["next"] == f"resume from step {resumed_from}"
 
@@ -466,5 +466,5 @@ def test_sigint_and_sigterm_to_snakemake_stop_their_ray_jobs(data, ray_head):
         assert not (wd / "checkpoints/demo/done").exists(), sig.name
         assert started[sig]["submission_id"] == f"trajsft-{h}-a0"
         row = status(wd, prof, ray_head)
-        assert (row["state"], row["cause"], row["attempt"]) == ("failed", "stopped", 1), (sig.name, row)
+        assert (row["state"], row["cause"], row["attempt"]) == ("stopped", "stopped", 1), (sig.name, row)
         assert row["next"].startswith(("resume from step", "start from step 0")), (sig.name, row)

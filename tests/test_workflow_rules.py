@@ -119,3 +119,11 @@ def test_a_typo_target_and_an_unknown_sweep_stop_in_one_line():
         rules.sweep_inputs(NS(sweep="x"))
     with pytest.raises(WorkflowStop, match="needs an eval: section"):
         rules.eval_matrix_inputs(NS())
+
+
+def test_a_plan_problem_stops_in_one_line():
+    cfg = C.load(None, {"teachers": {"minimax-lr2": {"dataset": "AlienKevin/SWE-smith-rs-minimax-m2.5-trajectories",
+                                                     "revision": "dfd98db", "rows": 5000}}})
+    with pytest.raises(WorkflowStop, match=r"^trajsft: config: teachers minimax-m2.5 and minimax-lr2 read the same "
+                                           r"data \(raw/\S+\) but set rows 5251 and 5000: make them equal"):
+        Rules.read(cfg, workflow_stub())

@@ -41,6 +41,8 @@ class Entry:
     on_snakemake_gone: Optional[Callable[[Any], Optional[Callable[[], None]]]] = None
     user_errors: tuple[type[BaseException], ...] = ()  # more exceptions said in one line (the matrix: a deleted run)
     manifest: bool = True  # write the artifact's manifest from the result (train writes its done marker itself)
+    # (job) -> what a stop leaves for the rerun (train: the step it resumes from), said in the stop's line, or None
+    stop_note: Optional[Callable[[Any], Optional[str]]] = None
 
 
 def build(job, cfg, step: Callable[[Any], dict]) -> dict:
@@ -90,10 +92,11 @@ def run_rule(snakemake, entry: Entry) -> None:
     except user_errors as e:
         _exit_in_one_line(f"{label}: {e}", snakemake.log[0] if isinstance(e, StorageFault) and log_path else None)
     except KeyboardInterrupt as e:  # SIGINT, SIGTERM (signals.SnakemakeGone), or our Snakemake died
-        msg = f"{label}: stopped ({e or 'SIGINT'}); nothing was marked complete"
-        log.error(msg)
-        with contextlib.suppress(OSError):
-            print(msg, file=sys.stderr)
+        note = _stop_note(entry, job)
+        msg = f"{label}: stopped ({e or 'SIGINT'}); {note or 'nothing was marked complete'}"
+        # once on the terminal; a linked rule log (the training's, which keeps the details) becomes the line, so
+        # that is what Snakemake shows of it
+        _say_once(msg, snakemake.log[0] if entry.rule_log and snakemake.log else None)
         sys.exit(130)
     except SystemExit as e:  # a local Ray's SIGTERM handler is sys.exit(15)
         if e.code != signal.SIGTERM:
@@ -123,20 +126,32 @@ def run_rule(snakemake, entry: Entry) -> None:
              _cpu_seconds())
 
 
+def _stop_note(entry: Entry, job) -> Optional[str]:
+    try:
+        return entry.stop_note(job) if entry.stop_note else None
+    except Exception:  # noqa: BLE001 - a note, never a second failure on the way out
+        return None
+
+
 def _exit_in_one_line(msg: str, linked_rule_log: str | None = None) -> None:
     """A user error: its line to the rule's log file and, once, to stderr; exit 1. ``linked_rule_log``: a
     training's rule log, a link to the run's whole training log (the executor's process_log, trajsft.executor), which
     Snakemake shows on a failure (show-failed-logs): for a storage fault it becomes the one line instead (the
     training's log, named in the line, keeps everything; the next attempt links the rule log again)."""
+    _say_once(msg, linked_rule_log)
+    sys.exit(1)
+
+
+def _say_once(msg: str, linked_rule_log: str | None = None) -> None:
+    """``msg`` to the rule's log file and, once and bare, to stderr; a linked rule log becomes the line."""
     from . import logs
 
     record = log.makeRecord(log.name, logging.ERROR, __file__, 0, msg, None, None)
     for h in logging.getLogger().handlers:  # the rule's log file; stderr gets the line once, below, bare
         if isinstance(h, logging.FileHandler):
             h.handle(record)
-    print(logs.redact(msg), file=sys.stderr)
     with contextlib.suppress(OSError):
+        print(logs.redact(msg), file=sys.stderr)
         if linked_rule_log and os.path.islink(linked_rule_log):
             os.unlink(linked_rule_log)
             Path(linked_rule_log).write_text(msg + "\n")
-    sys.exit(1)

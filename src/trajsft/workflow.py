@@ -71,7 +71,11 @@ class Rules:
         one_line_stops()  # a WorkflowStop is reported as its message alone, exit 1
         targets_given_as_configfiles(workflow.configfiles)
         validate_or_stop(config)
-        return cls(config, Plan(config, base_dir=workflow.basedir), workflow)
+        try:  # what only the plan sees (two entries of one dataset that disagree...): one line too, no frames
+            plan = Plan(config, base_dir=workflow.basedir)
+        except ConfigError as e:
+            raise WorkflowStop(f"trajsft: {e}") from None
+        return cls(config, plan, workflow)
 
     @property
     def train_local(self) -> bool:

@@ -21,8 +21,31 @@ from .plan import cmd_plan
 from .runs import cmd_clusters, cmd_logs, cmd_preflight, cmd_retry, cmd_status, cmd_stop
 
 
+class _Version(argparse.Action):
+    """``--version``: trajsft's version and commit and the versions of the stack it trains with (a bug report's
+    first line), read when asked: no jax import."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):
+        super().__init__(option_strings, dest, nargs=0, default=default, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(version_line())
+        parser.exit()
+
+
+def version_line() -> str:
+    from ..runtime.provenance import code_version, package_versions
+
+    v = package_versions(("trajsft", "levanter", "jax", "snakemake", "ray"))
+    code = code_version()
+    commit = (f" (commit {code['git_commit'][:10]}{', uncommitted changes' if code['git_dirty'] else ''})"
+              if code["git_commit"] else "")
+    return f"trajsft {v.pop('trajsft')}{commit}; " + ", ".join(f"{k} {x or 'not installed'}" for k, x in v.items())
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="trajsft", description=__doc__)
+    p.add_argument("--version", action=_Version, help="trajsft's version and commit, and its stack's; then exit")
     sub = p.add_subparsers(dest="cmd", required=True)
 
     def common(sp):
@@ -135,6 +158,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
+    except KeyboardInterrupt:  # Ctrl-C: one line (the children it started were stopped with it)
+        print(f"trajsft {args.cmd}: stopped (Ctrl-C)", file=sys.stderr)
+        return 130
     except C.ConfigError as e:
         for line in str(e).splitlines():
             print(f"trajsft: {line}", file=sys.stderr)

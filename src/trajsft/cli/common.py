@@ -20,6 +20,9 @@ def load_plan(args) -> C.Plan:
         overrides["storage_root"] = args.storage_root
     extra = args.configfile or []
     for f in extra:
+        if os.path.isdir(f):  # `--configfile mine.yaml demo`: the target read as a config file (demo/ is a dir)
+            raise C.ConfigError(f"{f} is a directory, not a config file (--configfile takes every following argument, "
+                                f"as in snakemake; put targets first: trajsft {args.cmd} {f} --configfile ...)")
         if not os.path.exists(f):
             name = f.removeprefix("checkpoints/").removesuffix("/done")
             hint = (f" ({f!r} looks like a target: --configfile takes every following argument, as in snakemake; "

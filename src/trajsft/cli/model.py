@@ -18,10 +18,17 @@ def remat_choices() -> tuple[str, ...]:
 
 def cmd_fit(args) -> int:
     """Compile each target's train step for its TPU slice here (libtpu, no TPU): fit, HBM, FLOPs, hours."""
+    import logging
+
     from ..fit import check as fit
     from ..train.target import explain, train_lm_config_for
 
     plan = load_plan(args)
+    if not fit.progress.handlers:  # what is compiling, and for how long, on the terminal (stdout stays the result)
+        h = logging.StreamHandler(sys.stderr)
+        h.setFormatter(logging.Formatter("trajsft %(message)s"))
+        fit.progress.addHandler(h)
+        fit.progress.setLevel(logging.INFO)
     out, rc = [], 0
     for tc in named_trainings(plan, args.targets or list(plan.cfg["default_targets"])):
         t = tc.target
@@ -53,6 +60,12 @@ def cmd_serve(args) -> int:
     from ..report.trained import locate
     from ..serve import server
 
+    if not 0 <= args.port <= 65535:
+        print(f"trajsft serve: --port {args.port} is not a TCP port (0-65535; 0: any free one)", file=sys.stderr)
+        return 2
+    if args.max_seqs < 1:
+        print(f"trajsft serve: --max-seqs {args.max_seqs}: serve at least 1 sequence at once", file=sys.stderr)
+        return 2
     plan = load_plan(args)
     [tc] = named_trainings(plan, [args.target])
     served = locate(tc, args.step)

@@ -186,8 +186,10 @@ def _peer_lost(host: HostInfo, grace_s: float) -> Optional[str]:
 
 
 # what a host's collectives say when a peer host never connects (a peer slow to start on a loaded or failing
-# machine; the peer itself may still be up, so _peer_lost sees nothing)
-_UNREACHABLE = ("Gloo context initialization failed", "Connect timeout")
+# machine; the peer itself may still be up, so _peer_lost sees nothing), and what JAX's distributed service says on
+# the other hosts then (it polled the peer's error, or the peer left the shutdown barrier alone)
+_UNREACHABLE = ("Gloo context initialization failed", "Connect timeout",
+                "JAX distributed service detected fatal errors", "Polled an error from coordination service")
 
 
 def peers_unreachable(log_text: str) -> Optional[str]:

@@ -36,6 +36,10 @@ from ..train import remat
 from . import facts, flops, slices
 
 log = logging.getLogger("trajsft")
+# what a compile is doing, while it runs (minutes for an 8B model): `trajsft fit` shows it on the terminal, a rule job
+# in its log
+progress = logging.getLogger("trajsft.progress")
+COMPILE_NOTE_S = 30.0  # a "still compiling" line at most this often
 
 FORMAT = 2  # bump when the compiled step or the figures change meaning (invalidates cached results)
 TPU_ATTENTION = "SPLASH"  # what Levanter's default_attention_type() picks on a TPU
@@ -237,9 +241,23 @@ def _compile(cfg: TrainConfig, setting: Setting, lev: dict, path: Path, shared: 
         Path(req_path).write_text(json.dumps(req))
         # the compiler needs no TPU and must not look for one: JAX itself stays on the CPU
         env = {**os.environ, "JAX_PLATFORMS": "cpu", "TPU_SKIP_MDS_QUERY": "1", "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"}
+        what = f"{setting.target}'s train step for {setting.tpu_type} (remat {setting.remat}, batch {setting.batch_size})"
+        progress.info("fit: compiling %s with libtpu", what)
         with open(log_path, "ab") as logf:
-            proc = subprocess.run([sys.executable, "-m", "trajsft.fit.compile", req_path, out_path],
-                                  stdout=logf, stderr=subprocess.STDOUT, env=env)
+            proc = subprocess.Popen([sys.executable, "-m", "trajsft.fit.compile", req_path, out_path],
+                                    stdout=logf, stderr=subprocess.STDOUT, env=env)
+            try:
+                while True:
+                    try:
+                        proc.wait(timeout=COMPILE_NOTE_S)
+                        break
+                    except subprocess.TimeoutExpired:
+                        progress.info("fit: still compiling %s: %d s", what, time.time() - t0)
+            finally:
+                if proc.poll() is None:  # we were stopped (Ctrl-C): so is the compile
+                    proc.kill()
+                    proc.wait()
+        progress.info("fit: compiled %s in %d s", what, time.time() - t0)
         if proc.returncode != 0 or not os.path.exists(out_path):
             raise DataError(f"fit: the compile process of {setting.target} on {setting.tpu_type} exited "
                             f"{proc.returncode} (log: {log_path})")

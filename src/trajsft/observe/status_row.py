@@ -21,10 +21,10 @@ from typing import Mapping
 
 from .. import io
 
-STATES = ("not started", "data ready", "training running", "retrying", "failed", "done", "configuration error",
-          "unknown")  # unknown: the run dir's bucket did not answer
+STATES = ("not started", "data ready", "training running", "retrying", "stopped", "failed", "done",
+          "configuration error", "unknown")  # stopped: by a signal or trajsft stop; unknown: the bucket did not answer
 # states whose row says where the next rerun starts (needs the checkpoint Levanter resumes from)
-RESUMABLE = ("failed", "retrying", "training running", "data ready")
+RESUMABLE = ("stopped", "failed", "retrying", "training running", "data ready")
 CONFIG_ERROR = "configuration error"  # = cluster.setup_failure.OUTCOME
 
 # (cause, pattern) in priority order; matched against Ray's job message + the log tail
@@ -35,7 +35,7 @@ CAUSES = [
                                          r"ActorDiedError|unexpected system error|heartbeat", re.I)),
     ("data error", re.compile(r"no usable rows|rows, config says|missing column|not valid JSON|BadRow|"
                               r"no finished Levanter cache|is missing: build", re.I)),
-    ("stopped", re.compile(r"\bSTOPPED\b|stopped on SIG|interrupted", re.I)),
+    ("stopped", re.compile(r"\bSTOPPED\b|stopped on SIG|interrupted|\bgot SIG(INT|TERM)\b", re.I)),
 ]
 
 
@@ -197,7 +197,7 @@ def training_state(f: Facts) -> dict:
             if earlier_failed:
                 out["cause"] = classify(f.jobs[-2].message + "\n" + f.log_tail) or "failed"
         elif last.status == "STOPPED":  # stopped by a user or our signal handling, whatever its log shows
-            out.update(state="failed", cause="stopped")
+            out.update(state="stopped", cause="stopped")
         elif last.status == "FAILED":
             out.update(state="failed", cause=classify(f"{last.status} {last.message}\n{f.log_tail}")
                        or last.message[:200] or "failed")
@@ -207,14 +207,15 @@ def training_state(f: Facts) -> dict:
         if last.get("outcome") == "running" and f.attempt_alive:
             out["state"] = "training running"
         elif last.get("outcome") in ("running", "interrupted", "failed"):
-            out.update(state="failed", cause=_failure_cause(last.get("error"), last.get("outcome"), f.log_tail))
+            cause = _failure_cause(last.get("error"), last.get("outcome"), f.log_tail)
+            out.update(state="stopped" if cause == "stopped" else "failed", cause=cause)
     if out["state"] in ("data ready", "not started"):  # refused before any job: the launcher log says why
         pre = [ln for ln in f.launcher_tail if "preflight" in ln]
         if pre:
             out.update(state="failed", cause="preflight: " + pre[-1].split("preflight", 1)[1].strip(" :"))
     if f.storage_error and out["state"] in ("data ready", "not started"):  # its run dir could not be read
         out.update(state="unknown", cause=f.storage_error + (f"; {out['cause']}" if out["cause"] else ""))
-    if f.config_failure and out["state"] in ("failed", "data ready", "not started"):
+    if f.config_failure and out["state"] in ("failed", "stopped", "data ready", "not started"):
         # the job failed before training: reruns answer this at once until what caused it changes
         out.update(state=CONFIG_ERROR, cause=f.config_failure["cause"],
                    ray_job_id=out["ray_job_id"] or f.config_failure.get("ray_job_id"))

@@ -6,7 +6,7 @@ Snakemake leaves the job running (a rerun re-attaches)."""
 from trajsft import rule_job, storage
 from trajsft.executor import executor_for
 from trajsft.plan import step_configs
-from trajsft.train.target import train  # never jax/levanter: a child trains
+from trajsft.train.target import resume_note, train  # never jax/levanter: a child trains
 
 
 def run(job, snakemake) -> dict:
@@ -20,6 +20,7 @@ ENTRY = rule_job.Entry(
     rule_log=lambda job, path: executor_for(job.plan.cfg).process_log(step_configs.train(job.plan, job.name), path),
     on_snakemake_gone=lambda job: executor_for(job.plan.cfg).on_snakemake_gone(),
     manifest=False,  # the done marker is the training's own
+    stop_note=lambda job: resume_note(step_configs.train(job.plan, job.name)),
 )
 
 if __name__ == "__main__":

@@ -17,6 +17,17 @@ _JSON_LOGGER_RE = re.compile(r"levanter\.json_logger .*?:: (\{.*\})\s*$")
 _RESUME_RE = re.compile(r"Resuming training from step (\d+)")
 
 
+def json_logger_record(line: str) -> Optional[dict]:
+    """The record of a ``json_logger`` line (``{"event": "log", "step": N, "metrics": {...}}``...), else None."""
+    m = _JSON_LOGGER_RE.search(line)
+    if not m:
+        return None
+    try:
+        return json.loads(m.group(1))
+    except ValueError:
+        return None
+
+
 def read_metrics(log_path: str) -> dict:
     """Parse the metrics Levanter's ``json_logger`` tracker wrote into a log.
 
@@ -43,12 +54,8 @@ def read_metrics(log_path: str) -> dict:
             if m and cur is not None:
                 cur["resumed_from_step"] = int(m.group(1))
                 continue
-            m = _JSON_LOGGER_RE.search(line)
-            if not m:
-                continue
-            try:
-                rec = json.loads(m.group(1))
-            except ValueError:
+            rec = json_logger_record(line)
+            if rec is None:
                 continue
             ev = rec.get("event")
             if ev == "log" and rec.get("step") is not None:

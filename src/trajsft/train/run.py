@@ -30,6 +30,7 @@ from .hf_export import chat_template_of, write_chat_template, export_hf
 from .launch import TRAIN_CHILD, exit_reason, run_subprocess, levanter_env
 from .levanter_config import plain_data, resolve_hub_refs, write_config
 from .metrics import eval_losses, LAUNCH_MARK, loss_history, read_metrics
+from .progress import Progress
 from . import tracking
 
 
@@ -209,6 +210,7 @@ def run_training(
     *,
     timeout: Optional[float] = None,
     export_chat_template: bool = True,
+    progress: Optional[str] = None,
 ) -> dict:
     """Run (or resume, or just verify) a Levanter ``train_lm`` run.
 
@@ -259,6 +261,8 @@ def run_training(
                 f"{LAUNCH_MARK} train_lm id={tr['id']} at {_dt.datetime.now().isoformat()} "
                 f"(latest checkpoint: {ckpt['path'] if ckpt else None})"
             )
+            # ``progress``: the label of a line on this process's stderr at a bounded rate (train/progress.py)
+            look = Progress(progress, log_path, N).look if progress else None
             rc = run_subprocess(
                 [*TRAIN_CHILD, "--config_path", config_path],
                 log_path,
@@ -266,6 +270,7 @@ def run_training(
                 run_dir,
                 header,
                 timeout=timeout,
+                tick=look,
             )
             if rc == tracking.EXIT_CODE:  # W&B refused the run: every relaunch would be refused the same way
                 raise JobEnvironmentError(launch_cause(log_path) or "train_lm could not start its W&B run")

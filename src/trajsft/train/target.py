@@ -180,8 +180,10 @@ class Trains(Protocol):
 def train_here(cfg: TrainConfig, lev: dict, attempt: int) -> dict:
     """One attempt of ``cfg``'s run on this machine: Levanter in a child process, on the CPU (the local config says
     so: f32, no accelerator required; with libtpu installed, the fit check's compiler, JAX would otherwise try, and
-    log, a TPU first)."""
-    return run_training(lev, cfg.run.location, cfg.log, env={"JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS") or "cpu"})
+    log, a TPU first); its progress on this process's stderr (the terminal under Snakemake), not in the log."""
+    env = {"JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS") or "cpu",
+           "TRAJSFT_SAVE_ON_STOP": "1"}  # Ctrl-C saves a checkpoint first (trajsft.train.train_lm_main)
+    return run_training(lev, cfg.run.location, cfg.log, env=env, progress=f"trajsft train {cfg.target}")
 
 
 def train(cfg: TrainConfig, done_path: str | None = None, *, executor: Trains | None = None) -> dict:
@@ -258,6 +260,17 @@ def train(cfg: TrainConfig, done_path: str | None = None, *, executor: Trains | 
     if done_path:
         write_json(done_path, done)
     return done
+
+
+def resume_note(cfg: TrainConfig) -> str | None:
+    """What a stopped training leaves for its rerun: the step its latest checkpoint holds (None: none yet)."""
+    from .checkpoints import latest_checkpoint
+
+    ck = latest_checkpoint(join(cfg.run.location, "checkpoints"))
+    if not ck:
+        return None
+    return (f"its checkpoint of step {ck['completed_steps']}/{explain(cfg)['steps']} is kept: rerun the same command "
+            f"to resume from it")
 
 
 _CURRENT: dict = {}  # the attempt this process is running (for detach_from_ray_job)

@@ -11,6 +11,12 @@ step that already had one and, in the forced run of a step whose scheduled run j
 the periodic hooks (``every > 1``) that already ran at that step. Hooks run every step (the
 checkpointer, which decides by itself and must see ``force`` to write the final checkpoint) always
 get the forced call. The model config's remat policy is prepared first (:mod:`trajsft.train.remat`).
+
+A local training (``TRAJSFT_SAVE_ON_STOP=1``, set by the local executor) loses nothing to Ctrl-C: the first SIGINT or
+SIGTERM after a step asks for a stop, the step under way finishes, a checkpoint of it is saved (Levanter's
+checkpointer, forced) and the child exits :data:`STOPPED_EXIT`; the rerun resumes from that step. A second signal, or
+one before the first step, stops at once. Not on a slice: its hosts save together or not at all (a preempted host's
+peers would wait for it in the checkpointer's broadcast), and a preemption is what ``save_interval_minutes`` bounds.
 Everything else is Levanter's.
 """
 
@@ -21,7 +27,47 @@ if __name__ == "__main__":  # the child process run_training launches
 
     child_prelude()
 
+import os
+import signal
 import sys
+
+SAVE_ON_STOP = "TRAJSFT_SAVE_ON_STOP"
+STOPPED_EXIT = 130  # a stop asked by a signal, after its checkpoint was saved
+RELAYED_S = 10.0  # a signal this soon after the first is the same stop relayed (the terminal's, the launcher's)
+_STOP: dict = {"signal": None, "at": 0.0, "stepped": False}
+
+
+def ask_stop(signum, frame) -> None:
+    """SIGINT/SIGTERM: the first after a step asks for a checkpoint and a stop after the step under way; the same
+    stop relayed within :data:`RELAYED_S` is ignored, a later one (or one before any step) stops at once."""
+    import time
+
+    if _STOP["signal"] is None and _STOP["stepped"]:
+        _STOP["signal"], _STOP["at"] = signal.Signals(signum).name, time.monotonic()
+        print(f"trajsft: {_STOP['signal']}: saving a checkpoint after the step under way, then stopping",
+              file=sys.stderr, flush=True)
+        return
+    if _STOP["signal"] is not None and time.monotonic() - _STOP["at"] < RELAYED_S:
+        return
+    raise KeyboardInterrupt
+
+
+def stop_if_asked(trainer, info) -> None:
+    """After a step's hooks: when a stop was asked, save this step's checkpoint (forced) and exit."""
+    _STOP["stepped"] = True
+    if _STOP["signal"] is None:
+        return
+    from levanter.checkpoint import Checkpointer
+
+    for hook in trainer.hooks.hooks:
+        ck = getattr(getattr(hook.fn, "fn", None), "__self__", None)
+        if isinstance(ck, Checkpointer):
+            ck.on_step(info, force=True)
+            ck.wait_until_finished()
+            print(f"trajsft: stopped ({_STOP['signal']}) after step {info.step}: its checkpoint is saved, a rerun "
+                  f"resumes from it", file=sys.stderr, flush=True)
+            sys.exit(STOPPED_EXIT)
+    raise KeyboardInterrupt  # no checkpointer: stop as before
 
 
 def final_hooks_once(trainer_cls: type) -> type:
@@ -34,7 +80,9 @@ def final_hooks_once(trainer_cls: type) -> type:
         def run_hooks(self, info, force: bool = False):
             if not force:
                 self._scheduled_step = info.step
-                return super().run_hooks(info, force=force)
+                out = super().run_hooks(info, force=force)
+                stop_if_asked(self, info)
+                return out
             if self._forced_step == info.step:
                 # to the train log (Levanter's logging setup leaves other loggers at WARNING)
                 print(f"trajsft: end-of-training hooks already ran for step {info.step}; not running them again",
@@ -61,6 +109,9 @@ def main() -> None:
     from . import tracking
 
     tracking.guard_init()  # a refused W&B key: one line and exit tracking.EXIT_CODE, not a traceback
+    if os.environ.get(SAVE_ON_STOP) == "1":
+        signal.signal(signal.SIGINT, ask_stop)
+        signal.signal(signal.SIGTERM, ask_stop)
     train_lm.Trainer = final_hooks_once(train_lm.Trainer)
     levanter.config.main(with_remat_policy(train_lm.main, train_lm.TrainLmConfig))()
 

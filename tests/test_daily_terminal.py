@@ -1,0 +1,163 @@
+"""A daily user's terminal (issue 67): quick daily commands, outputs git does not see, one line for a misuse."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from docs_utils import REPO
+
+
+def trajsft(*args: str, cwd=REPO, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "trajsft.cli", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_version_names_the_commit_and_the_stack():
+    p = trajsft("--version")
+    assert p.returncode == 0 and p.stderr == "", p.stderr
+    [line] = p.stdout.splitlines()
+    assert re.match(r"^trajsft \d+\.\d+\.\d+ \(commit [0-9a-f]{10}(, uncommitted changes)?\); levanter \S+, jax \S+, "
+                    r"snakemake \S+, ray \S+$", line), line
+
+
+@pytest.mark.parametrize("path", ["evals/demo/done", "sweeps/lr/results.csv", "agent/demo/done",
+                                  "results/tasks/demo-0123456789/manifest.json", "checkpoints/demo/done"])
+def test_what_the_workflow_writes_in_the_checkout_is_ignored_by_git(path):
+    """So a run's provenance is not 'dirty' after the demo, a sweep or an agent evaluation."""
+    p = subprocess.run(["git", "check-ignore", "--no-index", "-q", path], cwd=REPO)
+    assert p.returncode == 0, f"{path} is not ignored by git"
+
+
+def test_the_ignore_check_sees_a_path_git_would_show():
+    assert subprocess.run(["git", "check-ignore", "--no-index", "-q", "src/trajsft/new.py"], cwd=REPO).returncode == 1
+
+
+def test_the_venv_is_byte_compiled_by_ci_only():
+    """uv checks (and prints "Bytecode compiled N files") on every `uv run` where pyproject.toml asks for it: only
+    .ci/run does, by UV_COMPILE_BYTECODE=1."""
+    import tomllib
+
+    uv = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["uv"]
+    assert "compile-bytecode" not in uv
+    assert re.search(r"^export UV_COMPILE_BYTECODE=1$", (REPO / ".ci/run").read_text(), re.M)
+
+
+@pytest.mark.integration
+def test_a_second_uv_run_prints_no_bytecode_pass():
+    uv = shutil.which("uv") or os.path.join(os.path.dirname(sys.executable), "uv")
+    if not os.path.exists(uv):
+        pytest.skip("uv is not on PATH")
+    env = {k: v for k, v in os.environ.items() if k != "UV_COMPILE_BYTECODE"}
+    outs = [subprocess.run([uv, "run", "--locked", "--offline", "python", "-c", "pass"], cwd=REPO, env=env,
+                           capture_output=True, text=True, timeout=300) for _ in range(2)]
+    assert all(p.returncode == 0 for p in outs), [p.stderr for p in outs]
+    assert "Bytecode compiled" not in outs[1].stderr + outs[1].stdout, outs[1].stderr
+
+
+def _json_line(step: int, metrics: dict) -> str:
+    import json
+
+    rec = {"tracker": "json_logger", "event": "log", "step": step, "metrics": metrics}
+    return f"2026-11-29T07:05:25 - 0 - levanter.json_logger - json_logger.py:89 - INFO :: {json.dumps(rec)}\n"
+
+
+def test_training_progress_is_one_line_per_new_step_at_a_bounded_rate(tmp_path):
+    from trajsft.train.progress import Progress
+
+    log = tmp_path / "train.log"
+    log.write_text(_json_line(3, {"train/loss": 9.0}))  # an earlier launch's: not this one's progress
+    now = [100.0]
+    said: list[str] = []
+    p = Progress("trajsft train demo", str(log), 25, every=10, out=said.append, clock=lambda: now[0])
+    p.look()
+    assert said == []  # nothing new yet
+    with open(log, "a") as f:
+        f.write("compiling...\n" + _json_line(0, {"train/loss": 4.5}) + _json_line(0, {"throughput/tokens_per_second": 1234.5}))
+    p.look()
+    assert said == ["trajsft train demo: step 1/25 · loss 4.5000 · 1.2k tokens/s"]
+    now[0] = 105.0
+    with open(log, "a") as f:
+        f.write(_json_line(4, {"train/loss": 3.25}))
+    p.look()
+    assert len(said) == 1  # 5 s since the last line: wait
+    now[0] = 110.0
+    p.look()  # 10 s per 4 steps since the first one seen: 20 steps left
+    assert said[-1] == "trajsft train demo: step 5/25 · loss 3.2500 · 1.2k tokens/s · ETA 0:50"
+    now[0] = 130.0
+    p.look()
+    assert len(said) == 2  # no new step: no repeat
+    with open(log, "a") as f:
+        f.write(_json_line(5, {"train/loss": 3.0})[:40])  # half a line: read when whole
+    p.look()
+    assert len(said) == 2
+    with open(log, "a") as f:
+        f.write(_json_line(5, {"train/loss": 3.0})[40:])
+    p.look()
+    assert said[-1].startswith("trajsft train demo: step 6/25 · loss 3.0000")
+
+
+def test_a_child_is_ticked_while_it_runs(tmp_path):
+    from trajsft.train.launch import run_subprocess
+
+    ticks = []
+    rc = run_subprocess([sys.executable, "-c", "import time; time.sleep(0.7)"], str(tmp_path / "log"), dict(os.environ),
+                        str(tmp_path), "header", tick=lambda: ticks.append(1), tick_s=0.1)
+    assert rc == 0 and len(ticks) >= 3
+
+
+def test_ctrl_c_of_any_command_is_one_line(monkeypatch, capsys):
+    import trajsft.cli as cli
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "cmd_plan", interrupted)
+    assert cli.main(["plan", "demo"]) == 130
+    assert capsys.readouterr().err == "trajsft plan: stopped (Ctrl-C)\n"
+
+
+@pytest.mark.parametrize("args, line", [
+    (["serve", "demo", "--port", "70000"], "trajsft serve: --port 70000 is not a TCP port (0-65535; 0: any free one)"),
+    (["serve", "demo", "--max-seqs", "0"], "trajsft serve: --max-seqs 0: serve at least 1 sequence at once"),
+    (["plan", "--configfile", "config/config.yaml", "demo"],
+     "trajsft: demo is a directory, not a config file (--configfile takes every following argument, as in snakemake; "
+     "put targets first: trajsft plan demo --configfile ...)"),
+])
+def test_a_misuse_is_one_line_and_exit_2(args, line):
+    p = trajsft(*args)
+    assert (p.returncode, p.stderr, p.stdout) == (2, line + "\n", ""), p.stderr
+
+
+@pytest.mark.integration
+def test_fit_says_what_it_compiles_and_ctrl_c_stops_it_in_one_line(tmp_path):
+    """`trajsft fit` names the policy it compiles on the terminal; Ctrl-C then is one line (52 before: tracebacks),
+    exit 130, and the compile process is gone. A fit cache of its own: nothing cached, the compile starts."""
+    import signal
+    import time
+
+    import psutil
+
+    pytest.importorskip("libtpu")
+    env = dict(os.environ, TRAJSFT_FIT_CACHE=str(tmp_path / "fit-cache"))
+    p = subprocess.Popen([sys.executable, "-m", "trajsft.cli", "fit", "demo", "--tpu-type", "v5p-8", "--remat", "full",
+                          "--no-suggest", "--configfile", str(REPO / "tests/data/fit_aligned.yaml")],
+                         cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first = p.stderr.readline()  # blocks until the first line
+    assert first.startswith("trajsft fit: compiling demo's train step for v5p-8 (remat full, batch "), first
+    deadline, children = time.time() + 30, []
+    while time.time() < deadline and not any("trajsft.fit.compile" in " ".join(c.cmdline()) for c in children):
+        time.sleep(0.1)  # the line is said just before the compile process starts
+        children = psutil.Process(p.pid).children(recursive=True)
+    assert any("trajsft.fit.compile" in " ".join(c.cmdline()) for c in children)
+    time.sleep(1)  # well into the compile's start-up
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 130 and err == "trajsft fit: stopped (Ctrl-C)\n" and out == "", err
+    time.sleep(0.5)
+    assert not [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
