@@ -161,3 +161,35 @@ def test_fit_says_what_it_compiles_and_ctrl_c_stops_it_in_one_line(tmp_path):
     assert p.returncode == 130 and err == "trajsft fit: stopped (Ctrl-C)\n" and out == "", err
     time.sleep(0.5)
     assert not [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
+
+
+def test_a_followed_ray_job_shows_its_progress_from_the_log_the_follower_writes(tmp_path, monkeypatch, capsys):
+    """The Ray executor's attempt: while the job is followed (its log written by the follower), the terminal gets
+    the same progress lines as a local training."""
+    import time
+
+    from trajsft.executor import executor_for
+    from trajsft.plan import config as C, step_configs
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("TRAJSFT_PROGRESS_SECONDS", "0")
+    plan = C.Plan(C.load(None, {"executor": "ray", "ray": {"address": "http://127.0.0.1:1", "tpu_type": "v5p-8"},
+                                "storage_root": str(tmp_path / "root")}), base_dir=C.REPO_DIR)
+    tc = step_configs.train(plan, "demo")
+    os.makedirs(tc.state_dir)
+
+    def followed(got, lev, attempt):  # the follower appending the job's log
+        for step in range(3):
+            with open(got.log, "a") as f:
+                f.write(_json_line(step, {"train/loss": 5.0 - step}))
+            time.sleep(0.3)
+        time.sleep(2.5)
+        return {"steps": 3}
+
+    import trajsft.cluster.submit as submit
+
+    monkeypatch.setattr(submit, "train_on_ray", followed)
+    assert executor_for(plan.cfg).train_attempt(tc, {"trainer": {"num_train_steps": 27}}, 1) == {"steps": 3}
+    said = capsys.readouterr().err.splitlines()
+    assert said and said[-1].startswith("trajsft train demo: step 3/27 · loss 3.0000"), said
+    assert all(x.startswith("trajsft train demo: step ") for x in said), said

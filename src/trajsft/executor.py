@@ -114,8 +114,11 @@ class Ray:
 
     def train_attempt(self, tc: TrainConfig, lev: dict, attempt: int) -> dict:
         from .cluster.submit import train_on_ray
+        from .train.progress import Progress, shown_while
 
-        return train_on_ray(tc, lev, attempt)
+        # its progress from the job's log as the follower writes it (json_logger lines of process 0)
+        with shown_while(Progress(f"trajsft train {tc.target}", tc.log, int(lev["trainer"]["num_train_steps"]))):
+            return train_on_ray(tc, lev, attempt)
 
     def score_actions(self, cfg, rule_log: str, here: Callable[[Any], dict]) -> Callable[[], dict]:
         from .report.actions_job import submit

@@ -4,10 +4,12 @@ stderr is Snakemake's terminal, its log the training's)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
+import threading
 import time
-from typing import Callable, Optional
+from typing import Callable, Iterator, Optional
 
 from .metrics import json_logger_record
 
@@ -92,3 +94,22 @@ class Progress:
         if line:
             self.out(line)
             self.said_step, self.said_at = self.step, now
+
+
+@contextlib.contextmanager
+def shown_while(progress: Progress, tick_s: float = 2.0) -> Iterator[Progress]:
+    """Look at ``progress`` every ``tick_s`` seconds in a thread while the block runs (a Ray job followed here: its
+    log is written by the follower); a last look when it ends."""
+    done = threading.Event()
+
+    def loop():
+        while not done.wait(tick_s):
+            progress.look()
+
+    t = threading.Thread(target=loop, name="trajsft-progress", daemon=True)
+    t.start()
+    try:
+        yield progress
+    finally:
+        done.set()
+        t.join(timeout=5)
