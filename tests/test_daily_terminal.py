@@ -102,13 +102,25 @@ def test_training_progress_is_one_line_per_new_step_at_a_bounded_rate(tmp_path):
     assert said[-1].startswith("trajsft train demo: step 6/25 · loss 3.0000")
 
 
-def test_a_child_is_ticked_while_it_runs(tmp_path):
-    from trajsft.train.launch import run_subprocess
+def test_progress_is_looked_at_while_a_child_runs(tmp_path):
+    import time
 
-    ticks = []
-    rc = run_subprocess([sys.executable, "-c", "import time; time.sleep(0.7)"], str(tmp_path / "log"), dict(os.environ),
-                        str(tmp_path), "header", tick=lambda: ticks.append(1), tick_s=0.1)
-    assert rc == 0 and len(ticks) >= 3
+    from trajsft.train.launch import run_subprocess
+    from trajsft.train.progress import shown_while
+
+    looks = []
+
+    class Looked:
+        def look(self):
+            looks.append(1)
+
+    with shown_while(Looked(), tick_s=0.1):
+        rc = run_subprocess([sys.executable, "-c", "import time; time.sleep(0.7)"], str(tmp_path / "log"),
+                            dict(os.environ), str(tmp_path), "header")
+    assert rc == 0 and len(looks) >= 3
+    n = len(looks)
+    time.sleep(0.3)
+    assert len(looks) == n  # no look after the block
 
 
 def test_ctrl_c_of_any_command_is_one_line(monkeypatch, capsys):

@@ -211,11 +211,6 @@ class Rules:
             )
         return eval_inputs(self.plan)
 
-    def eval_matrix_outputs(self) -> dict[str, str]:
-        from .report.matrix import outputs
-
-        return outputs(STATE_DIR)
-
     def eval_matrix_spec(self, wildcards) -> dict:
         """Params of eval_matrix: rows' runs, columns, the tokenized artifact of every cell, options."""
         from .report.matrix import matrix_spec

@@ -9,7 +9,7 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Callable, Mapping, Optional
+from typing import Mapping, Optional
 
 
 
@@ -111,10 +111,9 @@ EXPORT_CHILD = [sys.executable, "-m", "trajsft.train.hf_export"]
 STOP_SAVE_GRACE_S = 120.0  # how long a stopped local training may take to finish its step and save it
 
 
-def run_subprocess(cmd: list[str], log_path: str, env: dict, cwd: str, header: str, timeout=None,
-                   tick: Optional[Callable[[], None]] = None, tick_s: float = 2.0) -> int:
-    """Run ``cmd`` with its output appended to ``log_path`` (after ``header``) until it exits; ``tick`` is called
-    every ``tick_s`` seconds meanwhile (a progress line); the child is stopped if this process is."""
+def run_subprocess(cmd: list[str], log_path: str, env: dict, cwd: str, header: str, timeout=None) -> int:
+    """Run ``cmd`` with its output appended to ``log_path`` (after ``header``) until it exits; the child is stopped
+    if this process is."""
     os.makedirs(os.path.dirname(os.path.abspath(log_path)), exist_ok=True)
     with open(log_path, "a", buffering=1) as log:
         log.write(f"{header}\n")
@@ -129,17 +128,7 @@ def run_subprocess(cmd: list[str], log_path: str, env: dict, cwd: str, header: s
             cwd=cwd,
         )
         try:
-            if tick is None:
-                return proc.wait(timeout=timeout)
-            deadline = None if timeout is None else time.monotonic() + timeout
-            while True:
-                left = None if deadline is None else deadline - time.monotonic()
-                try:
-                    return proc.wait(timeout=tick_s if left is None else max(0.0, min(tick_s, left)))
-                except subprocess.TimeoutExpired:
-                    if deadline is not None and time.monotonic() >= deadline:
-                        raise
-                    tick()
+            return proc.wait(timeout=timeout)
         except BaseException:
             # our caller is going away (KeyboardInterrupt / SIGTERM->exception / timeout): don't leave a trainer
             # writing checkpoints behind. A local training saves its step first (trajsft.train.train_lm_main): it

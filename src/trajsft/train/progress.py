@@ -14,7 +14,6 @@ from typing import Callable, Iterator, Optional
 from .metrics import json_logger_record
 
 
-
 def every_s() -> float:
     """At most one line per this many seconds (``TRAJSFT_PROGRESS_SECONDS``, default 10)."""
     return float(os.environ.get("TRAJSFT_PROGRESS_SECONDS") or 10)
@@ -98,8 +97,8 @@ class Progress:
 
 @contextlib.contextmanager
 def shown_while(progress: Progress, tick_s: float = 2.0) -> Iterator[Progress]:
-    """Look at ``progress`` every ``tick_s`` seconds in a thread while the block runs (a Ray job followed here: its
-    log is written by the follower); a last look when it ends."""
+    """Look at ``progress`` every ``tick_s`` seconds in a thread while the block runs (a local training's child, or
+    a Ray job followed here: their log is written by the child, or by the follower)."""
     done = threading.Event()
 
     def loop():

@@ -30,7 +30,7 @@ from .hf_export import chat_template_of, write_chat_template, export_hf
 from .launch import TRAIN_CHILD, exit_reason, run_subprocess, levanter_env
 from .levanter_config import plain_data, resolve_hub_refs, write_config
 from .metrics import eval_losses, LAUNCH_MARK, loss_history, read_metrics
-from .progress import Progress
+from .progress import Progress, shown_while
 from . import tracking
 
 
@@ -262,16 +262,15 @@ def run_training(
                 f"(latest checkpoint: {ckpt['path'] if ckpt else None})"
             )
             # ``progress``: the label of a line on this process's stderr at a bounded rate (train/progress.py)
-            look = Progress(progress, log_path, N).look if progress else None
-            rc = run_subprocess(
-                [*TRAIN_CHILD, "--config_path", config_path],
-                log_path,
-                levanter_env(run_dir, {**tracking.child_env(cfg), **(env or {})}),
-                run_dir,
-                header,
-                timeout=timeout,
-                tick=look,
-            )
+            with shown_while(Progress(progress, log_path, N)) if progress else contextlib.nullcontext():
+                rc = run_subprocess(
+                    [*TRAIN_CHILD, "--config_path", config_path],
+                    log_path,
+                    levanter_env(run_dir, {**tracking.child_env(cfg), **(env or {})}),
+                    run_dir,
+                    header,
+                    timeout=timeout,
+                )
             if rc == tracking.EXIT_CODE:  # W&B refused the run: every relaunch would be refused the same way
                 raise JobEnvironmentError(launch_cause(log_path) or "train_lm could not start its W&B run")
             ckpt = latest_checkpoint(ckpt_dir)
