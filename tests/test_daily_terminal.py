@@ -205,3 +205,101 @@ def test_a_followed_ray_job_shows_its_progress_from_the_log_the_follower_writes(
     said = capsys.readouterr().err.splitlines()
     assert said and said[-1].startswith("trajsft train demo: step 3/27 · loss 3.0000"), said
     assert all(x.startswith("trajsft train demo: step ") for x in said), said
+
+
+# ---- one cause, once, whole (part 5) ----------------------------------------------------------------------------------
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _cause_of(url: str, **kw) -> str | None:
+    import requests
+
+    from trajsft.errors import network_cause
+
+    with pytest.raises(requests.RequestException) as e:
+        requests.get(url, **kw)
+    return network_cause(e.value)
+
+
+def test_the_root_cause_of_a_network_failure_names_the_host():
+    """What `trajsft plan` says of a bucket, said of any request: requests wraps urllib3 wraps the socket's error."""
+    import socket
+    import threading
+
+    from trajsft.errors import network_cause
+
+    assert _cause_of("http://trajsft-no-such-host.invalid/x", timeout=10) == (
+        "trajsft-no-such-host.invalid does not resolve (no network, or DNS down)")
+    port = _closed_port()
+    assert _cause_of(f"http://127.0.0.1:{port}/x", timeout=10) == (
+        f"127.0.0.1:{port} refused the connection (nothing listens there)")
+    with socket.socket() as mute:  # accepts, never answers
+        mute.bind(("127.0.0.1", 0))
+        mute.listen()
+        held = []
+        threading.Thread(target=lambda: held.append(mute.accept()), daemon=True).start()
+        assert _cause_of(f"http://127.0.0.1:{mute.getsockname()[1]}/x", timeout=0.3) == (
+            f"127.0.0.1:{mute.getsockname()[1]} did not answer in time")
+    with socket.socket() as rude:  # accepts, then closes at once: a reply cut short names no host but the request
+        rude.bind(("127.0.0.1", 0))
+        rude.listen()
+        threading.Thread(target=lambda: rude.accept()[0].close(), daemon=True).start()
+        assert _cause_of(f"http://127.0.0.1:{rude.getsockname()[1]}/x", timeout=10) == (
+            f"127.0.0.1:{rude.getsockname()[1]} reset the connection")  # (or RemoteDisconnected: a reset too)
+    assert network_cause(ValueError("bad value")) is None and network_cause(OSError("disk")) is None
+
+
+def test_a_dead_childs_cause_is_the_exception_its_last_traceback_ended_with(tmp_path):
+    from trajsft.logs import last_exception
+    from trajsft.train.metrics import LAUNCH_MARK
+    from trajsft.train.run import child_cause
+
+    first = "Traceback (most recent call last):\n  File \"a.py\", line 1, in <module>\n    f()\nKeyError: 'x'\n"
+    chained = ("Traceback (most recent call last):\n  File \"b.py\", line 2\nValueError: inner\n\nDuring handling of "
+               "the above exception, another exception occurred:\n\nTraceback (most recent call last):\n  File "
+               "\"b.py\", line 4, in g\n    raise X\n    ^^^^^^^\njax.errors.JaxRuntimeError: INTERNAL: out of memory\n"
+               "2026-11-29 INFO after the fact\n")
+    assert last_exception(first + "noise\n" + chained) == "jax.errors.JaxRuntimeError: INTERNAL: out of memory"
+    assert last_exception("Traceback (most recent call last):\n  File \"c.py\"\nSystemExit\n") == "SystemExit"
+    assert last_exception("no trace here\n") is None
+    log = tmp_path / "train.log"
+    log.write_text(f"{LAUNCH_MARK} 1\n{first}{LAUNCH_MARK} 2\nstep 3\n")
+    assert child_cause(str(log)) == ""  # the last launch died of no traceback (a signal): nothing to add
+    log.write_text(f"{LAUNCH_MARK} 1\nok\n{LAUNCH_MARK} 2\n{first}")
+    assert child_cause(str(log)) == " (KeyError: 'x')" and child_cause(str(tmp_path / "none.log")) == ""
+    from trajsft.cluster import host  # a slice host's train_lm: the same cause, not the last line with "Error" in it
+
+    log.write_text(chained + "2026-11-29 ERROR wandb: an unrelated error line after it\n")
+    assert host._last_error(str(log)) == "jax.errors.JaxRuntimeError: INTERNAL: out of memory"
+    log.write_text("gloo Error: peer closed\nlast words\n")  # no traceback: the last error-like line, as before
+    assert host._last_error(str(log)) == "gloo Error: peer closed"
+
+
+def test_snakemake_does_not_restate_a_rule_scripts_own_failure(capsys):
+    """The rule said its cause (exit 1) or its stop (130, 143): Snakemake's CalledProcessError record naming the
+    temporary script is left out; a rule killed by a signal (-9) said nothing, so it stays."""
+    import logging
+
+    from trajsft.logs import one_line_stops
+
+    name = f"trajsft-said-{os.getpid()}"
+    one_line_stops(name)
+    lg = logging.getLogger(name)
+    seen = []
+    lg.addHandler(h := logging.Handler())
+    h.emit = seen.append
+    record = ("RuleException:\nCalledProcessError in file \"/w/rules/data.smk\", line 19:\nCommand 'set -euo pipefail;"
+              "  /w/.venv/bin/python /w/.snakemake/scripts/tmpbjp5newr.download.py' returned non-zero exit status {}.")
+    try:
+        for code in (1, 130, 143, -9, 2):
+            lg.error(record.format(code))
+    finally:
+        lg.removeHandler(h)
+    assert [r.getMessage()[-4:] for r in seen] == [" -9.", "s 2."]
+    assert capsys.readouterr().err == ""

@@ -150,16 +150,15 @@ def cheap_commands() -> list[tuple[str, str]]:
 
 @pytest.mark.parametrize("where,cmd", cheap_commands(), ids=[c for _, c in cheap_commands()])
 def test_command_runs(where, cmd, tmp_path):
-    """A cheap command of the docs runs from the repo root, exits 0 and prints no traceback. A pipe
-    into graphviz's `dot` is checked up to the pipe when `dot` is not installed; with `dot`, its picture
-    is written into the test's temp dir."""
+    """A cheap command of the docs runs from the repo root, exits 0 and prints no traceback. The DAG's files
+    (dag.dot, dag.png, dag.mmd) are written into the test's temp dir; graphviz's `dot` drawing one is left out
+    when `dot` is not installed (the README says what it needs)."""
     run = cmd.removeprefix("uv run ")
-    if "| dot " in run and not shutil.which("dot"):
-        run = run.split("| dot ")[0]
-    elif "| dot " in run:
-        run, _, out = run.rpartition(" > ")
-        run += f" > {tmp_path / os.path.basename(out.strip())}"
-    elif ">" in run:
+    if " && dot " in run and not shutil.which("dot"):
+        run = run.split(" && dot ")[0]
+    dag = {name: tmp_path / name for name in ("dag.dot", "dag.png", "dag.mmd")}
+    run = re.sub(r"(?<![\w/.-])dag\.(dot|png|mmd)\b", lambda m: str(dag[m.group(0)]), run)
+    if re.search(r">(?!\s*" + re.escape(str(tmp_path)) + ")", run):  # a file outside the temp dir
         pytest.fail(f"{where}: {cmd!r} writes a file: list it in NOT_RUN or make it print")
     env = {**os.environ, "PATH": VENV_BIN + os.pathsep + os.environ["PATH"]}
     hint = "(a command that needs a cluster, the network or a long run goes into NOT_RUN in tests/test_docs.py)"
@@ -169,8 +168,12 @@ def test_command_runs(where, cmd, tmp_path):
         pytest.fail(f"{where}: {cmd} ran over 120 s {hint}")
     assert p.returncode == 0, f"{where}: {cmd} {hint}\n{p.stderr[-2000:]}"
     assert "Traceback" not in p.stderr, f"{where}: {cmd}\n{p.stderr[-2000:]}"
-    if "--dag dot" in run and "| dot " not in run:
-        assert p.stdout.lstrip().startswith("digraph")
+    if "--dag dot" in run:
+        assert dag["dag.dot"].read_text().lstrip().startswith("digraph")
+        if shutil.which("dot") and "dag.png" in cmd:
+            assert dag["dag.png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    if "--dag mermaid-js" in run:
+        assert "flowchart" in dag["dag.mmd"].read_text()
 
 
 def test_plan_example_is_current():

@@ -314,9 +314,12 @@ def test_yaml_1_1_exponent_is_a_float(tmp_path):
     assert plan_a.target("minimax-m2.5")["run"].hash == plan_b.target("minimax-m2.5")["run"].hash
 
 
-def sm(*args, cwd) -> subprocess.CompletedProcess:
+def sm(*args, cwd, env: dict | None = None) -> subprocess.CompletedProcess:
+    """Snakemake on the repository's workflow in ``cwd``; ``env`` over the Hub offline (a None value: unset)."""
+    e = {**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})}
     return subprocess.run([SNAKEMAKE, "-s", str(REPO / "Snakefile"), "-d", str(cwd), "--cores", "1", *args],
-                          capture_output=True, text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"}, cwd=cwd)
+                          capture_output=True, text=True, timeout=300, cwd=cwd,
+                          env={k: v for k, v in e.items() if v is not None})
 
 
 def test_one_line_is_what_every_error_line_goes_through():
@@ -336,7 +339,7 @@ def test_a_workflow_stop_is_its_message_alone_on_stderr(capsys):
     one_line_stops(name)
     one_line_stops(name)  # idempotent: the workflow is read more than once
     lg = logging.getLogger(name)
-    assert len(lg.filters) == 1
+    assert len(lg.filters) == 2  # and the restated failure of a rule script (test_daily_terminal)
     seen = []
     lg.addHandler(h := logging.Handler())
     h.emit = seen.append
@@ -397,6 +400,28 @@ def test_two_entries_of_one_dataset_that_disagree_are_one_line_with_no_frames(tm
     assert p.stderr.strip().splitlines()[-1] == (
         "trajsft: config: teachers minimax-lr2 and minimax-m2.5 read the same data (raw/SWE-smith-rs-minimax-m2.5-"
         "trajectories-3a2ecb9bcc) but set rows 5000 and 5251: make them equal (the data is built once for both)")
+
+
+def test_a_failed_rules_root_cause_reaches_the_terminal_once_and_whole(tmp_path):
+    """Issue 67 part 5: a teacher's data and the student's weights with the Hub unreachable (nothing listens at its
+    address). Each failed rule says its cause once, not cut, naming the root cause as `trajsft plan` does (4 times
+    before, cut at "(Caused by Na..."); Snakemake neither restates it (its CalledProcessError naming a temporary
+    script) nor dumps the log, which keeps it."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    p = sm("--keep-going", "checkpoints/minimax-m2.5/done", cwd=tmp_path,
+           env={"HF_HUB_OFFLINE": None, "TRANSFORMERS_OFFLINE": None, "HF_ENDPOINT": f"http://127.0.0.1:{port}"})
+    out = p.stdout + p.stderr
+    assert p.returncode == 1 and "Traceback" not in out and "CalledProcessError" not in out, out[-3000:]
+    why = f"cannot reach the Hugging Face Hub: 127.0.0.1:{port} refused the connection (nothing listens there)"
+    for rule, what in [("download", "AlienKevin/SWE-smith-rs-minimax-m2.5-trajectories@dfd98db"),
+                       ("download_model", "Qwen/Qwen3-8B@")]:
+        said = [ln for ln in out.splitlines() if why in ln and f": {what}" in ln]
+        assert len(said) == 1 and said[0].startswith(f"trajsft {rule} ") and said[0].endswith(why), out[-3000:]
+        [log] = (tmp_path / "logs" / rule).glob("*.log")
+        assert why in log.read_text()
+        assert f"log: logs/{rule}/" in out  # where the details are: Snakemake's own line
 
 
 def test_target_after_configfile_is_named_in_one_line(tmp_path):

@@ -108,7 +108,8 @@ def test_a_corrupt_download_is_refused_in_one_line_and_never_sealed(hub, tmp_pat
     ("gated", "Hugging Face Hub answered HTTP 401 (set HF_TOKEN for gated/private repos)"),
     ("wrong_token", "Hugging Face Hub answered HTTP 401 (HF_TOKEN was refused, or has no access to this repo)"),
     ("no_weights", "no safetensors weights"),
-    ("offline", "download from the Hugging Face Hub failed"),
+    ("offline", "cannot reach the Hugging Face Hub: 127.0.0.1:"),  # + "<port> refused the connection ..."
+    ("offline_mode", "not downloaded: HF_HUB_OFFLINE is set (unset it to download)"),
 ])
 def test_hub_problems_are_one_line(hub, tmp_path, case, expect, monkeypatch):
     revision = SHA
@@ -123,6 +124,10 @@ def test_hub_problems_are_one_line(hub, tmp_path, case, expect, monkeypatch):
         del hub.repos[REPO_ID].files["model.safetensors"]
     elif case == "offline":
         hub.stop()
+    elif case == "offline_mode":
+        import huggingface_hub.constants as hc
+
+        monkeypatch.setattr(hc, "HF_HUB_OFFLINE", True)
     p = C.Plan(C.load(None, student_config(tmp_path / "root", revision)), base_dir=C.REPO_DIR)
     art = step_configs.train(p, "demo").model
     with pytest.raises(DataError) as e:

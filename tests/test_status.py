@@ -33,7 +33,7 @@ def expect(**kw) -> dict:
     r = {"target": "demo", "state": "not started", "hash": H, "run": RUN, "cluster": "local", "ray_job_id": None,
          "attempt": None, "step": None, "steps_total": None, "loss": None, "eval_loss": None, "wandb_url": None,
          "checkpoint_dir": checkpoints, "hf_export": None, "log": LOG, "cause": None, "next": None, "preemptions": 0,
-         "failures": 0, "detail": None, "previous_done": None, "finished_elsewhere": None}
+         "failures": 0, "detail": None, "wandb_offline": None, "previous_done": None, "finished_elsewhere": None}
     assert set(kw) <= set(r), set(kw) - set(r)
     return {**r, **kw}
 
@@ -370,6 +370,27 @@ def test_gather_reads_no_training_facts_for_a_finished_run(workdir):
     g = status.gather(step_configs.train(plan, "mix-all"))
     assert (g.done, g.attempts, g.resume_step, g.data_ready) == (None, (), None, False)
     assert status.target_status(step_configs.train(plan, "mix-all"))["state"] == "not started"
+
+
+def test_offline_wandb_runs_are_shown_with_the_command_that_uploads_them(workdir):
+    """wandb.mode: offline (the default): the SDK writes offline-run-* in the run dir; status says how to sync them,
+    for a finished run too; none written, or online: nothing said."""
+    plan = _plan()
+    tc = step_configs.train(plan, "demo")
+    assert status.gather(tc).wandb_offline is None
+    run = plan.target("demo")["run"]
+    done = {**DONE, "hash": run.hash, "run": run.name}
+    _write("checkpoints/demo/done", done)
+    _write(f"{run.location}/wandb/offline-run-20261129_070420-{run.hash}/run-{run.hash}.wandb", "")
+    glob = f"{run.location}/wandb/offline-run-*"
+    f = status.gather(tc)
+    assert f.wandb_offline == glob
+    r = status.target_status(tc)
+    assert r["state"] == "done" and r["wandb_offline"] == glob
+    assert f"  demo: W&B offline: `wandb sync {glob}` uploads its runs (with WANDB_API_KEY; wandb.mode: online logs " \
+           "the next ones live)" in render([r]).splitlines()
+    online = step_configs.train(_plan(wandb={"mode": "online", "entity": "e"}), "demo")
+    assert status.gather(online).wandb_offline is None
 
 
 def test_gather_the_ray_job_list(workdir, monkeypatch):

@@ -95,8 +95,8 @@ def test_a_log_handler_that_cannot_write_prints_no_logging_error_block(tmp_path,
 
 
 def test_a_rules_one_line_reaches_the_terminal_once_and_its_log_file(tmp_path, capfd):
-    """The rule's line goes bare to stderr once (Snakemake then shows the rule's log: show-failed-logs), not also
-    through the log's stream handler; the rule's log file keeps it with its time."""
+    """The rule's line goes bare to stderr once, not also through the log's stream handler; the rule's log file
+    keeps it with its time."""
     from trajsft import rule_job
 
     logs.setup(str(tmp_path / "rule.log"))

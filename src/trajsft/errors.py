@@ -91,3 +91,61 @@ def quiet_on_closed_pipe(main):
             return 0
 
     return wrapper
+
+
+# ---- the root cause of a network failure ---------------------------------------------------------------------------
+
+_HOST_PORT = r"host='([^']+)', port=(\d+)"
+_NO_NAME = ("Name or service not known", "Temporary failure in name resolution", "nodename nor servname",
+            "No address associated with hostname", "Failed to resolve")
+
+
+def _chain(exc: BaseException):
+    """``exc`` and what caused it, outermost first: ``__cause__``/``__context__``, and what libraries keep elsewhere
+    (requests' ConnectionError holds urllib3's MaxRetryError in its args, which holds the socket error as ``reason``)."""
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        yield e
+        nxt = e.__cause__ or e.__context__ or getattr(e, "reason", None)
+        if not isinstance(nxt, BaseException):
+            nxt = next((a for a in e.args if isinstance(a, BaseException)), None)
+        e = nxt
+
+
+def network_cause(exc: BaseException) -> str | None:
+    """The root cause of a failed network request in a few words, naming the host, as ``trajsft plan`` names an
+    unreachable bucket: the host name does not resolve (no network, DNS down), nothing listens, no answer in time,
+    no route, a reset or a TLS failure. None when ``exc`` is not a network failure."""
+    import errno
+    import re
+    import socket
+    import ssl
+
+    from urllib.parse import urlsplit
+
+    chain = list(_chain(exc))
+    found = next((m for e in chain if (m := re.search(_HOST_PORT, str(e)))), None)
+    host, port = (found.group(1), found.group(2)) if found else (None, None)
+    asked = next((u for e in chain if (u := getattr(getattr(e, "request", None), "url", None))), None)
+    if host is None and asked:  # requests' error for a reply cut short names no host: the request does
+        u = urlsplit(asked)
+        host, port = u.hostname, u.port or (443 if u.scheme == "https" else 80)
+    where = f"{host}:{port}" if host else "the server"
+    for e in reversed(chain):  # the deepest cause first
+        text = str(e)
+        if isinstance(e, socket.gaierror) or any(t in text for t in _NO_NAME):
+            return f"{host or 'the host name'} does not resolve (no network, or DNS down)"
+        if isinstance(e, ConnectionRefusedError) or getattr(e, "errno", None) == errno.ECONNREFUSED:
+            return f"{where} refused the connection (nothing listens there)"
+        if isinstance(e, ssl.SSLError):
+            return f"the TLS handshake with {where} failed: {one_line(e, 200)}"
+        if isinstance(e, (TimeoutError, socket.timeout)) or type(e).__name__ in ("ConnectTimeoutError", "ConnectTimeout",
+                                                                                 "ReadTimeoutError", "ReadTimeout"):
+            return f"{where} did not answer in time"
+        if getattr(e, "errno", None) in (errno.ENETUNREACH, errno.EHOSTUNREACH):
+            return f"no route to {where} (no network?)"
+        if isinstance(e, ConnectionResetError):
+            return f"{where} reset the connection"
+    return None

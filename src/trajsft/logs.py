@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
 
 SECRET_VARS = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "WANDB_API_KEY", "RAY_AUTH_TOKEN", "RAY_TOKEN")
@@ -22,6 +23,25 @@ def redact(text: str) -> str:
 class RedactingFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         return redact(super().format(record))
+
+
+_TRACEBACK = "Traceback (most recent call last):"
+_RAISED = re.compile(r"^[A-Za-z_][\w.]*(?::\s.*)?$")  # ``ValueError: ...``, ``jax.errors.JaxRuntimeError: ...``
+
+
+def last_exception(text: str) -> str | None:
+    """The exception a log's last Python traceback ended with (``ValueError: ...``: its class and message line),
+    else None: the cause of a child process that died of it."""
+    at = text.rfind(_TRACEBACK)
+    if at < 0:
+        return None
+    found = None
+    for line in text[at:].splitlines()[1:]:
+        if line and not line[0].isspace():  # the frames are indented; the raise is not
+            if _RAISED.match(line.rstrip()):
+                found = line.rstrip()
+            break
+    return found
 
 
 def setup(log_path: str | None = None, level: str = "INFO") -> logging.Logger:
@@ -74,9 +94,27 @@ class _OneLineStops(logging.Filter):
         return True
 
 
+# Snakemake's report of a script rule that exited non-zero: the temporary script's command line, which says nothing
+# the rule has not said. 1: a one-line error or a traceback; 130/143: stopped by SIGINT/SIGTERM (said in one line)
+_SAID_BY_THE_RULE = re.compile(r"CalledProcessError in file .*\.smk\", line \d+:\s*Command '[^']*\.snakemake/scripts/"
+                               r"[^']*\.py' returned non-zero exit status (1|130|143)\.", re.S)
+
+
+class _SaidByTheRule(logging.Filter):
+    """Drops Snakemake's ``RuleException: CalledProcessError ... returned non-zero exit status 1`` for a rule script
+    (every trajsft rule is one) that ended on its own cause: the rule job said it on stderr (trajsft.rule_job), so the
+    terminal has the cause once and Snakemake's ``Error in rule`` block below says where the log is. An exit by a
+    signal (``-9``: out of memory?) is kept: no rule code said anything."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.levelno >= logging.ERROR and _SAID_BY_THE_RULE.search(str(record.msg)))
+
+
 def one_line_stops(logger: str = "snakemake.logging") -> None:
-    """Report every :class:`WorkflowStop` as its message alone on Snakemake's logger (idempotent: the workflow is
-    read more than once in one process)."""
+    """Report every :class:`WorkflowStop` as its message alone on Snakemake's logger, and leave out Snakemake's
+    restatement of a rule script's own failure (:class:`_SaidByTheRule`). Idempotent: the workflow is read more than
+    once in one process."""
     target = logging.getLogger(logger)
-    if not any(isinstance(f, _OneLineStops) for f in target.filters):
-        target.addFilter(_OneLineStops())
+    for kind in (_OneLineStops, _SaidByTheRule):
+        if not any(isinstance(f, kind) for f in target.filters):
+            target.addFilter(kind())

@@ -20,7 +20,7 @@ from typing import Any, Callable, Optional
 
 from . import io, storage
 from .data import transform
-from .errors import RULE_JOB_ERRORS, StorageFault
+from .errors import RULE_JOB_ERRORS, StorageFault, network_cause
 from .io import is_remote, write_json
 from .runtime import signals
 
@@ -110,6 +110,10 @@ def run_rule(snakemake, entry: Entry) -> None:
         fault = io.write_fault(e)
         if fault is not None:  # full, over quota, read-only, refused: one line, no trace (it would only say where)
             _exit_in_one_line(f"{label}: {io.fault_line(cfg['storage_root'], *fault)}")
+        why = network_cause(e)
+        if why is not None:  # a host that does not resolve, refuses, does not answer: the place, not our code
+            _to_log_file(f"{label} failed:\n{traceback.format_exc()}")  # the details, for trajsft logs
+            _exit_in_one_line(f"{label}: {type(e).__name__}: {why}")
         log.error("%s failed:\n%s", label, traceback.format_exc())
         raise
     art = job.artifact
@@ -136,7 +140,8 @@ def _stop_note(entry: Entry, job) -> Optional[str]:
 def _exit_in_one_line(msg: str, linked_rule_log: str | None = None) -> None:
     """A user error: its line to the rule's log file and, once, to stderr; exit 1. ``linked_rule_log``: a
     training's rule log, a link to the run's whole training log (the executor's process_log, trajsft.executor), which
-    Snakemake shows on a failure (show-failed-logs): for a storage fault it becomes the one line instead (the
+    Snakemake shows on a failure when asked (--show-failed-logs; trajsft's profiles do not): for a storage fault it
+    becomes the one line instead (the
     training's log, named in the line, keeps everything; the next attempt links the rule log again)."""
     _say_once(msg, linked_rule_log)
     sys.exit(1)
@@ -146,12 +151,17 @@ def _say_once(msg: str, linked_rule_log: str | None = None) -> None:
     """``msg`` to the rule's log file and, once and bare, to stderr; a linked rule log becomes the line."""
     from . import logs
 
-    record = log.makeRecord(log.name, logging.ERROR, __file__, 0, msg, None, None)
-    for h in logging.getLogger().handlers:  # the rule's log file; stderr gets the line once, below, bare
-        if isinstance(h, logging.FileHandler):
-            h.handle(record)
+    _to_log_file(msg)  # stderr gets the line once, below, bare
     with contextlib.suppress(OSError):
         print(logs.redact(msg), file=sys.stderr)
         if linked_rule_log and os.path.islink(linked_rule_log):
             os.unlink(linked_rule_log)
             Path(linked_rule_log).write_text(msg + "\n")
+
+
+def _to_log_file(msg: str) -> None:
+    """``msg`` as an ERROR record to the rule's log file only (not the terminal)."""
+    record = log.makeRecord(log.name, logging.ERROR, __file__, 0, msg, None, None)
+    for h in logging.getLogger().handlers:
+        if isinstance(h, logging.FileHandler):
+            h.handle(record)

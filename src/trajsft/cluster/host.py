@@ -32,6 +32,7 @@ from typing import Any, Optional
 
 from .. import io
 from ..errors import HostLost, JobEnvironmentError, TrainingFailed
+from ..logs import last_exception
 from ..train import checkpoints, launch, levanter_config, metrics, run as train_run, tracking
 from . import requirements, setup_failure
 
@@ -202,7 +203,13 @@ def peers_unreachable(log_text: str) -> Optional[str]:
 
 
 def _last_error(log_path: str) -> str:
-    lines = io.tail(log_path, 60)
+    """The exception the host's train_lm died of (its last traceback's), else the last line that looks like an
+    error, else the last line."""
+    lines = io.tail(log_path, 400)
+    raised = last_exception("\n".join(lines))
+    if raised:
+        return " ".join(raised.split())
+    lines = lines[-60:]
     for ln in reversed(lines):
         if any(k in ln for k in ("Error", "error:", "Exception", "Traceback", "FAILED")):
             return " ".join(ln.split())[:300]

@@ -56,7 +56,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
-import errno
 import hashlib
 import json
 import logging
@@ -72,7 +71,7 @@ from urllib.parse import quote
 import requests
 import tenacity
 
-from ..errors import ClusterError
+from ..errors import ClusterError, network_cause
 from .secrets import assert_not_leaked, collect_secrets, scrub, secret_bundle
 
 
@@ -240,21 +239,9 @@ def http_request(
             method, url, headers=dict(headers), timeout=(min(timeout, 5.0), timeout), **kw
         )
     except requests.exceptions.ConnectionError as e:
-        reason = "connection failed"
-        cause: BaseException | None = e
-        while cause is not None:
-            if isinstance(cause, ConnectionRefusedError) or getattr(cause, "errno", None) == errno.ECONNREFUSED:
-                reason = "connection refused (nothing listening; is the head up / port-forward running?)"
-                break
-            if isinstance(cause, TimeoutError) or "timed out" in str(cause).lower():
-                reason = "connection timed out"
-                break
-            nxt = cause.__cause__ or cause.__context__
-            if nxt is None and cause.args and isinstance(cause.args[-1], BaseException):
-                nxt = cause.args[-1]
-            cause = nxt if nxt is not cause else None
-        if "Name or service not known" in str(e) or "nodename nor servname" in str(e):
-            reason = "host name does not resolve"
+        reason = network_cause(e) or "connection failed"
+        if "refused the connection" in reason:
+            reason += "; is the head up / port-forward running?"
         raise ClusterUnreachable(f"Ray dashboard {address} unreachable: {reason}") from None
     except requests.exceptions.Timeout:
         raise ClusterUnreachable(f"Ray dashboard {address} unreachable: timed out after {timeout:g}s") from None

@@ -10,7 +10,7 @@ import shutil
 from pathlib import Path
 
 from .. import io
-from ..errors import DataError, one_line
+from ..errors import DataError, network_cause, one_line
 from ..io import is_remote
 from ..plan.step_configs import DownloadConfig
 
@@ -64,7 +64,12 @@ def hub_errors(what: str):
                  else " (set HF_TOKEN for gated/private repos)") if status in (401, 403) else "")
         raise DataError(f"{what}: Hugging Face Hub answered HTTP {status}{hint}") from None
     except OSError as e:  # offline, DNS, a download cut short (huggingface_hub's consistency check) ...
-        raise DataError(f"{what}: download from the Hugging Face Hub failed ({type(e).__name__}: {one_line(e, 200)})") from None
+        if type(e).__name__ == "OfflineModeIsEnabled":
+            raise DataError(f"{what}: not downloaded: HF_HUB_OFFLINE is set (unset it to download)") from None
+        why = network_cause(e)  # the root cause, named as `trajsft plan` names it
+        if why:
+            raise DataError(f"{what}: cannot reach the Hugging Face Hub: {why}") from None
+        raise DataError(f"{what}: download from the Hugging Face Hub failed ({type(e).__name__}: {one_line(e, 400)})") from None
 
 
 def _hf_snapshot(dataset: str, revision: str, dest: Path) -> str:

@@ -90,6 +90,7 @@ def gather(tc: TrainConfig, query_ray: bool = True) -> Facts:
     """Everything status needs to know about ``tc.target``, reading only what its state needs: nothing
     about training for a finished run, the resume checkpoint only for a resumable state."""
     from .. import storage
+    from ..train import tracking
     from ..train.target import run_wandb_url, wandb_url
 
     target, cfg, run, run_dir = tc.target, tc.workflow, tc.run, tc.run.location
@@ -113,6 +114,8 @@ def gather(tc: TrainConfig, query_ray: bool = True) -> Facts:
             readable = False
             facts = replace(facts, storage_error=f"storage root {cfg['storage_root']} refused the request: "
                                                  f"{' '.join(str(e).split())[:200]}")
+    if readable and cfg["wandb"]["mode"] == "offline":  # where its W&B runs wait to be synced
+        facts = replace(facts, wandb_offline=tracking.offline_runs(run_dir))
     if finish_record(facts) is not None:
         return facts
     if readable and cfg["wandb"]["mode"] == "online":  # the run's page as W&B named it, once it started

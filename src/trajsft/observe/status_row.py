@@ -62,6 +62,7 @@ class Facts:
     checkpoint_dir: str  # the run directory (local or bucket)
     log: str  # the durable training log
     wandb_url: str | None = None  # as W&B named the run once it started (train.tracking), else from the config
+    wandb_offline: str | None = None  # the glob of its offline W&B runs (wandb.mode: offline; tracking.offline_runs)
     done: dict | None = None  # checkpoints/<target>/done, of whatever hash
     kept: dict | None = None  # results/checkpoints/<run>/manifest.json (survives Snakemake deleting done)
     manifests: tuple = ()  # every results/checkpoints/<target>-*/manifest.json, parsed (any JSON)
@@ -234,6 +235,7 @@ def row(f: Facts) -> dict:
         "ray_job_id": None, "attempt": None, "step": None, "steps_total": None, "loss": None, "eval_loss": None,
         "wandb_url": f.wandb_url, "checkpoint_dir": f.checkpoint_dir, "hf_export": None,
         "log": f.log, "cause": None, "next": None, "preemptions": 0, "failures": 0, "detail": None,
+        "wandb_offline": f.wandb_offline,
     }
     sl = slice_summary(f.attempts)
     r.update(preemptions=sl["preemptions"], failures=sl["failures"], detail=sl["detail"])
@@ -287,6 +289,9 @@ def render(rows: list[dict]) -> str:
         if r.get("wandb_url"):
             extra.append(f"W&B {r['wandb_url']}")
         lines.append("; ".join(extra))
+        if r.get("wandb_offline"):
+            lines.append(f"  {r['target']}: W&B offline: `wandb sync {r['wandb_offline']}` uploads its runs (with "
+                         "WANDB_API_KEY; wandb.mode: online logs the next ones live)")
         if r.get("detail"):
             lines.append(f"  {r['target']}: {r['detail']}")
         if r.get("fit"):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import glob
 import os
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -74,6 +75,8 @@ def load(train_cfg: dict, source: dict, max_seqs: Optional[int] = None, page_siz
     platforms = jax_platforms()
     if platforms:
         os.environ["JAX_PLATFORMS"] = platforms
+        if "jax" in sys.modules:  # read at jax's import (``datasets`` imports it): set it too, before any backend
+            sys.modules["jax"].config.update("jax_platforms", platforms)
     import haliax as hax
 
     from levanter.inference.engine import InferenceEngine, InferenceEngineConfig

@@ -25,6 +25,7 @@ from typing import Mapping, Optional
 from ..data.cache import split_finished
 from ..errors import JobEnvironmentError, SingleProcessOnPod, TrainingFailed
 from ..io import is_remote, write_json
+from ..logs import last_exception
 from .checkpoints import CUT_OFF, hf_export_complete, latest_checkpoint, set_aside_cut_checkpoints
 from .hf_export import chat_template_of, write_chat_template, export_hf
 from .launch import TRAIN_CHILD, exit_reason, run_subprocess, levanter_env
@@ -174,15 +175,26 @@ def collect_result(run: PreparedRun, log_path: str, ckpt: dict, *, launched: boo
 
 
 
-def launch_cause(log_path: str) -> Optional[str]:
-    """The W&B line (:mod:`trajsft.train.tracking`) the last launch in ``log_path`` ended with, if any."""
+def _last_launch(log_path: str) -> str:
+    """What the last launch in the training log ``log_path`` wrote ("" if it cannot be read)."""
     try:
         with open(log_path, errors="replace") as f:
-            text = f.read()
+            return f.read().rsplit(LAUNCH_MARK, 1)[-1]
     except OSError:
-        return None
-    line = tracking.line_of(text.rsplit(LAUNCH_MARK, 1)[-1])
+        return ""
+
+
+def launch_cause(log_path: str) -> Optional[str]:
+    """The W&B line (:mod:`trajsft.train.tracking`) the last launch in ``log_path`` ended with, if any."""
+    line = tracking.line_of(_last_launch(log_path))
     return f"W&B: {line}" if line else None
+
+
+def child_cause(log_path: str) -> str:
+    """`` (<the exception>)`` the last launch in ``log_path`` died of (:func:`trajsft.logs.last_exception`), else
+    ``""``: the cause in the training's one line, as the log is not echoed on the terminal."""
+    raised = last_exception(_last_launch(log_path))
+    return f" ({raised})" if raised else ""
 
 
 def refuse_single_process_on_pod(env: Optional[Mapping[str, str]] = None, get=None) -> None:
@@ -277,7 +289,7 @@ def run_training(
             if ckpt is None or ckpt["completed_steps"] < N:
                 got = ckpt["completed_steps"] if ckpt else 0
                 why = (
-                    exit_reason(rc)
+                    exit_reason(rc) + child_cause(log_path)
                     if rc != 0
                     else "train_lm exited 0 before num_train_steps (data exhausted? check epochs / num_train_steps)"
                 )

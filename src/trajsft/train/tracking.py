@@ -136,6 +136,18 @@ def read_record(run_dir: str) -> Optional[dict]:
     return rec if isinstance(rec, dict) and rec.get("url") else None
 
 
+def offline_runs(run_dir: str) -> Optional[str]:
+    """The offline W&B runs of a local run dir (``wandb.mode: offline``: the SDK writes ``offline-run-*`` under
+    WANDB_DIR, the run dir) as the glob ``wandb sync`` uploads them with, or None (none, or a bucket: an offline run is
+    written on the host that trained)."""
+    import glob
+
+    if "://" in run_dir:
+        return None
+    pattern = os.path.join(run_dir, "wandb", "offline-run-*")
+    return pattern if glob.glob(pattern) else None
+
+
 def key_shape_problem(key: str) -> Optional[str]:
     """What the W&B SDK itself says of ``key`` before sending it (e.g. fewer than 40 characters), or None."""
     try:
