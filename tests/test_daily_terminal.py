@@ -303,3 +303,43 @@ def test_snakemake_does_not_restate_a_rule_scripts_own_failure(capsys):
         lg.removeHandler(h)
     assert [r.getMessage()[-4:] for r in seen] == [" -9.", "s 2."]
     assert capsys.readouterr().err == ""
+
+
+# ---- progress on the data steps ---------------------------------------------------------------------------------------
+
+def test_a_data_step_says_its_count_at_a_bounded_rate_and_nothing_when_short():
+    from trajsft.terminal import Counted
+
+    now = [100.0]
+    lines: list[str] = []
+    c = Counted("trajsft shard raw-x", 1000, every=10, out=lines.append, clock=lambda: now[0])
+    for _ in range(3):  # 300 rows in 9 s: shorter than the first line's wait, nothing said
+        now[0] += 3
+        c.add(100)
+    assert lines == []
+    now[0] += 1  # 10 s in
+    c.add(100)
+    assert lines == ["trajsft shard raw-x: 400/1,000 rows · 40 rows/s · ETA 0:15"]
+    now[0] += 5
+    c.add(100)  # 5 s later: not yet
+    now[0] += 5
+    c.add(500)
+    assert lines[1:] == ["trajsft shard raw-x: 1,000/1,000 rows · 50 rows/s"]  # done: no ETA
+    n = Counted("trajsft tokenize x", None, "chats", every=0, out=lines.append, clock=lambda: now[0] + 2)
+    assert list(n.counting("ab")) == ["a", "b"] and lines[-1] == "trajsft tokenize x: 2 chats"  # no total, no rate
+
+
+def test_the_shard_step_shows_its_rows_on_stderr(tmp_path, monkeypatch, capfd):
+    from trajsft.data import download, shard
+    from trajsft.plan import config as C, step_configs
+
+    monkeypatch.setenv("TRAJSFT_PROGRESS_SECONDS", "0")  # every row: the demo's 60 take well under 10 s
+    plan = C.Plan(C.load(None, {"storage_root": str(tmp_path / "store")}), base_dir=C.REPO_DIR,
+                  state_dir=str(tmp_path / "state"))
+    names = {a.kind: a.name for a in plan.chain("demo")}
+    download.download(step_configs.download(plan, names["raw"]))
+    capfd.readouterr()
+    shard.shard(step_configs.shard(plan, names["shards"]))
+    lines = [x for x in capfd.readouterr().err.splitlines() if x.startswith(f"trajsft shard {names['shards']}: ")]
+    assert len(lines) == 60 and lines[-1].startswith(f"trajsft shard {names['shards']}: 60/60 rows · ")
+    assert re.search(r": 30/60 rows · [\d.k]+ rows/s · ETA \d+:\d\d$", lines[29]), lines[29]

@@ -147,6 +147,42 @@ def test_strict_fails_on_an_already_built_shard_set(tmp_path):
         shard.shard(step_configs.shard(plan, plan.chain("demo")[1].name))
 
 
+def test_a_strict_and_a_lenient_entry_of_one_dataset_share_it_and_the_strict_ones_training_checks_it(tmp_path):
+    """Issue 67: two teacher entries read one dataset, one strict: no refusal of the whole workflow (a ConfigError
+    before); the shard set is built once, leniently (bad rows skipped, counted, listed), and the strict entry's
+    training refuses in one line when it skipped rows, the lenient one's goes on. In either order of the entries."""
+    from trajsft.errors import DataError
+    from trajsft.io import write_json
+    from trajsft.train.target import check_strict
+
+    where = H.write_rows_dataset(tmp_path / "ds")
+    entry = {"dataset": str(tmp_path / "ds"), "revision": "local", "rows": len(where), "student": "tiny"}
+    for order in (("lenient", "strict"), ("strict", "lenient")):
+        teachers = {t: {**entry, "transform": {"strict": t == "strict"}} for t in order}
+        plan = C.Plan(C.load(None, {"storage_root": str(tmp_path / "store"), "teachers": teachers}),
+                      base_dir=C.REPO_DIR, state_dir=str(tmp_path / "state"))
+        lenient, strict = ({a.kind: a for a in plan.chain(t)} for t in ("lenient", "strict"))
+        assert lenient["shards"] is strict["shards"] and not lenient["shards"].spec["transform"]["strict"]
+        assert plan.strict_shards("strict") == {"strict": strict["shards"]} and plan.strict_shards("lenient") == {}
+    names = {a.kind: a.name for a in plan.chain("strict")}
+    download.download(step_configs.download(plan, names["raw"]))
+    made = shard.shard(step_configs.shard(plan, names["shards"]))  # lenient: built, bad rows counted
+    assert made["skipped_total"] > 20
+    write_json(strict["shards"].manifest, made)
+    check_strict(step_configs.train(plan, "lenient"))  # the lenient entry trains
+    with pytest.raises(DataError) as e:
+        check_strict(step_configs.train(plan, "strict"))
+    listed = Path(strict["shards"].manifest).parent / "skipped.jsonl"
+    assert str(e.value) == (
+        f"teacher strict is strict, but its data shards/{names['shards']} (shared with a lenient entry of the same "
+        f"dataset, so built once, leniently) skipped {made['skipped_total']} row(s) ("
+        + ", ".join(f"{k}: {v}" for k, v in sorted(made["skipped"].items()))
+        + f"; each one is listed in {listed}): fix the dataset, or set teachers.strict.transform.strict: false")
+    assert len(listed.read_text().splitlines()) == made["skipped_total"]
+    write_json(strict["shards"].manifest, {**made, "skipped_total": 0, "skipped": {}})
+    check_strict(step_configs.train(plan, "strict"))  # clean shared data: the strict entry trains too
+
+
 @pytest.mark.parametrize("kind", sorted(H.FILE_KINDS))
 def test_file_kind_outcome(kind, tmp_path):
     build, (what, expected) = H.FILE_KINDS[kind]

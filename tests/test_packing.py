@@ -188,10 +188,18 @@ def test_the_worker_pool_writes_exactly_the_serial_cache(tmp_path, monkeypatch):
     import psutil
 
     before = {c.pid for c in psutil.Process().children()}  # servers of session fixtures, in any test order
+    from trajsft.terminal import Counted
+
+    total = sum(len(c) for shards in (train, val) for c in shards)
+    said: dict[str, list[str]] = {"serial": [], "pooled": []}  # the terminal's lines (each batch: every=0)
     serial = data_cache.build_chat_cache(urls["train"], urls["validation"], str(tmp_path / "serial"), DEMO_TOKENIZER,
-                                 load_template(), seq_len=128, workers=0)
+                                 load_template(), seq_len=128, workers=0,
+                                 progress=Counted("serial", total, "chats", every=0, out=said["serial"].append))
     pooled = data_cache.build_chat_cache(urls["train"], urls["validation"], str(tmp_path / "pooled"), DEMO_TOKENIZER,
-                                 load_template(), seq_len=128, workers=2)
+                                 load_template(), seq_len=128, workers=2,
+                                 progress=Counted("pooled", total, "chats", every=0, out=said["pooled"].append))
+    for how, lines in said.items():  # every chat counted once, as written
+        assert lines and lines[-1].startswith(f"{how}: {total:,}/{total:,} chats · "), lines
     proc = ChatProcessor(load_tokenizer(DEMO_TOKENIZER), chat_template=load_template())
     for split, shards in (("train", train), ("validation", val)):
         chats = [c for s in shards for c in s]

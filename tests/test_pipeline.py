@@ -62,7 +62,7 @@ def test_a_local_run_asks_no_metadata_server(demo):
 
 def test_the_training_shows_its_progress_on_the_terminal_not_in_its_log(demo):
     """Step/total, loss, tokens/s and an ETA at a bounded rate on the rule job's stderr (Snakemake's terminal), for
-    several steps; the training's log (the rule's log, which Snakemake shows on a failure) holds none of it."""
+    several steps; the training's log (the rule's log: `trajsft logs demo`) holds none of it."""
     wd, t = demo
     _, err = _TERMINAL[wd]
     lines = [x for x in err.splitlines() if x.startswith("trajsft train demo: step ")]
@@ -530,8 +530,7 @@ def test_watch_scores_each_export_of_a_running_training_and_the_report_grows_a_r
 
 def test_ctrl_c_of_a_local_training_saves_its_step_and_the_rerun_resumes_from_it(demo, tmp_path):
     """Ctrl-C (SIGINT to Snakemake's process group) mid-training (issue 67): the trainer finishes its step and saves
-    it, the terminal gets one line from trajsft (said once; the rule's log Snakemake shows is that line, not the
-    training's log), status says "stopped" and where the rerun resumes, and the rerun resumes from that step > 0.
+    it, the terminal gets one line from trajsft (said once; no training log dumped), status says "stopped" and where the rerun resumes, and the rerun resumes from that step > 0.
     Another seed names another run (its data copied from the demo's root)."""
     import signal
 
@@ -553,7 +552,7 @@ def test_ctrl_c_of_a_local_training_saves_its_step_and_the_rerun_resumes_from_it
             kill_group(p)
     out = log.read_text()
     said = [x for x in out.splitlines() if "trajsft train demo: stopped (got SIGINT)" in x]
-    assert len(said) == 2 and said[0] == said[1], out[-3000:]  # on stderr, then as the rule's log Snakemake shows
+    assert len(said) == 1, out[-3000:]  # once, on stderr (trajsft's profiles do not dump a failed job's log)
     m = re.fullmatch(r"trajsft train demo: stopped \(got SIGINT\); its checkpoint of step (\d+)/27 is kept: rerun "
                      r"the same command to resume from it", said[0])
     assert m and int(m.group(1)) >= 4, said[0]

@@ -20,6 +20,7 @@ from typing import Any, Iterable, Mapping, Optional, Sequence
 
 from ..errors import DataError
 from ..io import filesystem, is_remote, read_json, write_json
+from ..terminal import Counted
 from .packing import MAX_SEGMENTS
 
 
@@ -136,6 +137,7 @@ def build_chat_cache(
     seq_len: Optional[int] = None,
     workers: Optional[int] = None,
     tools: Optional[list[dict]] = None,
+    progress: Optional[Counted] = None,
 ) -> dict:
     """Build Levanter chat caches ``<cache_dir>/train`` (and ``/validation``) from chat shards.
 
@@ -153,7 +155,8 @@ def build_chat_cache(
     (``trajsft.data.chat_cache``): the rows and ledger metadata Levanter's own Ray cache builder
     (``build_lm_dataset_cache``) writes, 3.4x faster than it on the demo (docs/performance.md).
     ``workers`` forked processes run the processor (default: one per core once the shards reach
-    ``chat_cache.POOL_MIN_BYTES``, else none; ``0``: none); the rows are the same.
+    ``chat_cache.POOL_MIN_BYTES``, else none; ``0``: none); the rows are the same. ``progress`` counts the chats
+    written (a line on the terminal at a bounded rate).
 
     Kill safety: for local paths the cache is built in a hidden sibling directory
     ``.<name>.building-<pid>-<rand>`` and renamed to ``cache_dir`` only when every split is finished
@@ -205,7 +208,7 @@ def build_chat_cache(
         # the pool (large inputs only) is forked before any cache writer exists
         with chat_cache.tokenize_pool(processor, workers) as pool:
             for split, urls in splits.items():
-                chat_cache.write_split(os.path.join(build_dir, split), urls, processor, pool=pool)
+                chat_cache.write_split(os.path.join(build_dir, split), urls, processor, pool=pool, progress=progress)
         if not _cache_complete(build_dir, splits):
             raise RuntimeError(f"cache build in {build_dir} did not finish")
         stats = finish_stats(chat_cache_stats(build_dir, seq_len=seq_len))

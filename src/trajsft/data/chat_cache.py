@@ -115,11 +115,13 @@ def metadata(processor):
     return CacheMetadata(preprocessor_metadata=processor.metadata)
 
 
-def write_split(split_dir: str, urls: Sequence[str], processor, batch_size: int = BATCH, pool=None) -> int:
+def write_split(split_dir: str, urls: Sequence[str], processor, batch_size: int = BATCH, pool=None,
+                progress=None) -> int:
     """Tokenize the chats of ``urls`` in order into a finished cache split at ``split_dir``; returns rows.
 
     With ``pool`` (a :func:`tokenize_pool` made for this ``processor``) the chats are tokenized by
-    its workers and written here in shard order; the rows are the same."""
+    its workers and written here in shard order; the rows are the same. ``progress``
+    (:class:`trajsft.terminal.Counted`) counts each batch written."""
     from levanter.store.cache import SerialCacheWriter
 
     if pool is not None:  # the workers tokenize (one process per core: no tokenizer threads here)
@@ -132,6 +134,8 @@ def write_split(split_dir: str, urls: Sequence[str], processor, batch_size: int 
         for out in outputs:
             writer.write_batch(out)
             rows += len(out)
+            if progress is not None:
+                progress.add(len(out))
     return rows
 
 

@@ -12,6 +12,7 @@ from ..errors import DataError, one_line
 from ..io import is_remote, write_text
 from ..plan import tools
 from ..plan.step_configs import ShardConfig
+from ..terminal import Counted
 from . import transform
 from .download import split_of
 
@@ -75,8 +76,8 @@ def shard(cfg: ShardConfig) -> dict:
         if isinstance(rec.get("resolved"), bool):
             resolved.append(rec["resolved"])
 
-    res = transform.transform_rows(_iter_rows(cfg.raw_location), cfg.teacher, cfg.transform, sink=sink,
-                                   tools=cfg.tools)
+    rows = Counted(f"trajsft shard {cfg.name}", cfg.rows).counting(_iter_rows(cfg.raw_location))
+    res = transform.transform_rows(rows, cfg.teacher, cfg.transform, sink=sink, tools=cfg.tools)
     listing = "".join(json.dumps(r, ensure_ascii=True, sort_keys=True) + "\n" for r in res.skipped_rows)
     write_text(cfg.skipped_list, listing)
     if str(cfg.skipped_list) != io.join(cfg.location, "skipped.jsonl"):  # in the payload too

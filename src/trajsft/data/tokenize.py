@@ -10,6 +10,7 @@ from ..io import is_remote, join
 from ..plan.config import Artifact
 from ..plan import tools
 from ..plan.step_configs import TokenizeConfig
+from ..terminal import Counted
 from . import cache as data_cache, template
 
 log = logging.getLogger("trajsft")
@@ -71,7 +72,8 @@ def tokenize(cfg: TokenizeConfig) -> dict:
 
     stats = data_cache.build_chat_cache(urls["train"], urls.get("validation", []), join(loc, "cache"),
                                         tokenizer=cfg.tokenizer, chat_template=template.load_template(),
-                                        seq_len=seq_len, tools=cfg.tools)
+                                        seq_len=seq_len, tools=cfg.tools,
+                                        progress=Counted(f"trajsft tokenize {cfg.name}", cfg.chats, "chats"))
     window, dropped, orders, bins, report = {"seq_len": seq_len, "long_chats": policy}, [], {}, {}, {}
     for split in ("train", "validation"):
         if not stats.get(split):

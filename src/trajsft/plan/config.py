@@ -401,11 +401,25 @@ class Plan:
         # TransformSpec: `strict` is cosmetic, `long_chats` is hashed at tokenize time
         inputs = {"format": KINDS["shards"].format, "raw": raw.hash, **self.specs.teachers[teacher].identity("shards")}
         h = hashing.short(inputs)
+        name = f"{self.data_label(teacher)}-{h}"
+        have = self.artifacts.get(("shards", name))
+        if have is not None and bool(have.spec["transform"].get("strict")) != bool(transform.get("strict")):
+            # read by a strict and a lenient entry: built once, leniently (bad rows skipped, counted and listed);
+            # a strict entry's training checks that it skipped none (strict_shards)
+            have.spec["transform"] = {**have.spec["transform"], "strict": False}
+            return have
         return self._add(
-            "shards", f"{self.data_label(teacher)}-{h}", h, inputs, deps=[(raw.kind, raw.name)],
+            "shards", name, h, inputs, deps=[(raw.kind, raw.name)],
             spec={"teacher": teacher, "transform": transform, "raw": raw.name, "expected_rows": self.cfg["teachers"][teacher]["rows"],
                   "tools": tools.load(self.specs.teachers[teacher].tools)},
         )
+
+    def strict_shards(self, target: str) -> dict[str, Artifact]:
+        """Teacher -> its shard set, for each of ``target``'s teachers that is strict while its shard set is built
+        leniently (shared with a lenient entry of the same dataset): its training must find no skipped row."""
+        teachers = self.specs.targets[target].teachers
+        return {t: a for t in teachers if self.teacher_transform(t).get("strict")
+                and not (a := self.shards(t)).spec["transform"].get("strict")}
 
     def _tokenized(self, teacher: str, student: S.StudentSpec, training: S.TrainingSpec) -> Artifact:
         shards = self.shards(teacher)
@@ -454,8 +468,8 @@ class Plan:
 
     def _add(self, kind, name, h, inputs, deps=(), spec=None) -> Artifact:
         """The artifact ``kind``/``name``, made once: a later teacher entry that names the same one (the same
-        dataset and settings: shared data) must agree on its checked settings (``rows``, ``strict``), else one
-        line."""
+        dataset and settings: shared data) must agree on its checked settings (``rows``), else one line (a shard
+        set's ``strict`` is settled by :meth:`shards`)."""
         key = (kind, name)
         if key in self.artifacts and spec is not None:
             have = self.artifacts[key]

@@ -51,6 +51,7 @@ class ShardConfig:
     location: str
     skipped_list: Path  # every skipped row, one JSON object per line, next to the manifest
     tools: Optional[list] = None  # the teacher's tools (OpenAI function tools): every call is checked against them
+    rows: Optional[int] = None  # the raw snapshot's rows (its download checked them): the progress's total
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,7 @@ class TokenizeConfig:
     shard_files: Mapping[str, list[str]]  # split -> the shard files (relative to shards_location), in order
     location: str
     tools: Optional[list] = None  # the teacher's tools: every chat renders with their block (None: none)
+    chats: Optional[int] = None  # the shard set's kept chats (its manifest): the progress's total
 
 
 def download(plan: Plan, name: str) -> DownloadConfig:
@@ -80,9 +82,11 @@ def download(plan: Plan, name: str) -> DownloadConfig:
 def shard(plan: Plan, name: str) -> ShardConfig:
     art = plan.get("shards", name)
     spec = art.spec
+    raw = plan.get("raw", spec["raw"])
     return ShardConfig(name=art.name, teacher=spec["teacher"], transform=spec["transform"],
-                       raw_location=plan.get("raw", spec["raw"]).location, location=art.location,
-                       skipped_list=Path(art.manifest).parent / "skipped.jsonl", tools=spec.get("tools"))
+                       raw_location=raw.location, location=art.location,
+                       skipped_list=Path(art.manifest).parent / "skipped.jsonl", tools=spec.get("tools"),
+                       rows=int(raw.spec["rows"]))
 
 
 def tokenize(plan: Plan, name: str) -> TokenizeConfig:
@@ -90,10 +94,11 @@ def tokenize(plan: Plan, name: str) -> TokenizeConfig:
     art = plan.get("tokenized", name)
     spec = art.spec
     shards = plan.get("shards", spec["shards"])
+    made = shards.read_manifest()
     return TokenizeConfig(name=art.name, teacher=spec["teacher"], tokenizer=spec["tokenizer"],
                           seq_len=int(spec["seq_len"]), long_chats=spec["long_chats"], shards_location=shards.location,
-                          shard_files=dict(shards.read_manifest()["files"]), location=art.location,
-                          tools=spec.get("tools"))
+                          shard_files=dict(made["files"]), location=art.location, tools=spec.get("tools"),
+                          chats=made.get("kept_total"))
 
 
 @dataclass(frozen=True)
@@ -120,6 +125,9 @@ class TrainConfig:
     workflow: Mapping[str, Any]  # the validated workflow config: executor, checkpointing, wandb, ray, storage root
     base_dir: Path  # what the config's relative paths are relative to
     results: str  # the local results directory (the plan's state dir): fit summaries go under it
+    # teacher -> its shard set, where the teacher is strict and the set, shared with a lenient entry, was built
+    # leniently: the training starts only if it skipped no row (Plan.strict_shards)
+    strict_shards: Mapping[str, Artifact] = field(default_factory=dict)
 
     @property
     def state_dir(self) -> str:
@@ -166,7 +174,8 @@ def train(plan: Plan, name: str) -> TrainConfig:
     return TrainConfig(target=name, spec=plan.specs.targets[name], run=run,
                        tokenized={t: plan.get("tokenized", tok) for t, tok in run.spec["tokenized"].items()},
                        model=plan.get("models", model) if model else None, workflow=plan.cfg,
-                       base_dir=plan.base_dir, results=plan.state_dir or STATE_DIR)
+                       base_dir=plan.base_dir, results=plan.state_dir or STATE_DIR,
+                       strict_shards=plan.strict_shards(name))
 
 
 def export(plan: Plan, name: str) -> ExportConfig:

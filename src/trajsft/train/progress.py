@@ -6,26 +6,12 @@ from __future__ import annotations
 
 import contextlib
 import os
-import sys
 import threading
 import time
 from typing import Callable, Iterator, Optional
 
+from ..terminal import duration as _duration, every_s, rate as _rate, say
 from .metrics import json_logger_record
-
-
-def every_s() -> float:
-    """At most one line per this many seconds (``TRAJSFT_PROGRESS_SECONDS``, default 10)."""
-    return float(os.environ.get("TRAJSFT_PROGRESS_SECONDS") or 10)
-
-
-def _duration(seconds: float) -> str:
-    s = int(round(seconds))
-    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
-
-
-def _rate(x: float) -> str:
-    return f"{x / 1000:.1f}k" if x >= 1000 else f"{x:.0f}"
 
 
 class Progress:
@@ -36,7 +22,7 @@ class Progress:
                  out: Optional[Callable[[str], None]] = None, clock: Callable[[], float] = time.monotonic):
         self.label, self.log_path, self.total, self.clock = label, log_path, int(total_steps), clock
         self.every_s = every_s() if every is None else every
-        self.out = out or (lambda line: print(line, file=sys.stderr, flush=True))
+        self.out = out or say
         self.offset = os.path.getsize(log_path) if os.path.exists(log_path) else 0
         self.partial = ""
         self.step: Optional[int] = None

@@ -186,10 +186,25 @@ def train_here(cfg: TrainConfig, lev: dict, attempt: int) -> dict:
     return run_training(lev, cfg.run.location, cfg.log, env=env, progress=f"trajsft train {cfg.target}")
 
 
+def check_strict(cfg: TrainConfig) -> None:
+    """A strict teacher whose shard set was built leniently (shared with a lenient entry of its dataset) trains only
+    if that set skipped no row: else one line (DataError) naming the teacher, the count, the reasons and the list."""
+    for teacher, shards in cfg.strict_shards.items():
+        made = shards.read_manifest()
+        n = int(made.get("skipped_total") or 0)
+        if n:
+            why = ", ".join(f"{k}: {v}" for k, v in sorted((made.get("skipped") or {}).items()))
+            listed = Path(shards.manifest).parent / str(made.get("skipped_list") or "skipped.jsonl")
+            raise DataError(f"teacher {teacher} is strict, but its data shards/{shards.name} (shared with a lenient "
+                            f"entry of the same dataset, so built once, leniently) skipped {n} row(s) ({why}; each one "
+                            f"is listed in {listed}): fix the dataset, or set teachers.{teacher}.transform.strict: false")
+
+
 def train(cfg: TrainConfig, done_path: str | None = None, *, executor: Trains | None = None) -> dict:
     """Train ``cfg.target`` once more (a new attempt of its run) on ``executor`` (the config's:
     :func:`trajsft.executor.executor_for`; None: :func:`train_here`): locally in a child process, or as a Ray job
-    followed from here."""
+    followed from here. A strict teacher's shared data is checked first (:func:`check_strict`)."""
+    check_strict(cfg)
     run, target, run_dir = cfg.run, cfg.target, cfg.run.location
     os.makedirs(cfg.state_dir, exist_ok=True)
     lev = train_lm_config_for(cfg)
