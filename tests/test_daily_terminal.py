@@ -146,6 +146,23 @@ def test_a_misuse_is_one_line_and_exit_2(args, line):
     assert (p.returncode, p.stderr, p.stdout) == (2, line + "\n", ""), p.stderr
 
 
+def test_where_snakemake_parses_a_config_file_itself_trajsft_plan_says_where_it_breaks(tmp_path):
+    """Snakemake reads --configfile itself and says only "not valid JSON or YAML" (left as it is); the command the
+    docs name for more, `trajsft plan <target> --configfile <file>`, says the file, line and column."""
+    from pipeline_utils import SNAKEMAKE
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("training: {learning_rate: [1\n")
+    sm = subprocess.run([SNAKEMAKE, "-s", str(REPO / "Snakefile"), "-d", str(tmp_path), "-n", "--configfile", str(bad)],
+                        cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert sm.returncode == 1 and "Config file is not valid JSON or YAML" in sm.stdout + sm.stderr, sm.stderr
+    p = trajsft("plan", "demo", "--configfile", "bad.yaml", cwd=tmp_path)
+    assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr
+    assert p.stderr.startswith("trajsft: bad.yaml: not valid YAML: while parsing a flow sequence in \"bad.yaml\", "
+                               "line 1, column 27"), p.stderr
+    assert "trajsft plan <target> --configfile" in (REPO / "docs/observing-runs.md").read_text()
+
+
 @pytest.mark.integration
 def test_fit_says_what_it_compiles_and_ctrl_c_stops_it_in_one_line(tmp_path):
     """`trajsft fit` names the policy it compiles on the terminal; Ctrl-C then is one line (52 before: tracebacks),

@@ -282,6 +282,41 @@ def test_status_and_logs_of_a_local_run(demo):
     assert tail == (wd / "logs/train/demo.log").read_text().splitlines()[-5:]
 
 
+def test_the_offline_wandb_runs_status_names_are_uploaded_by_its_command(demo, tmp_path):
+    """The demo logs to W&B offline (its config): status names its runs and the command that uploads them (issue 67);
+    that command, run as status prints it against a W&B stand-in on loopback, delivers every training step."""
+    import glob
+    import threading
+
+    from wandb_stub import make_server
+
+    wd, _ = demo
+    [row] = json.loads(cli(wd, "status", "demo", "--json", "--offline").stdout)
+    pattern = row["wandb_offline"]
+    assert pattern and pattern.endswith("/wandb/offline-run-*"), row
+    said = cli(wd, "status", "demo", "--offline").stdout
+    [line] = [x for x in said.splitlines() if "W&B offline" in x]
+    cmd = re.search(r"`(wandb sync [^`]+)`", line).group(1)
+    copy = tmp_path / "wandb"  # wandb sync marks what it synced: a copy, the demo's run dir stays as it was
+    for d in glob.glob(str(wd / pattern)):
+        shutil.copytree(d, copy / Path(d).name, symlinks=True)
+    srv = make_server(0)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        runs = sorted(glob.glob(str(copy / Path(pattern).name)))
+        assert runs and cmd == f"wandb sync {pattern}"
+        p = subprocess.run([str(Path(sys.executable).parent / "wandb"), "sync", *runs], cwd=tmp_path, text=True,
+                           capture_output=True, timeout=300,
+                           env=env(WANDB_BASE_URL=f"http://127.0.0.1:{srv.server_port}", WANDB_API_KEY="a" * 40,
+                                   WANDB_MODE=None))
+        assert p.returncode == 0, p.stdout + p.stderr
+    finally:
+        srv.shutdown()
+    done = json.loads((wd / "checkpoints/demo/done").read_text())
+    synced = srv.state["runs"][done["hash"]]
+    assert sum(1 for h in synced["history"] if "train/loss" in h) == done["steps"], synced["history"][:2]
+
+
 def test_status_example_is_a_real_demo_run(demo):
     """docs/status-example.txt (scripts/render_docs.sh, shown in the README) is what `trajsft status`
     prints after this demo run, paths relative to the run's directory; only the loss digits may differ
