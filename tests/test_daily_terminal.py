@@ -360,3 +360,22 @@ def test_the_shard_step_shows_its_rows_on_stderr(tmp_path, monkeypatch, capfd):
     lines = [x for x in capfd.readouterr().err.splitlines() if x.startswith(f"trajsft shard {names['shards']}: ")]
     assert len(lines) == 60 and lines[-1].startswith(f"trajsft shard {names['shards']}: 60/60 rows · ")
     assert re.search(r": 30/60 rows · [\d.k]+ rows/s · ETA \d+:\d\d$", lines[29]), lines[29]
+
+
+def test_evaluation_and_serving_run_jax_on_the_cpu_where_no_accelerator_is(monkeypatch):
+    """libtpu (installed for the fit check) would look for a TPU and print its lockfile / worker-hostname errors:
+    where no accelerator device is, JAX is told cpu, also when jax was imported first (test_pipeline: serve)."""
+    import jax
+
+    from trajsft.train import eval as ev
+
+    monkeypatch.delenv("JAX_PLATFORMS", raising=False)
+    monkeypatch.setattr(ev.glob, "glob", lambda pattern: [])
+    ev.use_this_machines_platform()
+    assert os.environ["JAX_PLATFORMS"] == "cpu" and jax.config.jax_platforms == "cpu"
+    monkeypatch.delenv("JAX_PLATFORMS")
+    monkeypatch.setattr(ev.glob, "glob", lambda pattern: ["/dev/accel0"] if "accel" in pattern else [])
+    ev.use_this_machines_platform()  # a TPU VM: JAX picks
+    assert "JAX_PLATFORMS" not in os.environ
+    monkeypatch.setenv("JAX_PLATFORMS", "tpu")
+    assert ev.jax_platforms() == "tpu"  # the caller's own choice wins

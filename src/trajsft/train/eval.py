@@ -12,8 +12,10 @@ every held-out split. Imported lazily: it pulls in jax/levanter.
 from __future__ import annotations
 
 import copy
+import glob
 import logging
 import os
+import sys
 import tempfile
 from typing import Mapping, Optional
 
@@ -55,6 +57,28 @@ def eval_config(train_cfg: Mapping, columns: Mapping[str, str], tokenizer: str,
     return cfg
 
 
+def jax_platforms() -> Optional[str]:
+    """``JAX_PLATFORMS`` for evaluation and generation: the caller's if set; none (JAX picks) on a machine with an accelerator
+    device (a TPU VM's /dev/accel* or /dev/vfio, a GPU's /dev/nvidia*); else ``cpu``: libtpu is installed here
+    for the fit check, and JAX would otherwise look for a TPU first."""
+    if os.environ.get("JAX_PLATFORMS"):
+        return os.environ["JAX_PLATFORMS"]
+    if glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*") or glob.glob("/dev/nvidia[0-9]*"):
+        return None
+    return "cpu"
+
+
+def use_this_machines_platform() -> None:
+    """JAX on :func:`jax_platforms` (the CPU where no accelerator is: libtpu, installed here for the fit check, then
+    does not look for a TPU and print its lockfile / worker-hostname errors), also when jax is imported already
+    (``datasets`` imports it; jax reads JAX_PLATFORMS at import), before any backend starts."""
+    platforms = jax_platforms()
+    if platforms:
+        os.environ["JAX_PLATFORMS"] = platforms
+        if "jax" in sys.modules:
+            sys.modules["jax"].config.update("jax_platforms", platforms)
+
+
 def initialize(cfg: Mapping):
     """``cfg`` (a plain train_lm config) parsed as Levanter's ``TrainLmConfig`` and Levanter initialized with it
     (jax config, trainer defaults such as the eval batch size, logging), as ``levanter.main.eval_lm`` starts; our
@@ -67,6 +91,7 @@ def initialize(cfg: Mapping):
     import levanter.config  # noqa: F401  (registers draccus codecs)
     from levanter.main.train_lm import TrainLmConfig
 
+    use_this_machines_platform()
     cfg = copy.deepcopy(dict(cfg))
     if os.environ.get("JAX_PLATFORMS") == "cpu" and (cfg.get("trainer") or {}).get("require_accelerator"):
         cfg["trainer"]["require_accelerator"] = False  # else Levanter refuses: "No accelerator found"

@@ -10,9 +10,7 @@ requests (``levanter.inference.openai.InferenceContext._execute_batch``). Import
 from __future__ import annotations
 
 import copy
-import glob
 import os
-import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -20,17 +18,6 @@ from typing import Any, Optional
 from ..errors import ConfigError, one_line
 
 END_OF_TURN = "<|im_end|>"  # every assistant turn the student trained on ends with it (the loss covers it)
-
-
-def jax_platforms() -> Optional[str]:
-    """``JAX_PLATFORMS`` for generation: the caller's if set; none (JAX picks) on a machine with an accelerator
-    device (a TPU VM's /dev/accel* or /dev/vfio, a GPU's /dev/nvidia*); else ``cpu``: libtpu is installed here
-    for the fit check, and JAX would otherwise look for a TPU first."""
-    if os.environ.get("JAX_PLATFORMS"):
-        return os.environ["JAX_PLATFORMS"]
-    if glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*") or glob.glob("/dev/nvidia[0-9]*"):
-        return None
-    return "cpu"
 
 
 def inference_config(train_cfg: dict) -> dict:
@@ -72,11 +59,6 @@ def load(train_cfg: dict, source: dict, max_seqs: Optional[int] = None, page_siz
     A checkpoint that does not load as the run's model is one line (ConfigError). ``max_seqs`` None: EVAL_MAX_SEQS."""
     t0 = time.time()
     max_seqs = int(max_seqs or EVAL_MAX_SEQS)
-    platforms = jax_platforms()
-    if platforms:
-        os.environ["JAX_PLATFORMS"] = platforms
-        if "jax" in sys.modules:  # read at jax's import (``datasets`` imports it): set it too, before any backend
-            sys.modules["jax"].config.update("jax_platforms", platforms)
     import haliax as hax
 
     from levanter.inference.engine import InferenceEngine, InferenceEngineConfig
