@@ -1,12 +1,13 @@
 """Tasks that grade themselves (issue 68, first part): the task record, the sandbox (bubblewrap: no network, limits,
-Debian's cargo) and the grader (SWE-smith's rule), on a small std-only crate (tests/data/task_repos/mini_math)
-with a bug made the way SWE-smith makes them (an operator flipped)."""
+Debian's cargo) and the grader (SWE-smith's rule), on a small std-only crate of the demo set (tasks/demo/crates/mini_math)
+with a bug made the way SWE-smith makes them (an operator flipped); the demo set and its controls."""
 
 from __future__ import annotations
 
 import json
 import os
 import shutil
+import subprocess
 import socket
 import tempfile
 import threading
@@ -20,7 +21,7 @@ from trajsft.tasks import grade as G
 from trajsft.tasks.record import Task, from_row
 from trajsft.tasks.sandbox import Limits, Sandbox, missing
 
-REPOS = Path(__file__).parent / "data" / "task_repos"
+REPOS = Path(__file__).resolve().parents[1] / "tasks" / "demo" / "crates"  # the demo set's crates
 CLAMP = ["tests::clamp_below", "tests::clamp_above", "tests::clamp_inside"]
 
 
@@ -44,16 +45,16 @@ def diff_of(edit: dict[str, str], base: Path = REPOS / "mini_math") -> str:
     with tempfile.TemporaryDirectory() as tmp:
         repo = Path(tmp) / "r"
         shutil.copytree(base, repo)
-        G._git(repo, "init", "-q")
-        G._git(repo, "add", "-A")
-        G._git(repo, "commit", "-q", "-m", "base")
+        G.git(repo, "init", "-q")
+        G.git(repo, "add", "-A")
+        G.git(repo, "commit", "-q", "-m", "base")
         lib = repo / "src/lib.rs"
         text = lib.read_text()
         for old, new in edit.items():
             assert old in text, old
             text = text.replace(old, new, 1)
         lib.write_text(text)
-        return G._git(repo, "diff").stdout
+        return G.git(repo, "diff").stdout
 
 
 BUG = {"    if x < lo {": "    if x > lo {"}  # an operator flipped: every clamp test fails, add_two does not
@@ -197,3 +198,78 @@ def test_a_patch_that_does_not_apply_and_tests_that_hang_are_unresolved_with_the
     assert not bad.applied and not bad.resolved and bad.reason.startswith("the patch does not apply: "), bad
     hung = G.grade(task(test_cmd="sleep 300"), G.gold_patch(t, REPOS), REPOS, limits=Limits(command_s=2))
     assert not hung.resolved and hung.reason == "the tests were killed at their limit (2 s)", hung
+
+
+# ---- task sets made by mutations, and their controls -----------------------------------------------------------------
+def test_mutations_of_the_library_code_only_in_line_order(tmp_path):
+    from trajsft.tasks.mutate import candidates
+
+    crate = tmp_path / "c"
+    (crate / "src").mkdir(parents=True)
+    (crate / "src/lib.rs").write_text(
+        "pub fn f(a: i32, b: i32) -> i32 {\n    if a < b { g(a, b) } else { a + 1 }  // keep < here\n}\n"
+        "pub fn h(x: Option<i32>) -> i32 {\n    match x { Some(v) if v > 0 => v, _ => 0 }\n}\n"
+        "#[cfg(test)]\nmod tests {\n    fn t() { assert!(1 < 2); }\n}\n")
+    got = [(m.kind, m.line, m.after.strip(), m.nth) for m in candidates(crate)]
+    assert got == [
+        ("flip_operator", 2, "if a > b { g(a, b) } else { a + 1 }  // keep < here", 1),
+        ("flip_operator", 2, "if a < b { g(a, b) } else { a - 1 }  // keep < here", 2),
+        ("negate_condition", 2, "if !(a < b) { g(a, b) } else { a + 1 }  // keep < here", 1),
+        ("swap_arguments", 2, "if a < b { g(b, a) } else { a + 1 }  // keep < here", 1),
+        ("drop_off_by_one", 2, "if a < b { g(a, b) } else { a }  // keep < here", 1),
+        ("flip_operator", 5, "match x { Some(v) if v < 0 => v, _ => 0 }", 1),  # a match guard: no negation
+    ], got  # the -> of a signature and the tests module are not mutated; names differ: flip_operator_lib_2_2
+
+
+@pytest.mark.integration
+def test_a_task_that_fails_its_control_is_excluded_with_its_reason():
+    from trajsft.tasks import controls
+
+    needs_sandbox()
+    good = task()
+    unknown = task(instance_id="mini_math.unknown_test", FAIL_TO_PASS=["tests::no_such_test"])
+    harmless = task(instance_id="mini_math.comment", patch=diff_of({"/// The sum": "/// The total"}),
+                    FAIL_TO_PASS=["tests::add_two"])
+    checked = controls.check([good, unknown, harmless], REPOS)
+    assert checked.kept == [good.instance_id] and checked.counts() == (2, 1, 3)
+    assert checked.excluded == {"mini_math.unknown_test": "the gold fix does not resolve it",
+                                "mini_math.comment": "the empty patch resolves it"}
+    assert checked.rows[1]["gold"]["fail_to_pass"] == {"tests::no_such_test": "missing"}
+
+
+@pytest.mark.integration
+def test_tasks_check_demo_gold_resolves_all_and_empty_none_and_the_set_is_deterministic():
+    """Done means of issue 68: `trajsft tasks check demo` (the set made from tasks/demo/crates: >= 8 tasks)."""
+    import sys
+
+    from trajsft.plan import config as C
+    from trajsft.tasks.mutate import make_tasks
+
+    needs_sandbox()
+    p = subprocess.run([sys.executable, "-m", "trajsft.cli", "tasks", "check", "demo", "--json"], capture_output=True,
+                       text=True, timeout=600, cwd=C.REPO_DIR)
+    assert p.returncode == 0, p.stderr[-2000:]
+    out = json.loads(p.stdout)
+    n = out["tasks"]
+    assert n >= 8 and (out["gold_resolved"], out["empty_resolved"], out["excluded"]) == (n, 0, {}), out["excluded"]
+    assert out["toolchain"].startswith("cargo 1.") and out["sandbox"] == "bubblewrap"
+    kinds = {r["instance_id"].split(".")[1].rsplit("_lib_", 1)[0] for r in out["rows"]}
+    assert {"flip_operator", "negate_condition"} <= kinds, kinds
+    again = make_tasks(C.REPO_DIR / "tasks/demo/crates")  # the same tasks, byte for byte
+    assert [t.row() for t in again.tasks] == out["instances"]
+    assert [t.instance_id for t in again.tasks] == [r["instance_id"] for r in out["rows"]]
+    t = again.tasks[0]  # its statement: a title, then each failing test's panic (no thread id)
+    assert t.title == "mini_math: clamp_above, clamp_below, clamp_inside fail", t.title
+    assert "`tests::clamp_below` fails:\nthread 'tests::clamp_below' panicked at src/lib.rs:" in t.problem_statement
+
+
+def test_an_unknown_set_or_a_missing_tool_is_one_line(monkeypatch, capsys):
+    import trajsft.cli as cli
+    from trajsft.tasks import sandbox as S
+
+    assert cli.main(["tasks", "check", "nope"]) == 2
+    assert capsys.readouterr().err == "trajsft: unknown task set 'nope' (task sets: demo)\n"
+    monkeypatch.setattr(S, "missing", lambda kind, needs_cargo=True: ["bwrap (apt-get install bubblewrap)"])
+    assert cli.main(["tasks", "check", "demo"]) == 2
+    assert capsys.readouterr().err == ("trajsft: tasks demo: the sandbox (bubblewrap) needs bwrap "
+                                      "(apt-get install bubblewrap)\n")

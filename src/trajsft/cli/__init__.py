@@ -2,10 +2,11 @@
 every run (``status``), a training log (``logs``), the clusters of the profiles (``clusters``), stopping
 a target's Ray jobs (``stop``), forgetting a configuration error after a fix (``retry``), the cross-teacher matrix (``eval``),
 a trained target behind an OpenAI-compatible API (``serve``), a profile's checks
-(``preflight``) and whether a target's train step fits its TPU slice, with the run's cost (``fit``). Running the pipeline itself is Snakemake's: ``snakemake checkpoints/<target>/done``.
+(``preflight``), whether a target's train step fits its TPU slice, with the run's cost (``fit``), and a task set's
+controls (``tasks``). Running the pipeline itself is Snakemake's: ``snakemake checkpoints/<target>/done``.
 
 One module per command group: ``runs`` (status, logs, clusters, stop, retry, preflight), ``plan``, ``eval``, ``model``
-(fit, serve); ``common`` reads the plan every command starts from."""
+(fit, serve), ``tasks``; ``common`` reads the plan every command starts from."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from .eval import cmd_eval
 from .model import cmd_fit, cmd_serve, remat_choices
 from .plan import cmd_plan
 from .runs import cmd_clusters, cmd_logs, cmd_preflight, cmd_retry, cmd_status, cmd_stop
+from .tasks import cmd_tasks
 
 
 class _Version(argparse.Action):
@@ -144,6 +146,15 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--port", type=int, default=8701, help="port (default 8701; 0: any free port)")
     sp.add_argument("--max-seqs", type=int, default=4, help="sequences generated at once (default 4)")
     sp.set_defaults(func=cmd_serve)
+
+    sp = sub.add_parser("tasks", help="task sets graded by their tests: `check` runs each task's controls (the gold "
+                                      "fix resolves it, the empty patch does not)")
+    sp.add_argument("action", choices=["check"])
+    sp.add_argument("set", help="a task set (demo: made offline from the crates in tasks/demo/crates)")
+    sp.add_argument("--sandbox", choices=["bubblewrap", "none"], default="bubblewrap",
+                    help="where the tests run (none: a plain temporary directory, no isolation)")
+    sp.add_argument("--json", action="store_true")
+    sp.set_defaults(func=cmd_tasks)
 
     sp = sub.add_parser("preflight", help="check env vars, cluster, TPU resource and storage for a profile; say "
                                           "what the targets' trainings write to the storage root")

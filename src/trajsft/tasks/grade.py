@@ -30,7 +30,8 @@ def parse_test_log(text: str) -> dict[str, str]:
     return {name: _STATUS[verdict] for name, verdict in _VERDICT.findall(text)}
 
 
-def _git(cwd: Path, *args: str, input: Optional[str] = None) -> subprocess.CompletedProcess:
+def git(cwd: Path, *args: str, input: Optional[str] = None) -> subprocess.CompletedProcess:
+    """git in ``cwd``, a repository of its own (never the one above it), with an identity to commit as."""
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "GIT_CEILING_DIRECTORIES": str(cwd.parent),
            "HOME": str(cwd.parent)}
     return subprocess.run([*_GIT, *args], cwd=cwd, input=input, capture_output=True, text=True, env=env)
@@ -43,12 +44,12 @@ def prepare(task: Task, repos: Path, dest: Path) -> Path:
     if not src.is_dir():
         raise DataError(f"{task.instance_id}: repository {src} does not exist")
     shutil.copytree(src, dest, ignore=shutil.ignore_patterns("target", ".git"))
-    _git(dest, "init", "-q")
-    applied = _git(dest, "apply", "--whitespace=nowarn", "-", input=task.patch)
+    git(dest, "init", "-q")
+    applied = git(dest, "apply", "--whitespace=nowarn", "-", input=task.patch)
     if applied.returncode != 0:
         raise DataError(f"{task.instance_id}: its bug patch does not apply to {src}: {one_line(applied.stderr, 200)}")
-    _git(dest, "add", "-A")
-    _git(dest, "commit", "-q", "-m", f"{task.instance_id}: the task's start")
+    git(dest, "add", "-A")
+    git(dest, "commit", "-q", "-m", f"{task.instance_id}: the task's start")
     return dest
 
 
@@ -56,7 +57,7 @@ def apply(patch: str, repo: Path) -> Optional[str]:
     """Apply ``patch`` (a git diff; empty: nothing) in ``repo``; None, or why it does not apply."""
     if not patch.strip():
         return None
-    done = _git(repo, "apply", "--whitespace=nowarn", "-", input=patch if patch.endswith("\n") else patch + "\n")
+    done = git(repo, "apply", "--whitespace=nowarn", "-", input=patch if patch.endswith("\n") else patch + "\n")
     return None if done.returncode == 0 else (one_line(done.stderr, 300) or f"git apply exited {done.returncode}")
 
 
@@ -64,10 +65,10 @@ def gold_patch(task: Task, repos: Path) -> str:
     """The gold fix: the bug patch reversed, as the diff a fix would submit."""
     with tempfile.TemporaryDirectory(prefix="trajsft-gold-") as tmp:
         repo = prepare(task, repos, Path(tmp) / "repo")
-        undone = _git(repo, "apply", "-R", "--whitespace=nowarn", "-", input=task.patch)
+        undone = git(repo, "apply", "-R", "--whitespace=nowarn", "-", input=task.patch)
         if undone.returncode != 0:
             raise DataError(f"{task.instance_id}: its bug patch does not reverse: {one_line(undone.stderr, 200)}")
-        return _git(repo, "diff").stdout
+        return git(repo, "diff").stdout
 
 
 @dataclass
