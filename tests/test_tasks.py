@@ -44,10 +44,7 @@ def diff_of(edit: dict[str, str], base: Path = REPOS / "mini_math") -> str:
     """The git diff that replaces each ``old`` text of src/lib.rs by its ``new`` one in a copy of ``base``."""
     with tempfile.TemporaryDirectory() as tmp:
         repo = Path(tmp) / "r"
-        shutil.copytree(base, repo)
-        G.git(repo, "init", "-q")
-        G.git(repo, "add", "-A")
-        G.git(repo, "commit", "-q", "-m", "base")
+        G.checkout(base, repo)
         lib = repo / "src/lib.rs"
         text = lib.read_text()
         for old, new in edit.items():

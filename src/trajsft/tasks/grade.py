@@ -37,19 +37,27 @@ def git(cwd: Path, *args: str, input: Optional[str] = None) -> subprocess.Comple
     return subprocess.run([*_GIT, *args], cwd=cwd, input=input, capture_output=True, text=True, env=env)
 
 
+def checkout(src: Path, dest: Path, patch: str = "") -> Optional[str]:
+    """A git repository at ``dest`` holding a copy of ``src`` (no build output) with ``patch`` applied and committed,
+    so that its ``git diff`` is what changed since; None, or why ``patch`` does not apply."""
+    shutil.copytree(src, dest, ignore=shutil.ignore_patterns("target", ".git"))
+    git(dest, "init", "-q")
+    why = apply(patch, dest)
+    if why is None:
+        git(dest, "add", "-A")
+        git(dest, "commit", "-q", "-m", "start")
+    return why
+
+
 def prepare(task: Task, repos: Path, dest: Path) -> Path:
     """A fresh copy of ``task``'s repository (``repos / task.repo``) at ``dest`` with the bug applied and committed: a
     git repository whose ``git diff`` is what was changed since (an agent's submission)."""
     src = repos / task.repo
     if not src.is_dir():
         raise DataError(f"{task.instance_id}: repository {src} does not exist")
-    shutil.copytree(src, dest, ignore=shutil.ignore_patterns("target", ".git"))
-    git(dest, "init", "-q")
-    applied = git(dest, "apply", "--whitespace=nowarn", "-", input=task.patch)
-    if applied.returncode != 0:
-        raise DataError(f"{task.instance_id}: its bug patch does not apply to {src}: {one_line(applied.stderr, 200)}")
-    git(dest, "add", "-A")
-    git(dest, "commit", "-q", "-m", f"{task.instance_id}: the task's start")
+    why = checkout(src, dest, task.patch)
+    if why is not None:
+        raise DataError(f"{task.instance_id}: its bug patch does not apply to {src}: {why}")
     return dest
 
 

@@ -71,10 +71,7 @@ def candidates(crate: Path) -> list[Mutation]:
 def _bug_patch(crate: Path, m: Mutation, work: Path) -> str:
     repo = work / "mutant"
     shutil.rmtree(repo, ignore_errors=True)
-    shutil.copytree(crate, repo, ignore=shutil.ignore_patterns("target", ".git"))
-    G.git(repo, "init", "-q")
-    G.git(repo, "add", "-A")
-    G.git(repo, "commit", "-q", "-m", "base")
+    G.checkout(crate, repo)
     f = repo / m.file
     lines = f.read_text().split("\n")
     assert lines[m.line - 1] == m.before
@@ -107,13 +104,13 @@ def make_tasks(crates: Path, *, sandbox: str = "bubblewrap", limits: Limits = Li
         work = Path(tmp)
         work.chmod(0o711)  # the sandbox's user reaches the copies inside
         for crate in sorted(p for p in crates.iterdir() if (p / "Cargo.toml").is_file()):
-            base = _run(crate, "", work, sandbox, limits)
+            base, _ = _run(crate, "", work, sandbox, limits)
             if not base or "failed" in base.values():
                 made.dropped["the crate's own tests do not all pass"] += 1
                 continue
             for m in candidates(crate):
                 patch = _bug_patch(crate, m, work)
-                after = _run(crate, patch, work, sandbox, limits)
+                after, log = _run(crate, patch, work, sandbox, limits)
                 if not after:
                     made.dropped["does not build, or runs no test"] += 1
                     continue
@@ -127,22 +124,16 @@ def make_tasks(crates: Path, *, sandbox: str = "bubblewrap", limits: Limits = Li
                     instance_id=f"{crate.name}.{m.name}", repo=crate.name, patch=patch, FAIL_TO_PASS=tuple(fail),
                     PASS_TO_PASS=tuple(keep),
                     problem_statement=f"{crate.name}: {short} fail{'s' if len(fail) == 1 else ''}\n\n"
-                                      + _failures(_LAST_LOG[0], fail),
+                                      + _failures(log, fail),
                     test_cmd=RUST_TEST_CMD))
     return made
 
 
-_LAST_LOG = [""]  # the output of the last run (make_tasks reads the failing tests' panics from it)
-
-
-def _run(crate: Path, patch: str, work: Path, sandbox: str, limits: Limits) -> dict[str, str]:
+def _run(crate: Path, patch: str, work: Path, sandbox: str, limits: Limits) -> tuple[dict[str, str], str]:
+    """(each test's status, the log) of ``crate`` with ``patch``; no status when it does not apply or hangs."""
     repo = work / "run"
     shutil.rmtree(repo, ignore_errors=True)
-    shutil.copytree(crate, repo, ignore=shutil.ignore_patterns("target", ".git"))
-    if patch:
-        G.git(repo, "init", "-q")
-        if G.apply(patch, repo) is not None:
-            return {}
+    if G.checkout(crate, repo, patch) is not None:
+        return {}, ""
     ran = Sandbox(repo, sandbox, limits).run(RUST_TEST_CMD)
-    _LAST_LOG[0] = ran.output
-    return {} if ran.timed_out else G.parse_test_log(ran.output)
+    return ({} if ran.timed_out else G.parse_test_log(ran.output)), ran.output

@@ -142,7 +142,9 @@ def offline_runs(run_dir: str) -> Optional[str]:
     written on the host that trained)."""
     import glob
 
-    if "://" in run_dir:
+    from .. import io
+
+    if io.is_remote(run_dir):
         return None
     pattern = os.path.join(run_dir, "wandb", "offline-run-*")
     return pattern if glob.glob(pattern) else None
