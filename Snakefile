@@ -13,6 +13,7 @@ include: "rules/export.smk"
 include: "rules/report.smk"
 include: "rules/eval.smk"
 include: "rules/sweep.smk"
+include: "rules/tasks.smk"
 
 
 rule all:

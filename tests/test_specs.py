@@ -120,6 +120,7 @@ SECTIONS = {
     "teachers": (SCHEMA["properties"]["teachers"], (S.TeacherSpec, S.TargetSpec)),
     "mixtures": (SCHEMA["properties"]["mixtures"], (S.TargetSpec,)),
     "actions": (SCHEMA["definitions"]["actions"], (S.ActionsSpec,)),
+    "tasks": (SCHEMA["properties"]["tasks"], (S.TaskSetSpec,)),
 }
 
 
@@ -199,6 +200,7 @@ def kind_hashes(p, target) -> dict[str, set[str]]:
         out[a.kind].add(a.hash)
     out["exports"].add(p.target(target)["export"].hash)
     out["evals"].add(p.target(target)["evals"].hash)
+    out["tasks"] = {a.hash for k, a in p.artifacts.items() if k[0] == "tasks"}  # no target's: every set's
     return out
 
 
@@ -316,6 +318,10 @@ PERTURB = {
     ("TrainingSpec", "remat"): [(lambda c: c["teachers"]["demo"].setdefault("training", {}).update(
                                     remat="save_attention"), "demo", None),
                                 (lambda c: c["training"].update(remat="auto"), "gpt-5-mini", None)],
+    ("TaskSetSpec", "name"): [(lambda c: c.update(tasks={"demo2": c["tasks"]["demo"]}), "demo", None)],
+    ("TaskSetSpec", "crates"): [(lambda c: c["tasks"]["demo"].update(crates="tasks/demo/crates/mini_math"), "demo", None)],
+    ("TaskSetSpec", "sandbox"): [(lambda c: c["tasks"]["demo"].update(sandbox="none"), "demo", None)],
+    ("TaskSetSpec", "command_seconds"): [(lambda c: c["tasks"]["demo"].update(command_seconds=30), "demo", None)],
     # Ref: held by TeacherSpec.dataset here (tests below use a local copy of the demo dataset)
     ("Ref", "ref"): [(teacher("gpt-5-mini", dataset="someone/else"), "gpt-5-mini", None)],
     ("Ref", "revision"): [(teacher("gpt-5-mini", revision="1234567"), "gpt-5-mini", None)],

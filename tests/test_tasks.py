@@ -240,7 +240,7 @@ def test_tasks_check_demo_gold_resolves_all_and_empty_none_and_the_set_is_determ
     import sys
 
     from trajsft.plan import config as C
-    from trajsft.tasks.mutate import make_tasks
+    from trajsft.tasks.mutate import from_crates
 
     needs_sandbox()
     p = subprocess.run([sys.executable, "-m", "trajsft.cli", "tasks", "check", "demo", "--json"], capture_output=True,
@@ -250,9 +250,10 @@ def test_tasks_check_demo_gold_resolves_all_and_empty_none_and_the_set_is_determ
     n = out["tasks"]
     assert n >= 8 and (out["gold_resolved"], out["empty_resolved"], out["excluded"]) == (n, 0, {}), out["excluded"]
     assert out["toolchain"].startswith("cargo 1.") and out["sandbox"] == "bubblewrap"
+    assert out["manifest"].startswith("results/tasks/demo-") and out["manifest"].endswith("/manifest.json")
     kinds = {r["instance_id"].split(".")[1].rsplit("_lib_", 1)[0] for r in out["rows"]}
     assert {"flip_operator", "negate_condition"} <= kinds, kinds
-    again = make_tasks(C.REPO_DIR / "tasks/demo/crates")  # the same tasks, byte for byte
+    again = from_crates(C.REPO_DIR / "tasks/demo/crates")  # the same tasks, byte for byte
     assert [t.row() for t in again.tasks] == out["instances"]
     assert [t.instance_id for t in again.tasks] == [r["instance_id"] for r in out["rows"]]
     t = again.tasks[0]  # its statement: a title, then each failing test's panic (no thread id)
@@ -265,8 +266,93 @@ def test_an_unknown_set_or_a_missing_tool_is_one_line(monkeypatch, capsys):
     from trajsft.tasks import sandbox as S
 
     assert cli.main(["tasks", "check", "nope"]) == 2
-    assert capsys.readouterr().err == "trajsft: unknown task set 'nope' (task sets: demo)\n"
+    assert capsys.readouterr().err == "trajsft: unknown task set 'nope' (config tasks: demo)\n"
     monkeypatch.setattr(S, "missing", lambda kind, needs_cargo=True: ["bwrap (apt-get install bubblewrap)"])
     assert cli.main(["tasks", "check", "demo"]) == 2
     assert capsys.readouterr().err == ("trajsft: tasks demo: the sandbox (bubblewrap) needs bwrap "
                                       "(apt-get install bubblewrap)\n")
+
+
+# ---- the task set as an artifact (config tasks:, rule make_tasks) -------------------------------------------------
+def _plan(tmp_path, **over):
+    from trajsft.plan import config as C
+
+    return C.Plan(C.load(None, {"storage_root": str(tmp_path / "store"), **over}), base_dir=C.REPO_DIR,
+                  state_dir=str(tmp_path / "results"))
+
+
+def test_a_task_sets_identity_is_its_crates_settings_and_toolchain(tmp_path, monkeypatch):
+    """The toolchain is hashed in (the tests' outcome depends on it); the sandbox is not (the controls check that it
+    changes no outcome); a missing cargo is an identity of its own, never a failure of the plan."""
+    from trajsft.plan import toolchain
+
+    demo = _plan(tmp_path).task_set("demo")
+    assert demo.name.startswith("demo-") and demo.inputs["toolchain"] == toolchain.cargo_version()
+    assert demo.location == str(tmp_path / "store" / "tasks" / demo.name)
+    assert _plan(tmp_path, tasks={"demo": {"crates": "tasks/demo/crates", "sandbox": "none"}}).task_set("demo").hash \
+        == demo.hash
+    monkeypatch.setattr(toolchain, "cargo_version", lambda: "cargo 1.85.0 (d73d2caf9 2024-12-31)")
+    other = _plan(tmp_path).task_set("demo")
+    assert other.hash != demo.hash and other.inputs["toolchain"] == "cargo 1.85.0 (d73d2caf9 2024-12-31)"
+    monkeypatch.undo()
+    monkeypatch.setattr(toolchain, "CARGO", str(tmp_path / "no-cargo"))
+    toolchain.cargo_version.cache_clear()
+    try:
+        assert _plan(tmp_path).task_set("demo").inputs["toolchain"] == f"cargo missing: {tmp_path / 'no-cargo'}"
+    finally:
+        monkeypatch.undo()
+        toolchain.cargo_version.cache_clear()
+    with pytest.raises(ConfigError, match=r"^unknown task set 'nope' \(config tasks: demo\)$"):
+        _plan(tmp_path).task_set("nope")
+
+
+def test_a_task_set_read_back_says_a_bad_row_in_one_line(tmp_path):
+    from trajsft.tasks import taskset
+
+    with pytest.raises(DataError, match=r"instances.jsonl is missing: build the task set first \(rule make_tasks\)$"):
+        taskset.load(str(tmp_path))
+    row = {"instance_id": "a.b", "repo": "a", "patch": "diff --git a/x b/x\n", "FAIL_TO_PASS": ["t"],
+           "PASS_TO_PASS": [], "problem_statement": "a: t fails\n\nbody"}
+    (tmp_path / "instances.jsonl").write_text(json.dumps(row) + "\n" + "{oops\n")
+    with pytest.raises(DataError, match=r"instances.jsonl row 2: not JSON \("):
+        taskset.load(str(tmp_path))
+    (tmp_path / "instances.jsonl").write_text(json.dumps(row) + "\n" + json.dumps({**row, "FAIL_TO_PASS": []}) + "\n")
+    with pytest.raises(DataError, match=r"instances.jsonl row 2: field FAIL_TO_PASS: empty"):
+        taskset.load(str(tmp_path))
+    (tmp_path / "instances.jsonl").write_text(json.dumps(row) + "\n")
+    got = taskset.load(str(tmp_path))
+    assert [t.instance_id for t in got.tasks] == ["a.b"] and got.repos == tmp_path / "repos"
+
+
+@pytest.mark.integration
+def test_rule_make_tasks_writes_a_set_that_grades_itself(tmp_path):
+    """Snakemake's rule writes the set (its kept tasks, controls, and the crates they check out of); graded from the
+    payload alone, a task's gold fix resolves it and the empty patch does not; a second run has nothing to do."""
+    import pipeline_utils as PU
+    from trajsft.tasks import taskset
+
+    needs_sandbox()
+    crates = tmp_path / "crates"
+    shutil.copytree(REPOS / "mini_math", crates / "mini_math")
+    over = {"tasks": {"mini": {"crates": str(crates)}}, "storage_root": str(tmp_path / "store")}
+    art = _plan(tmp_path, **over).task_set("mini")
+    wd = tmp_path / "wd"
+    wd.mkdir()
+    target = f"results/tasks/{art.name}/manifest.json"
+    PU.run(wd, target, config=over, timeout=600)
+    manifest = json.loads((wd / target).read_text())
+    result = manifest
+    n = result["tasks"]
+    assert n >= 3 and (result["made"], result["gold_resolved"], result["empty_resolved"]) == (n, n, 0), result
+    assert result["toolchain"] == art.inputs["toolchain"] and result["repos"] == ["mini_math"]
+    got = taskset.load(art.location)
+    assert len(got.tasks) == n and all(t.repo == "mini_math" for t in got.tasks)
+    assert sorted(p.name for p in (got.repos / "mini_math").iterdir()) == ["Cargo.toml", "src"]
+    controls = json.loads((Path(art.location) / "controls.json").read_text())
+    assert controls["excluded"] == {} and [r["instance_id"] for r in controls["rows"]] == [t.instance_id for t in got.tasks]
+    t = got.tasks[0]
+    gold = G.grade(t, G.gold_patch(t, got.repos), got.repos)
+    empty = G.grade(t, "", got.repos)
+    assert gold.resolved and not empty.resolved, (gold.row(), empty.row())
+    again = PU.run(wd, target, config=over, timeout=300)
+    assert "Nothing to be done" in again.stdout + again.stderr

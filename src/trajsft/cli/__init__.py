@@ -150,9 +150,12 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("tasks", help="task sets graded by their tests: `check` runs each task's controls (the gold "
                                       "fix resolves it, the empty patch does not)")
     sp.add_argument("action", choices=["check"])
-    sp.add_argument("set", help="a task set (demo: made offline from the crates in tasks/demo/crates)")
-    sp.add_argument("--sandbox", choices=["bubblewrap", "none"], default="bubblewrap",
-                    help="where the tests run (none: a plain temporary directory, no isolation)")
+    sp.add_argument("set", help="a task set of the config's tasks: (demo: made offline from the crates in "
+                                "tasks/demo/crates)")
+    sp.add_argument("--sandbox", choices=["bubblewrap", "none"], default=None,
+                    help="where the tests run (default: the set's sandbox; none: a plain temporary directory, no "
+                         "isolation)")
+    common(sp)
     sp.add_argument("--json", action="store_true")
     sp.set_defaults(func=cmd_tasks)
 

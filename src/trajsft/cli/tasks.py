@@ -1,36 +1,38 @@
-"""`trajsft tasks check <set>`: a task set's controls (the gold fix resolves every task, the empty patch none)."""
+"""`trajsft tasks check <set>`: a task set's controls (the gold fix resolves every task, the empty patch none), for a
+set of the config's ``tasks:`` (the same tasks rule ``make_tasks`` keeps in the set's artifact)."""
 
 from __future__ import annotations
 
 import json
+import os
 import sys
+from pathlib import Path
 
-from ..errors import ConfigError
 from ..plan import config as C
-
-SETS = {"demo": "tasks/demo/crates"}  # a set made offline from the crates shipped in the repository
+from ..plan import step_configs
+from .common import load_plan
 
 
 def cmd_tasks(args) -> int:
-    from ..tasks import controls, mutate, sandbox
+    from ..tasks import sandbox, taskset
 
-    if args.set not in SETS:
-        raise ConfigError(f"unknown task set {args.set!r} (task sets: {', '.join(SETS)})")
-    crates = C.REPO_DIR / SETS[args.set]
-    lacking = sandbox.missing(args.sandbox)
-    if lacking:
-        raise ConfigError(f"tasks {args.set}: the sandbox ({args.sandbox}) needs {', '.join(lacking)}")
-    made = mutate.make_tasks(crates, sandbox=args.sandbox)
-    checked = controls.check(made.tasks, crates, sandbox=args.sandbox)
+    plan = load_plan(args)
+    art = plan.task_set(args.set)  # an unknown set: one line naming the config's sets
+    cfg = step_configs.make_tasks(plan, art.name)
+    kind = args.sandbox or cfg.sandbox
+    crates = Path(cfg.crates)
+    made, checked = taskset.check(args.set, crates, kind, sandbox.Limits(command_s=cfg.command_seconds))
     gold, empty, n = checked.counts()
+    shown = crates.relative_to(C.REPO_DIR) if crates.is_relative_to(C.REPO_DIR) else crates
     if args.json:
-        print(json.dumps({"set": args.set, "toolchain": sandbox.toolchain(), "sandbox": args.sandbox, "tasks": n,
-                          "gold_resolved": gold, "empty_resolved": empty, "excluded": checked.excluded,
-                          "dropped_mutations": dict(made.dropped), "rows": checked.rows,
+        print(json.dumps({"set": args.set, "artifact": art.location, "manifest": art.manifest,
+                          "built": os.path.exists(art.manifest), "toolchain": cfg.toolchain,
+                          "sandbox": kind, "tasks": n, "gold_resolved": gold, "empty_resolved": empty,
+                          "excluded": checked.excluded, "dropped_mutations": dict(made.dropped), "rows": checked.rows,
                           "instances": [t.row() for t in made.tasks]}, indent=1))
     else:
-        print(f"task set {args.set}: {n} tasks from {crates.relative_to(C.REPO_DIR)} ({sandbox.toolchain()}; "
-              f"sandbox {args.sandbox}; mutations dropped: {dict(made.dropped) or 'none'})")
+        print(f"task set {args.set} (tasks/{art.name}): {n} tasks from {shown} ({cfg.toolchain}; sandbox {kind}; "
+              f"mutations dropped: {dict(made.dropped) or 'none'})")
         width = max((len(r["instance_id"]) for r in checked.rows), default=4)
         print(f"{'TASK'.ljust(width)}  GOLD        EMPTY       F2P  P2P  SECONDS")
         for r in checked.rows:
@@ -41,6 +43,8 @@ def cmd_tasks(args) -> int:
         for tid, why in checked.excluded.items():
             print(f"excluded {tid}: {why}")
         print(f"gold fix: resolved {gold}/{n}; empty patch: resolved {empty}/{n}; {len(checked.kept)} tasks kept")
+        built = "built" if os.path.exists(art.manifest) else "not built"
+        print(f"the set's artifact: {art.location} ({built}; alone: snakemake --cores 2 {art.manifest})")
     if not checked.kept:
         print(f"trajsft tasks check {args.set}: no task passed its controls", file=sys.stderr)
         return 1

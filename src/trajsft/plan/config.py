@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from . import hashing, tools
+from . import hashing, toolchain, tools
 from ..errors import ConfigError, DataError
 from ..io import is_remote, join
 from . import specs as S
@@ -244,6 +244,8 @@ class Plan:
         self.targets: dict[str, dict] = {}
         for name in list(cfg["teachers"]) + list(cfg.get("mixtures") or {}):
             self.targets[name] = self._resolve_target(name)
+        for name in self.specs.task_sets:
+            self.task_set(name)
         self.eval_cells: dict[tuple[str, str], Artifact] = {}  # (row target, column teacher) -> tokenized
         if cfg.get("eval") is not None:
             self._resolve_eval()
@@ -376,6 +378,19 @@ class Plan:
         readable = re.sub(r"[^A-Za-z0-9._-]", "-", Path(ref.local or ref.ref).name).lstrip("._-") or "model"
         return self._add("models", f"{readable}-{h}", h, inputs,
                          spec={"ref": ref.ref, "revision": ref.revision, "local": ref.local})
+
+    def task_set(self, name: str) -> Artifact:
+        """The task set ``name`` of the config's ``tasks:`` (rule ``make_tasks``): content-addressed by its crates'
+        content, its settings and the toolchain its tests run with (``cargo --version``: their outcome depends on
+        it); an unknown name: one line naming the sets."""
+        spec = self.specs.task_sets.get(name)
+        if spec is None:
+            raise ConfigError(f"unknown task set {name!r} (config tasks: {', '.join(self.specs.task_sets) or 'none'})")
+        inputs = {"format": KINDS["tasks"].format, **spec.identity("tasks"), "toolchain": toolchain.cargo_version()}
+        h = hashing.short(inputs)
+        return self._add("tasks", f"{name}-{h}", h, inputs,
+                         spec={"task_set": name, "crates": spec.crates.local or spec.crates.ref,
+                               "sandbox": spec.sandbox, "command_seconds": spec.command_seconds})
 
     def data_label(self, teacher: str) -> str:
         """The readable part of the names of a teacher's data (raw, shards, tokenized): its dataset's, not the

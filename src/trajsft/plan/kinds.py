@@ -71,6 +71,10 @@ REGISTRY = (
     # a light submitter that follows one Ray job on a single-host slice (trajsft.report.actions_job)
     Kind("evals", rule="eval_actions", format=1, of_target="evals",
          resources=Resources(threads=2, mem_mb=8000), on_cluster=Resources(threads=1, mem_mb=1000)),
+    # a task set (trajsft.tasks.taskset): the bug mutations of a directory of crates that pass their controls, with
+    # copies of the crates the grader checks them out of; one test run per mutation and two per task (cargo is
+    # single-threaded on these tiny crates, its link step the memory)
+    Kind("tasks", rule="make_tasks", format=1, resources=Resources(threads=1, mem_mb=3000)),
 )
 KINDS: dict[str, Kind] = {k.name: k for k in REGISTRY}
 BY_RULE: dict[str, Kind] = {k.rule: k for k in REGISTRY}

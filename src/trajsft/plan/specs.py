@@ -63,6 +63,7 @@ SPEC_SETTINGS = {
     "sweeps": "TargetSpec: each cell that is not its base is a mixture entry (trajsft.plan.sweeps), hashed as one",
     "eval": "eval.heldout_fraction: TransformSpec.heldout_fraction; the rest picks the matrix (no artifact)",
     "actions": "ActionsSpec: the defaults under every target's own actions (the next-action evaluation, evals)",
+    "tasks": "TaskSetSpec: each task set (the tasks kind: a student's agent is graded on it)",
 }
 
 
@@ -259,7 +260,22 @@ class TargetSpec(Spec):
         return list(self.actions.teachers or self.teachers)
 
 
-SPEC_CLASSES = (Ref, TransformSpec, TrainingSpec, ModelSpec, StudentSpec, TeacherSpec, ActionsSpec, TargetSpec)
+@dataclass(frozen=True)
+class TaskSetSpec(Spec):
+    """A task set (rule ``make_tasks``, ``trajsft tasks check <name>``): the bug mutations of a directory of crates,
+    each kept by its controls. The toolchain (``cargo --version``) is hashed in beside these fields by the plan."""
+
+    name: str = cosmetic("the readable part of the set's artifact name (the same crates and settings: the same "
+                         "tasks)", config=("tasks",))
+    crates: Ref = hashed("tasks", why="the crates whose mutations are the tasks (a local dir: its content)")
+    sandbox: str = cosmetic(why="where the tests run (bubblewrap, or none: the plain directory): the same "
+                            "outcomes, which the controls check", default="bubblewrap")
+    command_seconds: float = hashed("tasks", why="a test command's time limit: a test slower than it counts as "
+                                    "hung, so the tasks kept can differ", default=120.0)
+
+
+SPEC_CLASSES = (Ref, TransformSpec, TrainingSpec, ModelSpec, StudentSpec, TeacherSpec, ActionsSpec, TargetSpec,
+                TaskSetSpec)
 
 
 @dataclass(frozen=True)
@@ -269,6 +285,7 @@ class Specs:
     teachers: Mapping[str, TeacherSpec]
     students: Mapping[str, StudentSpec]
     targets: Mapping[str, TargetSpec]
+    task_sets: Mapping[str, TaskSetSpec] = field(default_factory=dict)
 
 
 def deep_merge(base: dict, over: dict | None) -> dict:
@@ -342,6 +359,13 @@ def student_spec(name: str, st: Mapping, refs: _Refs) -> StudentSpec:
     )
 
 
+def task_set_spec(name: str, entry: Mapping, refs: _Refs) -> TaskSetSpec:
+    values = {**entry, "crates": refs(entry["crates"], None)}
+    if "command_seconds" in values:
+        values["command_seconds"] = float(values["command_seconds"])
+    return _spec(TaskSetSpec, values, f"tasks.{name}", name=name)
+
+
 def build(cfg: Mapping, base_dir: str | os.PathLike) -> Specs:
     """Every teacher, student and target of a validated config, as frozen specs."""
     refs = _Refs(Path(base_dir))
@@ -366,7 +390,8 @@ def build(cfg: Mapping, base_dir: str | os.PathLike) -> Specs:
         targets[name] = TargetSpec(name=name, weights=tuple((t, w / total) for t, w in sorted(weights.items())),
                                    student=students[entry.get("student", cfg["student"])], training=training,
                                    actions=actions)
-    return Specs(teachers=teachers, students=students, targets=targets)
+    task_sets = {name: task_set_spec(name, t, refs) for name, t in (cfg.get("tasks") or {}).items()}
+    return Specs(teachers=teachers, students=students, targets=targets, task_sets=task_sets)
 
 
 def as_dict(spec: Spec) -> dict:

@@ -113,6 +113,20 @@ class ModelConfig:
 
 
 @dataclass(frozen=True)
+class TaskSetConfig:
+    """A task set (``tasks/<name>``): the bug mutations of the crates in ``crates`` that pass their controls, to
+    ``location``; the tests run in ``sandbox``, each test command killed after ``command_seconds``."""
+
+    name: str
+    task_set: str  # its name in the config's tasks:
+    crates: str  # the directory of crates (a local path)
+    sandbox: str
+    command_seconds: float
+    toolchain: str  # cargo --version as the plan hashed it
+    location: str
+
+
+@dataclass(frozen=True)
 class TrainConfig:
     """One target's training run, to ``run.location`` (``checkpoints/<run name>``); also what the fit check,
     ``status``, ``plan`` and the report read of a target."""
@@ -164,6 +178,14 @@ def download_model(plan: Plan, name: str) -> ModelConfig:
     spec = art.spec
     return ModelConfig(name=art.name, ref=spec["ref"], revision=spec["revision"], local=spec["local"],
                        location=art.location)
+
+
+def make_tasks(plan: Plan, name: str) -> TaskSetConfig:
+    art = plan.get("tasks", name)
+    spec = art.spec
+    return TaskSetConfig(name=art.name, task_set=spec["task_set"], crates=spec["crates"], sandbox=spec["sandbox"],
+                         command_seconds=float(spec["command_seconds"]), toolchain=art.inputs["toolchain"],
+                         location=art.location)
 
 
 def train(plan: Plan, name: str) -> TrainConfig:

@@ -97,7 +97,7 @@ class Made:
     dropped: Counter = field(default_factory=Counter)  # why a candidate was not kept -> how many
 
 
-def make_tasks(crates: Path, *, sandbox: str = "bubblewrap", limits: Limits = Limits(command_s=120)) -> Made:
+def from_crates(crates: Path, *, sandbox: str = "bubblewrap", limits: Limits = Limits(command_s=120)) -> Made:
     """The tasks of every crate under ``crates`` (a directory per crate), ``repo`` naming the crate's directory."""
     made = Made()
     with tempfile.TemporaryDirectory(prefix="trajsft-mutate-") as tmp:

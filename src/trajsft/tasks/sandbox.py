@@ -19,13 +19,12 @@ from pathlib import Path
 from typing import Optional
 
 from ..errors import ConfigError
+from ..plan.toolchain import CARGO, PATH, cargo_version
 
 log = logging.getLogger("trajsft")
 
 KINDS = ("bubblewrap", "none")
 NOBODY = 65534
-PATH = "/usr/bin:/bin"  # Debian's toolchain, never a rustup one
-CARGO = "/usr/bin/cargo"
 # what a sandbox needs, and the Debian package that brings it
 NEEDS = {"bwrap": "bubblewrap", "setpriv": "util-linux", CARGO: "cargo-web rustc-web"}
 
@@ -60,8 +59,7 @@ def missing(kind: str, needs_cargo: bool = True) -> list[str]:
 
 def toolchain() -> str:
     """``cargo --version`` of the sandbox's cargo: part of a task set's identity (the tests' outcome depends on it)."""
-    return subprocess.run([CARGO, "--version"], capture_output=True, text=True, check=True,
-                          env={"PATH": PATH}).stdout.strip()
+    return cargo_version()
 
 
 def _cut(text: str, limit: int) -> str:
