@@ -39,6 +39,31 @@ rule eval_actions:
         "../src/trajsft/rules/eval_actions.py"
 
 
+# The agent evaluation (rule eval_agent, agent/<target>/done; on request, not in `rule all`: it needs bubblewrap
+# and Debian's cargo): mini-swe-agent works each task of the target's task set (config agent.tasks) against the
+# trained student, each episode in its sandbox, graded by the tests (trajsft.agent). Its payload
+# (<storage_root>/agent/<target>-<hash>/) is content-addressed by the run, the task set, the harness and the
+# agent: settings; a killed evaluation reruns only the tasks not yet graded there.
+rule eval_agent:
+    input:
+        W.eval_agent_inputs,
+    output:
+        "agent/{target}/done",
+    log:
+        "logs/eval_agent/{target}.log",
+    benchmark:
+        "benchmarks/eval_agent/{target}.tsv"
+    threads: job_resources("agent").threads
+    resources:
+        mem_mb=job_resources("agent").mem_mb,
+    params:
+        name=artifact_name("agent"),
+        location=payload_location("agent"),
+        step=job_step("eval_agent"),
+    script:
+        "../src/trajsft/rules/eval_agent.py"
+
+
 rule eval_matrix:
     input:
         unpack(W.eval_matrix_inputs),

@@ -71,7 +71,7 @@ rule train:
         "../src/trajsft/rules/train.py"
 
 
-# A typo in the target (checkpoints/minimax/done, evals/minimax/done): fail with the list of valid
+# A typo in the target (checkpoints/minimax/done, evals/minimax/done, agent/minimax/done): fail with the list of valid
 # targets instead of Snakemake's MissingRuleException.
 rule unknown_target:
     input:
@@ -81,7 +81,7 @@ rule unknown_target:
     log:
         "logs/unknown_target/{marker}/{other}.log",
     wildcard_constraints:
-        marker="checkpoints|evals",
+        marker="checkpoints|evals|agent",
         other=W.not_a_target(),
     localrule: True
     threads: 1
@@ -93,3 +93,4 @@ rule unknown_target:
 
 ruleorder: train > unknown_target
 ruleorder: eval_actions > unknown_target
+ruleorder: eval_agent > unknown_target

@@ -156,7 +156,7 @@ def test_tpu_requirements_agree_with_the_lock():
     for name, version in pins.items():
         assert lock.get(name) == version, f"envs/tpu-requirements.txt pins {name}=={version}, uv.lock {lock.get(name)}"
     pyproject = (REPO / "pyproject.toml").read_text()
-    assert '"libtpu==0.0.23"' in pyproject and 'default-groups = ["dev", "tpu"]' in pyproject
+    assert '"libtpu==0.0.23"' in pyproject and 'default-groups = ["dev", "tpu", "agent"]' in pyproject
 
 
 def test_libtpu_missing_is_one_line(monkeypatch):

@@ -41,7 +41,8 @@ def test_every_kind_has_a_rule_a_step_function_a_format_and_a_plan_path(kind, pl
     assert callable(rule_module(kind.rule).ENTRY.run)
     # a rule spells its output (readable in the rule, as snakemake-workflows do): it is where the plan says
     # (a training run and its next-action scores: a done marker per target, beside each other)
-    markers = {"train": "checkpoints/{target}/done", "eval_actions": "evals/{target}/done"}
+    markers = {"train": "checkpoints/{target}/done", "eval_actions": "evals/{target}/done",
+               "eval_agent": "agent/{target}/done"}
     out = markers.get(kind.rule, f'f"{{STATE_DIR}}/{kind.name}/{{{{')
     assert out in body.split("log:")[0], (kind.rule, body)
     assert BY_RULE[kind.rule] is kind and kind.rule in ST.STEPS
@@ -53,6 +54,8 @@ def test_every_kind_has_a_rule_a_step_function_a_format_and_a_plan_path(kind, pl
         assert a.location == join(plan.root, kind.name, a.name)
         if kind.rule == "eval_actions":
             assert a.manifest == C.Plan.evals_done_path(a.spec["target"]) and a.name.startswith(a.spec["target"] + "-")
+        elif kind.rule == "eval_agent":
+            assert a.manifest == C.Plan.agent_done_path(a.spec["target"]) and a.name.startswith(a.spec["target"] + "-")
         else:
             assert a.manifest.startswith(f"{plan.state_dir}/{kind.name}/")
         assert set(kind.checked_settings(a.spec)) == set(kind.checked)

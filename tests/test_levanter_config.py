@@ -151,6 +151,7 @@ def test_every_training_and_student_field_has_a_row():
             for f in dataclasses.fields(cls) if not f.metadata["cosmetic"]}
     want -= {"TargetSpec.name"}  # the run's name: it enters the run id (the hash) and the W&B tag below
     want -= {"TargetSpec.actions"}  # the next-action evaluation's settings (evals): after training, not in it
+    want -= {"TargetSpec.agent"}  # the agent evaluation's settings (agent): after training, not in it
     assert want - rows == set()
 
 

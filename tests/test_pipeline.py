@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import math
@@ -729,3 +730,86 @@ def test_the_storage_estimate_bounds_what_the_demo_wrote(demo):
     assert est["tokenized"] / 4 <= du(Path(tok.location)) <= est["tokenized"]
     assert est["checkpoints"] / 2 / 2 <= du(ckpt) <= est["checkpoints"] / 2
     assert est["hf exports"] / 2 <= du(hf) <= est["hf exports"]
+
+
+def test_agent_evaluation_of_the_demo_student_the_replay_and_a_model_that_only_submits(demo):
+    """Issue 69: after the demo, `snakemake agent/demo/done` builds the demo task set and lets the trained student
+    work every task through mini-swe-agent (tool-calling mode, the demo teacher's prompts, in the task's sandbox),
+    each submission graded by the tests; `trajsft eval demo --agent --json` reads the figures back. Every task's
+    first prompt, tools included, takes under half the student's context. The replay model (each task's gold fix as
+    bash tool calls, through the same route) resolves every task, and a run of it killed mid-way reruns only the
+    tasks without a graded row; a model that only submits resolves none."""
+    import signal
+
+    from transformers import AutoTokenizer
+    from trajsft.agent import evaluate, harness
+    from trajsft.plan import config as C
+    from trajsft.plan import step_configs
+    from trajsft.plan.tools import BASH
+    from trajsft.serve import chat
+    from trajsft.tasks import taskset
+
+    needs_sandbox()
+    wd, _ = demo
+    run(wd, "agent/demo/done", timeout=900)
+    done = json.loads((wd / "agent/demo/done").read_text())
+    student = json.loads((wd / "checkpoints/demo/done").read_text())["run"]
+    assert done["kind"] == "agent" and done["hash_inputs"]["run"] == student.split("-")[-1]
+    assert done["tasks"] >= 8 and 0 <= done["resolved"] <= done["tasks"] and done["source"]["kind"] == "hf_export"
+    p = cli(wd, "eval", "demo", "--agent", "--json")
+    assert p.returncode == 0, p.stderr[-3000:]
+    doc = json.loads(p.stdout)
+    assert (doc["tasks"], doc["resolved"], doc["model"]) == (done["tasks"], done["resolved"], "student")
+    assert len(doc["rows"]) == doc["tasks"] and all(1 <= r["steps"] <= 4 for r in doc["rows"])
+    assert all(r["exit_status"] != "could_not_start" and r["graded"]["applied"] for r in doc["rows"])
+    episodes = wd / done["location"] / "episodes"
+    for r in doc["rows"]:  # mini-swe-agent's own trajectory, the submission and the row, per task
+        traj = json.loads((episodes / f"{r['instance_id']}.traj.json").read_text())
+        assert traj["trajectory_format"].startswith("mini-swe-agent") and traj["messages"][0]["role"] == "system"
+        assert (episodes / f"{r['instance_id']}.diff").exists()
+    human = cli(wd, "eval", "demo", "--agent")
+    assert f"demo (student): resolved {doc['resolved']}/{doc['tasks']}" in human.stdout, human.stderr[-2000:]
+
+    plan_ = C.Plan(C.load([C.DEFAULT_CONFIG]), base_dir=C.REPO_DIR, state_dir=str(wd / "results"))
+    cfg = step_configs.eval_agent(plan_, "demo")
+    cfg = dataclasses.replace(cfg, tasks=str(wd / cfg.tasks))
+    tasks = taskset.load(cfg.tasks).tasks
+    h = harness.load(cfg.harness)
+    tok = AutoTokenizer.from_pretrained(C.REPO_DIR / "demo/tokenizer")
+    from jinja2 import Template
+
+    for t in tasks:  # every first prompt, tools included, under half the student's seq_len (1024)
+        first = [{"role": "system", "content": h.system_template},
+                 {"role": "user", "content": Template(h.instance_template).render(task=t.problem_statement, repo=t.repo)}]
+        assert len(chat.render(tok, first, [BASH])) < 512, t.instance_id
+
+    replay = [sys.executable, "-m", "trajsft.cli", "eval", "demo", "--agent", "--replay", "--json"]
+    graded = lambda: [p for p in (wd / done["location"] / "replay/episodes").glob("*.json")  # noqa: E731
+                      if not p.name.endswith(".traj.json")] if (wd / done["location"] / "replay/episodes").exists() else []
+    killed = subprocess.Popen(replay, cwd=wd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env(),
+                              start_new_session=True)
+    try:
+        wait_for(lambda: len(graded()) >= 3, 300, "three graded replay episodes", killed)
+    finally:
+        kill_group(killed, signal.SIGKILL)
+    before = len(graded())
+    assert 3 <= before < len(tasks)
+    again = subprocess.run(replay, cwd=wd, capture_output=True, text=True, env=env(), timeout=600)
+    assert again.returncode == 0, again.stderr[-3000:]
+    r = json.loads(again.stdout)
+    assert (r["model"], r["tasks"], r["resolved"], r["resolve_rate"]) == ("replay", len(tasks), len(tasks), 1.0), r
+    assert f"{before} of {len(tasks)} tasks already graded" in again.stderr
+    assert f"running the other {len(tasks) - before}" in again.stderr
+    assert all(x["exit_status"] == "Submitted" for x in r["rows"])
+
+    crate = [t.instance_id for t in tasks if t.repo == "mini_math"]
+    only = evaluate.eval_agent(cfg, "submit", location=str(wd / "submit-only"), only=crate)
+    assert (only["tasks"], only["resolved"]) == (len(crate), 0) and only["exit_statuses"] == {"Submitted": len(crate)}
+
+
+def needs_sandbox():
+    from trajsft.tasks.sandbox import missing
+
+    lacking = missing("bubblewrap")
+    if lacking:
+        required.skip_or_fail("TRAJSFT_REQUIRE_SANDBOX", f"the sandbox needs {', '.join(lacking)}")

@@ -235,7 +235,7 @@ def http(tok):
         class Out:
             tokens = tok.encode(reply + "<|im_end|>", add_special_tokens=False)
 
-        async def submit(prompt, max_tokens, temperature, seed, n):
+        async def submit(prompt, max_tokens, temperature, seed, n, user=None):
             return [Out()] * n
 
         served = trained.Trained(target="demo", name="demo-0123456789", run_dir="/r", source={}, train_cfg={},
@@ -330,7 +330,7 @@ def test_a_request_whose_tools_differ_from_the_trained_ones_is_served_as_asked_w
     class Out:
         tokens = tok.encode("ok<|im_end|>", add_special_tokens=False)
 
-    async def submit(prompt, max_tokens, temperature, seed, n):
+    async def submit(prompt, max_tokens, temperature, seed, n, user=None):
         prompts.append(prompt)
         return [Out()]
 

@@ -121,6 +121,7 @@ SECTIONS = {
     "mixtures": (SCHEMA["properties"]["mixtures"], (S.TargetSpec,)),
     "actions": (SCHEMA["definitions"]["actions"], (S.ActionsSpec,)),
     "tasks": (SCHEMA["properties"]["tasks"], (S.TaskSetSpec,)),
+    "agent": (SCHEMA["definitions"]["agent"], (S.AgentSpec,)),
 }
 
 
@@ -200,6 +201,7 @@ def kind_hashes(p, target) -> dict[str, set[str]]:
         out[a.kind].add(a.hash)
     out["exports"].add(p.target(target)["export"].hash)
     out["evals"].add(p.target(target)["evals"].hash)
+    out["agent"].add(p.target(target)["agent"].hash)
     out["tasks"] = {a.hash for k, a in p.artifacts.items() if k[0] == "tasks"}  # no target's: every set's
     return out
 
@@ -318,7 +320,17 @@ PERTURB = {
     ("TrainingSpec", "remat"): [(lambda c: c["teachers"]["demo"].setdefault("training", {}).update(
                                     remat="save_attention"), "demo", None),
                                 (lambda c: c["training"].update(remat="auto"), "gpt-5-mini", None)],
-    ("TaskSetSpec", "name"): [(lambda c: c.update(tasks={"demo2": c["tasks"]["demo"]}), "demo", None)],
+    ("TargetSpec", "agent"): [(teacher("demo", agent={"step_limit": 6}), "demo", None),
+                              (lambda c: c.update(agent={"max_tokens": 32}), "gpt-5-mini", None)],
+    # the same task set under another name (its hash unchanged): the evaluation names its set
+    ("AgentSpec", "tasks"): [(lambda c: c.update(tasks={"demo2": c["tasks"]["demo"]}, agent={"tasks": "demo2"}),
+                              "demo", None)],
+    ("AgentSpec", "harness"): [(lambda c: c.update(agent={"harness": str(C.REPO_DIR / "config/agent/demo.yaml")}),
+                                "demo", None)],
+    ("AgentSpec", "step_limit"): [(lambda c: c.update(agent={"step_limit": 2}), "mix-all", None)],
+    ("AgentSpec", "max_tokens"): [(teacher("demo", agent={"max_tokens": 16}), "demo", None)],
+    ("AgentSpec", "command_seconds"): [(teacher("demo", agent={"command_seconds": 5}), "demo", None)],
+    ("TaskSetSpec", "name"): [(lambda c: c["tasks"].update(demo2=c["tasks"]["demo"]), "demo", None)],
     ("TaskSetSpec", "crates"): [(lambda c: c["tasks"]["demo"].update(crates="tasks/demo/crates/mini_math"), "demo", None)],
     ("TaskSetSpec", "sandbox"): [(lambda c: c["tasks"]["demo"].update(sandbox="none"), "demo", None)],
     ("TaskSetSpec", "command_seconds"): [(lambda c: c["tasks"]["demo"].update(command_seconds=30), "demo", None)],

@@ -258,7 +258,8 @@ def test_tasks_check_demo_gold_resolves_all_and_empty_none_and_the_set_is_determ
     assert [t.instance_id for t in again.tasks] == [r["instance_id"] for r in out["rows"]]
     t = again.tasks[0]  # its statement: a title, then each failing test's panic (no thread id)
     assert t.title == "mini_math: clamp_above, clamp_below, clamp_inside fail", t.title
-    assert "`tests::clamp_below` fails:\nthread 'tests::clamp_below' panicked at src/lib.rs:" in t.problem_statement
+    assert "`tests::clamp_above` fails:\nthread 'tests::clamp_above' panicked at src/lib.rs:" in t.problem_statement
+    assert "clamp_below' panicked" not in t.problem_statement  # the first failing test's panic only
 
 
 def test_an_unknown_set_or_a_missing_tool_is_one_line(monkeypatch, capsys):

@@ -90,8 +90,9 @@ class Rules:
         return "|".join(re.escape(t) for t in self.plan.targets)
 
     def not_a_target(self) -> str:
-        """Wildcard constraint: a ``checkpoints/<x>/done`` or ``evals/<x>/done`` name that is not a configured target
-        (the name ends at the next / in the output's pattern, or at the end of a wildcard value checked alone)."""
+        """Wildcard constraint: a ``checkpoints/<x>/done``, ``evals/<x>/done`` or ``agent/<x>/done`` name that is not a
+        configured target (the name ends at the next / in the output's pattern, or at the end of a wildcard value
+        checked alone)."""
         return f"(?!(?:{self.target_pattern()})(?:/|$))[^/]+"
 
     # ---- what rule all builds ----------------------------------------------------------------------------------
@@ -226,6 +227,15 @@ class Rules:
         ev = self.plan.target(wildcards.target)["evals"]
         return [self.plan.done_path(wildcards.target)] + [
             self.plan.get(*dep).manifest for dep in ev.deps if dep[0] == "shards"
+        ]
+
+    def eval_agent_inputs(self, wildcards) -> list[str]:
+        """Input function of eval_agent: the target's done marker and its task set's manifest."""
+        ag = self.plan.target(wildcards.target)["agent"]
+        if ag.spec.get("problem"):
+            raise WorkflowStop(f"trajsft: {self.plan.agent_done_path(wildcards.target)}: {ag.spec['problem']}")
+        return [self.plan.done_path(wildcards.target)] + [
+            self.plan.get(*dep).manifest for dep in ag.deps if dep[0] == "tasks"
         ]
 
     def card_paths(self, target: str) -> dict[str, str]:

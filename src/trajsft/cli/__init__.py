@@ -108,8 +108,12 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--actions", action="store_true",
                     help="next-action scores instead: the student's turn against the teacher's on held-out chats "
                          "(tool calls, tool names, arguments, commands, ending the episode)")
+    sp.add_argument("--agent", action="store_true",
+                    help="the agent evaluation instead: the student works each task of its task set through "
+                         "mini-swe-agent in a sandbox, graded by the tests (rule eval_agent's; the resolve rate)")
     sp.add_argument("--replay", action="store_true",
-                    help="with --actions: score the teachers' own turns (every agreement is 1.0: the scores' check)")
+                    help="with --actions: score the teachers' own turns (every agreement is 1.0: the scores' check); "
+                         "with --agent: a built-in model answers each task with its gold fix (resolves every task)")
     sp.add_argument("--watch", action="store_true",
                     help="with --actions and one target: score each HF export of its run as it appears, until the run "
                          "is done (a row per step in the report)")

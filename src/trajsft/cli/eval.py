@@ -1,4 +1,5 @@
-"""``trajsft eval``: the cross-teacher matrix, and next-action scores (``--actions``, ``--replay``, ``--watch``)."""
+"""``trajsft eval``: the cross-teacher matrix, next-action scores (``--actions``, ``--replay``, ``--watch``) and the
+agent evaluation (``--agent``, ``--replay``)."""
 
 from __future__ import annotations
 
@@ -138,16 +139,73 @@ def cmd_eval_actions(args) -> int:
     return 0
 
 
+def cmd_eval_agent(args) -> int:
+    """``trajsft eval TARGET... --agent [--replay]``: each target's agent evaluation (rule ``eval_agent``'s, into the
+    same location: a killed run, or the rule's, is resumed; figures the rule wrote for this very evaluation are read
+    back), or, with ``--replay``, the built-in model that answers each episode with the task's gold fix through the
+    same harness and route (it must resolve every task). The resolve rate with its count, a row per task."""
+    from .. import logs
+    from ..agent import evaluate
+
+    if args.watch or args.actions:
+        raise C.ConfigError("--agent evaluates the student on the task set: --watch and --actions are the next-action "
+                            "scores'")
+    plan = load_plan(args)
+    logs.setup(None, plan.cfg.get("log_level", "INFO"))
+    targets = [t.removeprefix("agent/").removeprefix("checkpoints/").removesuffix("/done")
+               for t in args.targets or plan.cfg["default_targets"]]
+    docs = []
+    for t in targets:
+        plan.target(t)  # an unknown target: one line naming them
+        cfg = step_configs.eval_agent(plan, t)  # no such task set or harness file: one line
+        tasks = plan.get("tasks", plan.target(t)["agent"].spec["tasks"])
+        if not os.path.exists(tasks.manifest):
+            raise C.ConfigError(f"{t}: its task set {tasks.name} is not built: snakemake --cores 2 {tasks.manifest}")
+        model = "replay" if args.replay else "student"
+        stored = None if args.replay else io.join(cfg.location, evaluate.RESULTS)
+        if stored and _built(C.Plan.agent_done_path(t), cfg.name) and os.path.exists(stored):
+            doc = io.read_json(stored)
+        else:
+            evaluate.eval_agent(cfg, model, location=io.join(cfg.location, "replay") if args.replay else None)
+            doc = io.read_json(io.join(cfg.location, "replay", evaluate.RESULTS) if args.replay else stored)
+        docs.append(doc)
+    if args.json:
+        print(json.dumps(docs[0] if len(docs) == 1 else docs, indent=1))
+        return 0
+    for doc in docs:
+        print(f"{doc['target']} ({doc['model']}): resolved {doc['resolved']}/{doc['tasks']} "
+              f"({doc['resolve_rate']:.1%}) on {Path(doc['task_set']).name}")
+        width = max(len(r["instance_id"]) for r in doc["rows"])
+        print(f"  {'TASK'.ljust(width)}  RESOLVED  STEPS  EXIT                  TOKENS  SECONDS")
+        for r in doc["rows"]:
+            print(f"  {r['instance_id'].ljust(width)}  {'yes' if r['resolved'] else 'no':8}  {r['steps']:>5}  "
+                  f"{r['exit_status'][:20]:20}  {r['prompt_tokens'] + r['completion_tokens']:>6}  {r['seconds']:7.1f}")
+        for tid, why in (doc.get("excluded") or {}).items():
+            print(f"  excluded by the task set's controls: {tid}: {why}")
+    return 0
+
+
+def _built(done: str, name: str) -> bool:
+    """Whether the done marker ``done`` was written for the evaluation ``name``."""
+    try:
+        return json.loads(Path(done).read_text()).get("name") == name
+    except (FileNotFoundError, ValueError):
+        return False
+
+
 def cmd_eval(args) -> int:
     """The cross-teacher matrix of the config's ``eval:`` section (rows and columns may be narrowed),
     from the targets' latest HF exports or checkpoints; the same code as rule ``eval_matrix``."""
     from .. import logs
     from ..report import matrix
 
+    if args.agent:
+        return cmd_eval_agent(args)
     if args.actions:
         return cmd_eval_actions(args)
     if args.replay or args.watch:
-        raise C.ConfigError(f"--{'replay' if args.replay else 'watch'} is of the next-action scores: use it with --actions")
+        raise C.ConfigError(f"--{'replay' if args.replay else 'watch'} is of the next-action scores or the agent "
+                            "evaluation: use it with --actions or --agent")
 
     overrides = {}
     if args.targets:

@@ -299,7 +299,7 @@ class Plan:
         )
         return {"name": name, "run": run, "tokenized": [a for _, _, a in tokenized],
                 "export": self._export(name, dict(spec.weights), int(spec.training.seq_len), spec.student.hf_checkpoint),
-                "evals": self._evals(spec, run)}
+                "evals": self._evals(spec, run), "agent": self._agent(spec, run)}
 
     def _evals(self, spec: S.TargetSpec, run: Artifact) -> Artifact:
         """The next-action scores of the target's trained student (rule ``eval_actions``) on the held-out chats of
@@ -316,6 +316,31 @@ class Plan:
                               "max_turns": spec.actions.max_turns, "max_tokens": spec.actions.max_tokens,
                               "max_seqs": spec.actions.max_seqs})
         art.manifest = self.evals_done_path(spec.name)  # per target, beside checkpoints/<target>/done
+        return art
+
+    def _agent(self, spec: S.TargetSpec, run: Artifact) -> Artifact:
+        """The agent evaluation of the target's trained student (rule ``eval_agent``): content-addressed by the run
+        (its final model), the task set, the harness file's content and the evaluation's settings; its done marker
+        is ``agent/<target>/done``."""
+        # what makes it impossible is said when it is asked for (its rule, trajsft eval --agent), never by every plan
+        tasks = self.task_set(spec.agent.tasks) if spec.agent.tasks in self.specs.task_sets else None
+        harness = self.local_path(spec.agent.harness)
+        problem = None
+        if tasks is None:
+            problem = (f"config: {spec.name}: agent.tasks: unknown task set {spec.agent.tasks!r} (config tasks: "
+                       f"{', '.join(self.specs.task_sets) or 'none'})")
+        elif harness is None or not harness.is_file():
+            problem = f"config: {spec.name}: agent.harness: {spec.agent.harness} is not a file"
+        inputs = {"format": KINDS["agent"].format, "target": spec.name, "run": run.hash,
+                  "task_set": tasks.hash if tasks else None,
+                  "harness_content": hashing.file_digest(harness) if harness and harness.is_file() else None,
+                  **spec.agent.identity("agent")}
+        h = hashing.short(inputs)
+        deps = [(run.kind, run.name)] + ([(tasks.kind, tasks.name)] if tasks else [])
+        art = self._add("agent", f"{spec.name}-{h}", h, inputs, deps=deps,
+                        spec={**S.as_dict(spec.agent), "target": spec.name, "tasks": tasks.name if tasks else None,
+                              "harness": str(harness) if harness else spec.agent.harness, "problem": problem})
+        art.manifest = self.agent_done_path(spec.name)  # per target, beside checkpoints/<target>/done
         return art
 
     def _export(self, target: str, weights: dict[str, float], seq_len: int, model: S.Ref | None) -> Artifact:
@@ -552,3 +577,7 @@ class Plan:
     @staticmethod
     def evals_done_path(target: str) -> str:
         return f"evals/{target}/done"
+
+    @staticmethod
+    def agent_done_path(target: str) -> str:
+        return f"agent/{target}/done"

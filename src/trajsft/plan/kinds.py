@@ -48,19 +48,19 @@ class Kind:
 
 REGISTRY = (
     Kind("raw", rule="download", format=2,
-         downstream=("shards", "tokenized", "checkpoints", "exports", "evals"), checked={"rows": lambda s: int(s["rows"])},
+         downstream=("shards", "tokenized", "checkpoints", "exports", "evals", "agent"), checked={"rows": lambda s: int(s["rows"])},
          resources=Resources(threads=1, mem_mb=4000)),  # network-bound: parquet pages from the Hub
     Kind("shards", rule="shard", format=3,
-         downstream=("tokenized", "checkpoints", "exports", "evals"),
+         downstream=("tokenized", "checkpoints", "exports", "evals", "agent"),
          checked={"strict": lambda s: bool(s["transform"].get("strict"))}, resources=Resources(threads=1, mem_mb=4000)),
     Kind("tokenized", rule="tokenize", format=3,
-         downstream=("checkpoints", "evals"), resources=Resources(threads=2, mem_mb=8000)),  # tokenizer workers share the cores
+         downstream=("checkpoints", "evals", "agent"), resources=Resources(threads=2, mem_mb=8000)),  # tokenizer workers share the cores
     Kind("models", rule="download_model", format=1,
-         downstream=("checkpoints", "evals"), resources=Resources(threads=1, mem_mb=4000)),  # network-bound: safetensors
+         downstream=("checkpoints", "evals", "agent"), resources=Resources(threads=1, mem_mb=4000)),  # network-bound: safetensors
     # a training run's seal covers its weights only (trainer checkpoints, HF exports): its records (attempts,
     # provenance, result, logs) change with every attempt and are written again where it runs
     Kind("checkpoints", rule="train", format=1,
-         sealed=("checkpoints/", "hf/"), of_target="run", downstream=("evals",),
+         sealed=("checkpoints/", "hf/"), of_target="run", downstream=("evals", "agent"),
          # Levanter on this machine's CPUs, or, on a Ray profile, a light submitter that follows the job (so that
          # every target of a `--cores 4` profile can be submitted at once)
          resources=Resources(threads=2, mem_mb=16000), on_cluster=Resources(threads=1, mem_mb=1000)),
@@ -71,10 +71,14 @@ REGISTRY = (
     # a light submitter that follows one Ray job on a single-host slice (trajsft.report.actions_job)
     Kind("evals", rule="eval_actions", format=1, of_target="evals",
          resources=Resources(threads=2, mem_mb=8000), on_cluster=Resources(threads=1, mem_mb=1000)),
+    # the agent evaluation of a target's trained student (its done marker agent/<target>/done): mini-swe-agent works
+    # each task of a task set against the student behind trajsft's chat route, each episode in a sandbox, graded by
+    # the tests (trajsft.agent); generation and the tests on this machine's CPUs
+    Kind("agent", rule="eval_agent", format=1, of_target="agent", resources=Resources(threads=2, mem_mb=8000)),
     # a task set (trajsft.tasks.taskset): the bug mutations of a directory of crates that pass their controls, with
     # copies of the crates the grader checks them out of; one test run per mutation and two per task (cargo is
     # single-threaded on these tiny crates, its link step the memory)
-    Kind("tasks", rule="make_tasks", format=1, resources=Resources(threads=1, mem_mb=3000)),
+    Kind("tasks", rule="make_tasks", format=2, downstream=("agent",), resources=Resources(threads=1, mem_mb=3000)),
 )
 KINDS: dict[str, Kind] = {k.name: k for k in REGISTRY}
 BY_RULE: dict[str, Kind] = {k.rule: k for k in REGISTRY}

@@ -64,6 +64,7 @@ SPEC_SETTINGS = {
     "eval": "eval.heldout_fraction: TransformSpec.heldout_fraction; the rest picks the matrix (no artifact)",
     "actions": "ActionsSpec: the defaults under every target's own actions (the next-action evaluation, evals)",
     "tasks": "TaskSetSpec: each task set (the tasks kind: a student's agent is graded on it)",
+    "agent": "AgentSpec: the defaults under every target's own agent (the agent evaluation, agent)",
 }
 
 
@@ -239,6 +240,24 @@ class ActionsSpec(Spec):
 
 
 @dataclass(frozen=True)
+class AgentSpec(Spec):
+    """The agent evaluation of a trained target (rule ``eval_agent``, ``agent/<target>/done``): its own settings over
+    the config's ``agent:``, over these defaults (the demo's: its task set and its teacher's prompts, short episodes
+    a student trained at seq_len 1024 can hold). The task set's hash and the harness file's content are hashed in
+    beside the hashed fields by the plan."""
+
+    tasks: str = hashed("agent", why="the task set the episodes work (its name; its hash enters beside it)",
+                        default="demo")
+    harness: str = cosmetic(why="where mini-swe-agent's templates are (a YAML file): its content, the prompts the "
+                            "student sees, is hashed by the plan, not its path", default="config/agent/demo.yaml")
+    step_limit: int = hashed("agent", why="model calls per episode: an episode that reaches it ends unsubmitted",
+                             default=4)
+    max_tokens: int = hashed("agent", why="the student's greedy generation cap per turn", default=64)
+    command_seconds: float = hashed("agent", why="an agent's command's time limit in its sandbox: a slow command is "
+                                    "killed, its output says so", default=30.0)
+
+
+@dataclass(frozen=True)
 class TargetSpec(Spec):
     """A trained target: a teacher on its own, or a mixture."""
 
@@ -249,6 +268,7 @@ class TargetSpec(Spec):
     student: StudentSpec = hashed("tokenized", "models", "checkpoints", "exports", why="see StudentSpec")
     training: TrainingSpec = hashed("tokenized", "checkpoints", "exports", why="see TrainingSpec")
     actions: ActionsSpec = hashed("evals", why="see ActionsSpec", default=ActionsSpec())
+    agent: AgentSpec = hashed("agent", why="see AgentSpec", default=AgentSpec())
 
     @property
     def teachers(self) -> list[str]:
@@ -274,8 +294,8 @@ class TaskSetSpec(Spec):
                                     "hung, so the tasks kept can differ", default=120.0)
 
 
-SPEC_CLASSES = (Ref, TransformSpec, TrainingSpec, ModelSpec, StudentSpec, TeacherSpec, ActionsSpec, TargetSpec,
-                TaskSetSpec)
+SPEC_CLASSES = (Ref, TransformSpec, TrainingSpec, ModelSpec, StudentSpec, TeacherSpec, ActionsSpec, AgentSpec,
+                TargetSpec, TaskSetSpec)
 
 
 @dataclass(frozen=True)
@@ -387,9 +407,13 @@ def build(cfg: Mapping, base_dir: str | os.PathLike) -> Specs:
         total = sum(weights.values())
         training = _spec(TrainingSpec, _merge(cfg["training"], entry.get("training")), f"{name}: training")
         actions = _spec(ActionsSpec, _merge(cfg.get("actions"), entry.get("actions")), f"{name}: actions")
+        agent = _merge(cfg.get("agent"), entry.get("agent"))
+        if "command_seconds" in agent:
+            agent["command_seconds"] = float(agent["command_seconds"])
+        agent = _spec(AgentSpec, agent, f"{name}: agent")
         targets[name] = TargetSpec(name=name, weights=tuple((t, w / total) for t, w in sorted(weights.items())),
                                    student=students[entry.get("student", cfg["student"])], training=training,
-                                   actions=actions)
+                                   actions=actions, agent=agent)
     task_sets = {name: task_set_spec(name, t, refs) for name, t in (cfg.get("tasks") or {}).items()}
     return Specs(teachers=teachers, students=students, targets=targets, task_sets=task_sets)
 

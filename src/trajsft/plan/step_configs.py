@@ -239,6 +239,36 @@ def eval_actions(plan: Plan, name: str) -> EvalActionsConfig:
                              max_seqs=spec.get("max_seqs"), tools=prompt_tools(plan, name, spec["shards"]))
 
 
+@dataclass(frozen=True)
+class EvalAgentConfig:
+    """The agent evaluation of one target's trained student (rule ``eval_agent``), to ``location`` (``agent/<name>``):
+    mini-swe-agent works each task of the set at ``tasks`` with ``harness``'s templates against the student; its
+    done marker is ``agent/<target>/done``."""
+
+    target: str
+    name: str
+    location: str
+    train: TrainConfig  # the target's run: where its model is found; its student's tokenizer and seq_len
+    tasks: str  # the task set's location (trajsft.tasks.taskset: instances.jsonl, repos/)
+    sandbox: str  # where the episodes' commands and the tests run (the task set's)
+    harness: str  # mini-swe-agent's templates (a YAML file)
+    step_limit: int
+    max_tokens: int
+    command_seconds: float
+
+
+def eval_agent(plan: Plan, name: str) -> EvalAgentConfig:
+    """The target ``name``'s agent evaluation."""
+    art = plan.target(name)["agent"]
+    if art.spec.get("problem"):
+        raise ConfigError(art.spec["problem"])
+    spec, tasks = art.spec, plan.get("tasks", art.spec["tasks"])
+    return EvalAgentConfig(target=name, name=art.name, location=art.location, train=train(plan, name),
+                           tasks=tasks.location, sandbox=tasks.spec["sandbox"], harness=spec["harness"],
+                           step_limit=int(spec["step_limit"]), max_tokens=int(spec["max_tokens"]),
+                           command_seconds=float(spec["command_seconds"]))
+
+
 def prompt_tools(plan: Plan, target: str, teachers) -> dict[str, Optional[list]]:
     """The tools each scored teacher's turns are prompted with: the tools the target's student trained with. A
     teacher of the target: its own; another teacher's split: the target's tools when its teachers agree on them,

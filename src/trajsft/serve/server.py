@@ -13,13 +13,15 @@ once, prints the URL, the model name and where the start-up time went, and serve
 
 
 import asyncio
+import contextlib
 import json
 import logging
 import socket
+import threading
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterator
 
 from ..errors import ConfigError, one_line
 from ..report.trained import Trained
@@ -54,9 +56,11 @@ def _error(status: int, message: str, kind: str = "invalid_request_error", *, pa
                         content={"error": {"message": message, "type": kind, "param": param, "code": code}})
 
 
-def create_app(served: Trained, tokenizer, submit: Callable, max_seq_len: int, max_seqs: int):
+def create_app(served: Trained, tokenizer, submit: Callable, max_seq_len: int, max_seqs: int, *,
+               request_log: int = logging.INFO):
     """The FastAPI app: ``/health``, ``/v1/models`` and ``/v1/chat/completions``. ``submit(prompt, max_tokens,
-    temperature, seed, n)`` awaits the engine's generations (``InferenceResponse`` objects)."""
+    temperature, seed, n, user=)`` awaits the engine's generations (``InferenceResponse`` objects); each request is
+    logged at ``request_log`` (an agent evaluation's many: DEBUG)."""
     from fastapi import FastAPI, Request
 
     app = FastAPI(title=f"trajsft serve {served.target}")
@@ -102,8 +106,9 @@ def create_app(served: Trained, tokenizer, submit: Callable, max_seq_len: int, m
             log.warning("%s", line)
         max_tokens = min(gen["max_tokens"], max_seq_len - len(prompt))
         started = time.time()
-        try:
-            results = await submit(prompt, max_tokens, gen["temperature"], gen["seed"], gen["n"])
+        try:  # `user` (OpenAI's end-user id) names an agent's episode: the replay model answers by it
+            results = await submit(prompt, max_tokens, gen["temperature"], gen["seed"], gen["n"],
+                                   user=body.get("user") if isinstance(body.get("user"), str) else None)
         except Exception as e:  # noqa: BLE001 - the engine failed this request: said, and the server goes on
             log.error("chat completion failed: %s", one_line(e))
             return _error(500, f"generation failed: {one_line(e)}", "server_error")
@@ -114,8 +119,8 @@ def create_app(served: Trained, tokenizer, submit: Callable, max_seq_len: int, m
             message, finish = chat.assistant_message(text, ended=ended, stops=gen["stop"])
             choices.append({"index": i, "message": message, "finish_reason": finish, "logprobs": None})
             generated += len(r.tokens)
-        log.info("chat completion: %d prompt tokens, %d generated in %.2fs (%s)", len(prompt), generated,
-                 time.time() - started, ", ".join(c["finish_reason"] for c in choices))
+        log.log(request_log, "chat completion: %d prompt tokens, %d generated in %.2fs (%s)", len(prompt), generated,
+                time.time() - started, ", ".join(c["finish_reason"] for c in choices))
         return {"id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "object": "chat.completion", "created": int(time.time()),
                 "model": served.name, "choices": choices,
                 "usage": {"prompt_tokens": len(prompt), "completion_tokens": generated,
@@ -124,24 +129,31 @@ def create_app(served: Trained, tokenizer, submit: Callable, max_seq_len: int, m
     return app
 
 
-def serve(served: Trained, *, host: str = "127.0.0.1", port: int = 8701, max_seqs: int = 4,
-          out: Callable[[str], None] = print) -> None:
-    """Load ``served``'s model, compile generation once, then serve until SIGINT/SIGTERM (uvicorn's own shutdown;
-    the caller turns the re-raised KeyboardInterrupt into exit 0)."""
-    t0 = time.time()
-    sock = bind(host, port)
-    import uvicorn
+@dataclass
+class Engine:
+    """A loaded student behind Levanter's engine: its tokenizer, ``submit`` (what the chat route awaits), its
+    context (``max_seq_len``) and where the start-up time went."""
 
+    tokenizer: object
+    submit: Callable
+    max_seq_len: int
+    seconds: dict
+
+
+@contextlib.contextmanager
+def engine(served: Trained, max_seqs: int) -> Iterator[Engine]:
+    """``served``'s model loaded into Levanter's engine, generation compiled once (the first generation compiles
+    prefill and decode, so the first client waits on nothing), shut down on exit."""
     from levanter.inference.openai import InferenceContext, InferenceServerConfig
 
     from ..train import generate
 
+    t0 = time.time()
     loaded = generate.load(served.train_cfg, served.source, max_seqs)
-    src = served.source
-    server_cfg = InferenceServerConfig(trainer=loaded.config.trainer, service=loaded.engine_cfg, host=host, port=port)
+    server_cfg = InferenceServerConfig(trainer=loaded.config.trainer, service=loaded.engine_cfg)
     ctx = InferenceContext(loaded.model, loaded.tokenizer, loaded.engine, server_cfg)
 
-    async def submit(prompt, max_tokens, temperature, seed, n):
+    async def submit(prompt, max_tokens, temperature, seed, n, user=None):
         future = asyncio.get_running_loop().create_future()
         ctx.submit_request(prompt_tokens=prompt, max_tokens=max_tokens, temperature=temperature,
                            stop_tokens=[loaded.end], seed=seed, future=future, n_generations=n)
@@ -149,24 +161,57 @@ def serve(served: Trained, *, host: str = "127.0.0.1", port: int = 8701, max_seq
 
     ctx.start()
     try:
-        # the first generation compiles prefill and decode: before the port answers, so the first client waits
-        # on nothing (a JAX compilation cache, as training uses, makes the next start faster)
         t_loaded = time.time()
         warm = chat.render(loaded.tokenizer, [{"role": "user", "content": "hi"}], None)
-        asyncio.run(_first(submit, warm))
-        t_compile = time.time()
-        app = create_app(served, loaded.tokenizer, submit, loaded.max_seq_len, max_seqs)
-        shown = f"[{host}]" if ":" in host else host
-        out(f"trajsft serve: {served.target} ({src['kind']} step {src['step']}, {src['path']}) at "
-            f"http://{shown}:{sock.getsockname()[1]}/v1 as model {served.name}")
-        out(f"trajsft serve: ready in {t_compile - t0:.1f}s (build {loaded.seconds['build']:.1f}s, load "
-            f"{loaded.seconds['load']:.1f}s, first compile {t_compile - t_loaded:.1f}s); Ctrl-C stops it")
-        server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
-        server.run(sockets=[sock])
+        asyncio.run(submit(warm, 2, 0.0, 0, 1))
+        seconds = {"build": loaded.seconds["build"], "load": loaded.seconds["load"],
+                   "compile": time.time() - t_loaded, "ready": time.time() - t0}
+        yield Engine(loaded.tokenizer, submit, loaded.max_seq_len, seconds)
     finally:
         ctx.shutdown()
+
+
+@contextlib.contextmanager
+def in_thread(app, host: str = "127.0.0.1", port: int = 0) -> Iterator[str]:
+    """``app`` served by uvicorn in a thread of this process (an agent evaluation's server): its base URL
+    (``http://host:port/v1``) once it answers; stopped on exit."""
+    import uvicorn
+
+    sock = bind(host, port)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="trajsft-serve", daemon=True)
+    thread.start()
+    try:
+        deadline = time.time() + 60
+        while not server.started:
+            if not thread.is_alive() or time.time() > deadline:
+                raise ConfigError(f"the chat server on {host}:{sock.getsockname()[1]} did not start")
+            time.sleep(0.02)
+        yield f"http://{host}:{sock.getsockname()[1]}/v1"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
         sock.close()
 
 
-async def _first(submit, prompt) -> None:
-    await submit(prompt, 2, 0.0, 0, 1)
+def serve(served: Trained, *, host: str = "127.0.0.1", port: int = 8701, max_seqs: int = 4,
+          out: Callable[[str], None] = print) -> None:
+    """Load ``served``'s model, compile generation once, then serve until SIGINT/SIGTERM (uvicorn's own shutdown;
+    the caller turns the re-raised KeyboardInterrupt into exit 0)."""
+    sock = bind(host, port)
+    import uvicorn
+
+    src = served.source
+    try:
+        with engine(served, max_seqs) as eng:
+            app = create_app(served, eng.tokenizer, eng.submit, eng.max_seq_len, max_seqs)
+            shown = f"[{host}]" if ":" in host else host
+            s = eng.seconds
+            out(f"trajsft serve: {served.target} ({src['kind']} step {src['step']}, {src['path']}) at "
+                f"http://{shown}:{sock.getsockname()[1]}/v1 as model {served.name}")
+            out(f"trajsft serve: ready in {s['ready']:.1f}s (build {s['build']:.1f}s, load {s['load']:.1f}s, "
+                f"first compile {s['compile']:.1f}s); Ctrl-C stops it")
+            server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
+            server.run(sockets=[sock])
+    finally:
+        sock.close()

@@ -22,7 +22,9 @@ from .sandbox import Limits, Sandbox
 # cargo test's verdict lines (SWE-smith's Rust log parser reads the same): `test tests::name ... ok`
 _VERDICT = re.compile(r"^test (.+?) \.\.\. (ok|FAILED|ignored)\b", re.M)  # a doctest: `src/lib.rs - f (line 3)`
 _STATUS = {"ok": "passed", "FAILED": "failed", "ignored": "ignored"}
-_GIT = ["git", "-c", "user.name=trajsft", "-c", "user.email=trajsft@localhost", "-c", "commit.gpgsign=false"]
+# safe.directory: an episode's copy belongs to the sandbox's user (nobody) when we read its diff
+_GIT = ["git", "-c", "user.name=trajsft", "-c", "user.email=trajsft@localhost", "-c", "commit.gpgsign=false",
+        "-c", "safe.directory=*"]
 
 
 def parse_test_log(text: str) -> dict[str, str]:
@@ -42,6 +44,7 @@ def checkout(src: Path, dest: Path, patch: str = "") -> Optional[str]:
     so that its ``git diff`` is what changed since; None, or why ``patch`` does not apply."""
     shutil.copytree(src, dest, ignore=shutil.ignore_patterns("target", ".git"))
     git(dest, "init", "-q")
+    (dest / ".git/info/exclude").write_text("target/\n")  # cargo's build output is never part of a submission
     why = apply(patch, dest)
     if why is None:
         git(dest, "add", "-A")
@@ -67,6 +70,13 @@ def apply(patch: str, repo: Path) -> Optional[str]:
         return None
     done = git(repo, "apply", "--whitespace=nowarn", "-", input=patch if patch.endswith("\n") else patch + "\n")
     return None if done.returncode == 0 else (one_line(done.stderr, 300) or f"git apply exited {done.returncode}")
+
+
+def submission(repo: Path) -> str:
+    """What an agent changed in its copy since it started (every file, new ones too, build output aside): the diff
+    graded as its submission, however its episode ended."""
+    git(repo, "add", "-A")
+    return git(repo, "diff", "--cached").stdout
 
 
 def gold_patch(task: Task, repos: Path) -> str:

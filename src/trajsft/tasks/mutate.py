@@ -81,9 +81,10 @@ def _bug_patch(crate: Path, m: Mutation, work: Path) -> str:
 
 
 def _failures(log: str, failing: list[str]) -> str:
-    """The body of a problem statement: each failing test's panic, as cargo printed it."""
+    """The body of a problem statement: the first failing test's panic, as cargo printed it (the title names them
+    all; one panic keeps an agent's first prompt short: a small student's context is its training seq_len)."""
     parts = []
-    for t in failing:
+    for t in failing[:1]:
         m = re.search(rf"---- {re.escape(t)} stdout ----\n(.*?)(?:\n\n|\Z)", log, re.S)
         said = "\n".join(x for x in (m.group(1) if m else "").splitlines() if not x.startswith("note: "))
         said = re.sub(r"^(thread '[^']*') \(\d+\) panicked", r"\1 panicked", said, flags=re.M)  # no thread id

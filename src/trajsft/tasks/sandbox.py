@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import os
-import resource
 import shutil
 import signal
 import subprocess
@@ -26,7 +25,7 @@ log = logging.getLogger("trajsft")
 KINDS = ("bubblewrap", "none")
 NOBODY = 65534
 # what a sandbox needs, and the Debian package that brings it
-NEEDS = {"bwrap": "bubblewrap", "setpriv": "util-linux", CARGO: "cargo-web rustc-web"}
+NEEDS = {"bwrap": "bubblewrap", "setpriv": "util-linux", "prlimit": "util-linux", CARGO: "cargo-web rustc-web"}
 
 
 @dataclass(frozen=True)
@@ -51,7 +50,7 @@ class Ran:
 
 def missing(kind: str, needs_cargo: bool = True) -> list[str]:
     """The tools a sandbox of ``kind`` lacks here, as ``<tool> (apt-get install <package>)``."""
-    tools = ([] if kind == "none" else ["bwrap"] + (["setpriv"] if os.geteuid() == 0 else [])) + (
+    tools = ([] if kind == "none" else ["bwrap"] + (["setpriv"] if os.geteuid() == 0 else [])) + ["prlimit"] + (
         [CARGO] if needs_cargo else [])
     gone = [t for t in tools if not (os.path.exists(t) if t.startswith("/") else shutil.which(t, path=PATH))]
     return [f"{t} (apt-get install {NEEDS[t]})" for t in gone]
@@ -95,6 +94,13 @@ class Sandbox:
                         "(no network limit, no read-only file system)", self.workdir)
 
     def argv(self, command: str) -> list[str]:
+        """The command line of ``command``: its limits set by prlimit (inherited by everything it starts; no Python
+        runs between fork and exec, so a caller with threads, JAX's, is safe), then the sandbox."""
+        mem = self.limits.memory_mb * 2**20
+        limits = ["prlimit", f"--as={mem}", f"--nproc={self.limits.processes}", "--"]
+        return limits + self._inner(command)
+
+    def _inner(self, command: str) -> list[str]:
         if self.kind == "none":
             return ["/bin/bash", "-c", command]
         bwrap = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
@@ -112,11 +118,6 @@ class Sandbox:
                     "CARGO_TERM_COLOR": "never"}
         return {"PATH": PATH}
 
-    def _limit(self) -> None:  # in the child, before exec: inherited by everything the command starts
-        mem = self.limits.memory_mb * 2**20
-        resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
-        resource.setrlimit(resource.RLIMIT_NPROC, (self.limits.processes, self.limits.processes))
-
     def run(self, command: str, timeout_s: Optional[float] = None) -> Ran:
         """``command`` (bash) in the sandbox, killed with everything it started at the command's limit or when the
         episode's time is used up."""
@@ -126,8 +127,7 @@ class Sandbox:
         limit = min(self.limits.command_s, left, timeout_s or float("inf"))
         started = time.monotonic()
         p = subprocess.Popen(self.argv(command), cwd=self.workdir, env=self._env(), stdin=subprocess.DEVNULL,
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
-                             preexec_fn=self._limit)
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
         timed_out = False
         try:
             out, _ = p.communicate(timeout=limit)

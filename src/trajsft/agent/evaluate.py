@@ -1,0 +1,145 @@
+"""Rule ``eval_agent`` (``agent/<target>/done``) and ``trajsft eval <target> --agent``: a target's trained student
+works every task of a task set through mini-swe-agent, each episode in its sandbox, each submission graded by the
+task's tests; the resolve rate with its count.
+
+Per task, under the evaluation's location: ``episodes/<id>.traj.json`` (mini-swe-agent's own trajectory),
+``episodes/<id>.diff`` (the submission) and ``episodes/<id>.json`` (the episode and the grader's row, written last:
+a killed evaluation reruns only the tasks without one). ``results.json`` holds the rate and every row.
+
+The model is the student (its run's newest model, loaded into the engine ``trajsft serve`` uses) or a built-in
+scripted one (:mod:`trajsft.agent.replay`: ``replay`` resolves every task, ``submit`` none), served by trajsft's
+chat route in this process on a loopback port."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import tempfile
+from pathlib import Path
+from typing import Callable, Iterator, Optional, Sequence
+
+from .. import io, terminal
+from ..errors import ConfigError, DataError
+from ..plan.step_configs import EvalAgentConfig
+from ..report.trained import Trained, locate
+from ..serve import server
+from ..tasks import sandbox, taskset
+from ..tasks.record import Task
+from ..train.generate import END_OF_TURN
+from . import harness as H
+from . import replay
+
+log = logging.getLogger("trajsft")
+
+EPISODES, RESULTS = "episodes", "results.json"
+
+
+def graded_rows(location: str) -> dict[str, dict]:
+    """The episodes already graded under ``location``, by task id (a row that does not read is left to rerun)."""
+    out = {}
+    for path in io.glob(io.join(location, EPISODES, "*.json")):
+        if path.endswith(".traj.json"):
+            continue
+        try:
+            row = io.read_json(path)
+            out[row["instance_id"]] = row
+        except (ValueError, KeyError, TypeError, OSError):
+            continue
+    return out
+
+
+@contextlib.contextmanager
+def _served(cfg: EvalAgentConfig, model: str, tasks: list[Task]) -> Iterator[tuple[str, str, Optional[dict]]]:
+    """(the chat route's URL, the model name it answers to, the student's source or None) while the model is up."""
+    tools = tuple(a.spec.get("tools") for a in cfg.train.tokenized.values())  # what each teacher's chats trained with
+    if model == "student":
+        trained = locate(cfg.train)
+        with server.engine(trained, max_seqs=1) as eng:
+            app = server.create_app(trained, eng.tokenizer, eng.submit, eng.max_seq_len, 1, request_log=logging.DEBUG)
+            with server.in_thread(app) as url:
+                yield url, trained.name, trained.source
+        return
+    from transformers import AutoTokenizer
+
+    tok_path = next(iter(cfg.train.tokenized.values())).spec["tokenizer"]  # what the student trained with
+    tokenizer = AutoTokenizer.from_pretrained(tok_path)
+    served = Trained(target=cfg.target, name=f"{cfg.train.run.name}-{model}", run_dir="", source={}, train_cfg={},
+                     tools=tools)
+    submit = replay.submitter(tokenizer, replay.script(model, tasks), END_OF_TURN)
+    app = server.create_app(served, tokenizer, submit, int(cfg.train.spec.training.seq_len), 1,
+                            request_log=logging.DEBUG)
+    with server.in_thread(app) as url:
+        yield url, served.name, None
+
+
+def eval_agent(cfg: EvalAgentConfig, model: str = "student", location: Optional[str] = None,
+               say: Callable[[str], None] = log.info, only: Optional[Sequence[str]] = None) -> dict:
+    """Every task of ``cfg``'s set (``only``: those ids) not yet graded under ``location`` (default: the evaluation's
+    own), one episode each against ``model`` (``student``, or a built-in: ``replay``, ``submit``); the result (rate,
+    counts, rows)."""
+    location = location or cfg.location
+    why = H.missing()
+    if why:
+        raise ConfigError(why)
+    lacking = sandbox.missing(cfg.sandbox)
+    if lacking:
+        raise ConfigError(f"agent {cfg.target}: the sandbox ({cfg.sandbox}) needs {', '.join(lacking)}")
+    if io.is_remote(cfg.tasks):
+        raise ConfigError(f"agent {cfg.target}: the task set {cfg.tasks} is in a bucket: evaluations read it from a "
+                          "local storage root")
+    tasks = taskset.load(cfg.tasks)
+    if only is not None:
+        unknown = sorted(set(only) - {t.instance_id for t in tasks.tasks})
+        if unknown:
+            raise ConfigError(f"agent {cfg.target}: no task {', '.join(unknown)} in {cfg.tasks}")
+        tasks = taskset.TaskSet([t for t in tasks.tasks if t.instance_id in set(only)], tasks.repos)
+    if not tasks.tasks:
+        raise DataError(f"agent {cfg.target}: the task set {cfg.tasks} holds no task")
+    harness = H.load(cfg.harness, step_limit=cfg.step_limit, max_tokens=cfg.max_tokens,
+                     command_seconds=cfg.command_seconds)
+    done = graded_rows(location)
+    todo = [t for t in tasks.tasks if t.instance_id not in done]
+    if done:
+        say(f"agent {cfg.target}: {len(done)} of {len(tasks.tasks)} tasks already graded under {location}; "
+            f"running the other {len(todo)}")
+    source = None
+    if todo:
+        with _served(cfg, model, tasks.tasks) as (url, name, source), \
+                tempfile.TemporaryDirectory(prefix="trajsft-agent-") as tmp:
+            os.chmod(tmp, 0o711)  # the episodes' copies inside are reached by the sandbox's user (nobody)
+            counted = terminal.Counted(f"trajsft eval_agent {cfg.target}", len(todo), "episodes")
+            for task in todo:
+                traj = Path(tmp) / f"{task.instance_id}.traj.json"
+                episode, diff = H.run(task, tasks.repos, url=url, model=name, harness=harness, sandbox=cfg.sandbox,
+                                      workdir=Path(tmp), traj_path=traj)
+                base = io.join(location, EPISODES, task.instance_id)
+                if traj.exists():
+                    io.write_text(base + ".traj.json", traj.read_text())
+                io.write_text(base + ".diff", diff)
+                io.write_json(base + ".json", {**episode.row(), "model": name})  # last: the task is graded
+                done[task.instance_id] = {**episode.row(), "model": name}
+                log.info("agent %s: %s %s (%s, %d steps, %.1fs)", cfg.target, task.instance_id,
+                         "resolved" if episode.resolved else "unresolved", episode.exit_status, episode.steps,
+                         episode.seconds)
+                counted.add(1)
+    rows = [done[t.instance_id] for t in tasks.tasks]
+    try:  # the tasks the set's controls excluded (never graded here), with why
+        excluded = io.read_json(io.join(cfg.tasks, taskset.CONTROLS)).get("excluded") or {}
+    except (OSError, ValueError):
+        excluded = {}
+    resolved = sum(bool(r["resolved"]) for r in rows)
+    result = {"target": cfg.target, "model": model, "tasks": len(rows), "resolved": resolved,
+              "resolve_rate": resolved / len(rows), "source": source, "task_set": cfg.tasks,
+              "harness": {"step_limit": cfg.step_limit, "max_tokens": cfg.max_tokens,
+                          "command_seconds": cfg.command_seconds},
+              "exit_statuses": _counts(r["exit_status"] for r in rows), "excluded": excluded, "rows": rows}
+    io.write_json(io.join(location, RESULTS), result)
+    return {k: v for k, v in result.items() if k != "rows"} | {"results": io.join(location, RESULTS)}
+
+
+def _counts(values) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for v in values:
+        out[v] = out.get(v, 0) + 1
+    return dict(sorted(out.items()))

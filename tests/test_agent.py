@@ -1,0 +1,169 @@
+"""The agent evaluation's parts without a model (issue 69): the harness file, the gold fix as bash commands, the
+scripted models' turns through the chat route's own submit contract, and the CLI's one-line refusals. The episodes
+themselves (mini-swe-agent against the demo's student, the replay and a model that only submits, a killed evaluation
+resumed) run in tests/test_pipeline.py on the trained demo."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from test_tasks import diff_of  # a bug in mini_math as a git diff
+
+from trajsft.agent import harness as H
+from trajsft.agent import replay as R
+from trajsft.errors import ConfigError
+from trajsft.plan import config as C
+from trajsft.plan import step_configs
+from trajsft.tasks import grade as G
+from trajsft.tasks.record import Task
+
+REPO = C.REPO_DIR
+MINI = REPO / "tasks/demo/crates/mini_math"
+
+
+def _task(patch: str) -> Task:
+    return Task(instance_id="mini_math.t", repo="mini_math", patch=patch, FAIL_TO_PASS=("tests::x",), PASS_TO_PASS=(),
+                problem_statement="mini_math: x fails\n\nbody")
+
+
+def test_the_gold_fix_as_sed_commands_undoes_the_bug_line_for_line(tmp_path):
+    """Each changed line becomes the smallest substitution that is found first on its line (widened where the
+    differing text appears earlier on it); applied by bash to the bugged copy, the copy is the original again."""
+    assert R._edit(3, "    if x > lo {", "    if x < lo {") == "3s/>/</"
+    assert R._edit(7, "a + b + c", "a + b - c") == "7s/b +/b -/"  # the first '+' is not the one that changed
+    assert R._edit(2, "x.len() == 0", "!(x.len() == 0)") == r"2s/x\.len() == 0/!(x.len() == 0)/"
+    assert R._edit(1, "f(a*b, [c])", "f(a*b, c)") == r"1s/\[c\]/c/"
+    bug = diff_of({"if x < lo {": "if !(x < lo) {", "} else if x > hi {": "} else if x < hi {"})
+    [cmd] = R.gold_commands(_task(bug))
+    assert cmd.startswith("sed -i '") and cmd.endswith(" 'src/lib.rs'") and cmd.count("s/") == 2
+    repo = tmp_path / "r"
+    G.checkout(MINI, repo, bug)
+    subprocess.run(["bash", "-c", cmd], cwd=repo, check=True)
+    assert (repo / "src/lib.rs").read_text() == (MINI / "src/lib.rs").read_text()
+    added = "diff --git a/src/lib.rs b/src/lib.rs\n--- a/src/lib.rs\n+++ b/src/lib.rs\n@@ -1,1 +1,2 @@\n x\n+y\n"
+    with pytest.raises(ValueError, match="no line-for-line gold edit"):
+        R.gold_commands(_task(added))
+
+
+def test_the_scripted_models_answer_each_episode_by_its_turn():
+    """The replay's n-th turn is its script's n-th command as a Qwen3 tool call, closed with the end-of-turn token;
+    an unknown episode or a turn past the script is plain text (mini-swe-agent's format error)."""
+    from transformers import AutoTokenizer
+
+    from trajsft.serve import chat
+    from trajsft.train.generate import END_OF_TURN
+
+    tok = AutoTokenizer.from_pretrained(REPO / "demo/tokenizer")
+    script = {"a": ["ls", R.SUBMIT_COMMAND]}
+    submit = R.submitter(tok, script, END_OF_TURN)
+    first = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]
+    second = first + [{"role": "assistant", "content": "", "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "bash", "arguments": '{"command": "ls"}'}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "out"}]
+
+    def answer(msgs, user):
+        [r] = asyncio.run(submit(chat.render(tok, msgs, None), 64, 0.0, None, 1, user=user))
+        assert r.tokens[-1] == tok.convert_tokens_to_ids(END_OF_TURN)
+        return chat.assistant_message(tok.decode(r.tokens[:-1]), ended=True, stops=[])[0]
+
+    calls = lambda m: [json.loads(c["function"]["arguments"])["command"] for c in m.get("tool_calls") or []]  # noqa: E731
+    assert calls(answer(first, "a")) == ["ls"]
+    assert calls(answer(second, "a")) == [R.SUBMIT_COMMAND]
+    assert calls(answer(first, "b")) == [] and "no turn 0 for episode 'b'" in answer(first, "b")["content"]
+    assert R.script("submit", [_task(diff_of({"x < lo": "x > lo"}))]) == {"mini_math.t": [R.SUBMIT_COMMAND]}
+    with pytest.raises(ValueError, match="unknown built-in model 'oracle'"):
+        R.script("oracle", [])
+
+
+def test_the_demo_harness_is_the_demo_teachers_prompts():
+    """config/agent/demo.yaml: the demo trajectories' system prompt verbatim and their user template, rendered by
+    mini-swe-agent's jinja for a task, equal to the template's own rendering."""
+    from jinja2 import StrictUndefined, Template
+
+    sys.path.insert(0, str(REPO / "scripts"))
+    try:
+        from demo_assets.prompts import SYSTEM_PROMPT, USER_TEMPLATE
+    finally:
+        sys.path.remove(str(REPO / "scripts"))
+    h = H.load(REPO / "config/agent/demo.yaml")
+    assert h.system_template == SYSTEM_PROMPT
+    title, body = "mini_math: clamp_above fails", "`tests::clamp_above` fails:\npanicked"
+    got = Template(h.instance_template, undefined=StrictUndefined).render(task=f"{title}\n\n{body}", repo="mini_math")
+    assert got == USER_TEMPLATE.format(title=title, body=body, repo_dir="mini_math", extra="Do not modify the tests.")
+    out = Template(h.observation_template, undefined=StrictUndefined).render(
+        output={"output": "x" * 1000, "returncode": 0, "exception_info": ""})
+    assert out.startswith("<returncode>0</returncode>\n<output>\n") and "[... 700 characters cut ...]" in out
+    assert len(out) < 400
+
+
+def test_a_bad_harness_file_is_one_line(tmp_path):
+    with pytest.raises(ConfigError, match=r"agent harness .*nope.yaml: no such file$"):
+        H.load(tmp_path / "nope.yaml")
+    bad = tmp_path / "h.yaml"
+    bad.write_text(yaml.safe_dump({"system_template": "s", "instance_template": "", "extra": 1}))
+    with pytest.raises(ConfigError, match=r"missing or empty: instance_template, observation_template, "
+                                          r"format_error_template; unknown: extra$"):
+        H.load(bad)
+    bad.write_text("a: [")
+    with pytest.raises(ConfigError, match=r"h.yaml: not YAML \("):
+        H.load(bad)
+
+
+def test_the_agent_evaluation_is_planned_per_target_and_hashes_its_inputs(tmp_path):
+    """agent/<target>/done, content-addressed by the run, the task set, the harness file's content and the agent:
+    settings; another harness text is another evaluation, the task set's sandbox is not."""
+    def art(**over):
+        p = C.Plan(C.load(None, {"storage_root": str(tmp_path / "s"), **over}), base_dir=REPO,
+                   state_dir=str(tmp_path / "r"))
+        return p.target("demo")["agent"], p
+
+    a, p = art()
+    assert a.manifest == "agent/demo/done" and a.name.startswith("demo-")
+    assert a.inputs["run"] == p.target("demo")["run"].hash and a.inputs["task_set"] == p.task_set("demo").hash
+    assert (a.inputs["step_limit"], a.inputs["max_tokens"]) == (4, 64)
+    assert art(agent={"step_limit": 5})[0].hash != a.hash
+    assert art(tasks={"demo": {"crates": "tasks/demo/crates", "sandbox": "none"}})[0].hash == a.hash
+    other = tmp_path / "h.yaml"
+    shutil.copy(REPO / "config/agent/demo.yaml", other)
+    assert art(agent={"harness": str(other)})[0].hash == a.hash  # the same content
+    other.write_text(other.read_text().replace("Do not modify the tests.", "Keep the API."))
+    assert art(agent={"harness": str(other)})[0].hash != a.hash
+    # said when the evaluation is asked for, never by every plan (a config without tasks: plans its trainings)
+    bad, p = art(agent={"harness": str(tmp_path / "missing.yaml")})
+    with pytest.raises(ConfigError, match=r"^config: demo: agent.harness: .*missing.yaml is not a file$"):
+        step_configs.eval_agent(p, "demo")
+    bad, p = art(tasks={}, agent={"tasks": "other"})
+    with pytest.raises(ConfigError, match=r"^config: demo: agent.tasks: unknown task set 'other' \(config tasks: "
+                                          r"demo\)$"):
+        step_configs.eval_agent(p, "demo")
+
+
+def test_the_cli_says_in_one_line_what_is_missing(tmp_path, monkeypatch, capsys):
+    import trajsft.cli as cli
+
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["eval", "demo", "--agent", "--watch"]) == 2
+    assert "--watch and --actions are the next-action scores'" in capsys.readouterr().err
+    assert cli.main(["eval", "nope", "--agent"]) == 2
+    assert "unknown target 'nope'" in capsys.readouterr().err
+    assert cli.main(["eval", "demo", "--agent"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("trajsft: demo: its task set demo-") and "is not built: snakemake --cores 2 results/tasks/demo-" in err
+    assert err.count("\n") == 1
+    assert cli.main(["eval", "demo", "--replay"]) == 2
+    assert "use it with --actions or --agent" in capsys.readouterr().err
+
+
+def test_a_missing_harness_is_one_line_naming_its_group(monkeypatch):
+    monkeypatch.setitem(sys.modules, "minisweagent", None)  # as if not installed: its import fails
+    assert H.missing() == ("the agent harness is not installed (minisweagent): mini-swe-agent is in the lock's "
+                           "`agent` group (uv sync --group agent)")
+    monkeypatch.undo()
+    assert H.missing() is None
