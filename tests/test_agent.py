@@ -167,3 +167,18 @@ def test_a_missing_harness_is_one_line_naming_its_group(monkeypatch):
                            "`agent` group (uv sync --group agent)")
     monkeypatch.undo()
     assert H.missing() is None
+
+
+def test_several_targets_are_shown_side_by_side():
+    from trajsft.cli.eval import agent_side_by_side
+
+    row = lambda i, ok, st="Submitted": {"instance_id": i, "resolved": ok, "exit_status": st}  # noqa: E731
+    a = {"target": "demo", "tasks": 2, "resolved": 1, "resolve_rate": 0.5, "rows": [row("t1", True), row("t2", False)]}
+    b = {"target": "mix-all", "tasks": 1, "resolved": 0, "resolve_rate": 0.0,
+         "rows": [row("t2", False, "RepeatedFormatError")]}
+    assert agent_side_by_side([a, b]) == [
+        "TASK      demo                    mix-all",
+        "t1        resolved (Submitted)",
+        "t2        no (Submitted)          no (RepeatedForm)",
+        "RESOLVED  1/2 (50.0%)             0/1 (0.0%)",
+    ]

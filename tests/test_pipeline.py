@@ -751,11 +751,13 @@ def test_agent_evaluation_of_the_demo_student_the_replay_and_a_model_that_only_s
 
     needs_sandbox()
     wd, _ = demo
-    run(wd, "agent/demo/done", timeout=900)
+    # four episodes at once against the one engine (it batches their turns; not hashed: the same evaluation)
+    run(wd, "agent/demo/done", config={"agent": {"episodes_at_once": 4}}, timeout=900)
     done = json.loads((wd / "agent/demo/done").read_text())
     student = json.loads((wd / "checkpoints/demo/done").read_text())["run"]
     assert done["kind"] == "agent" and done["hash_inputs"]["run"] == student.split("-")[-1]
     assert done["tasks"] >= 8 and 0 <= done["resolved"] <= done["tasks"] and done["source"]["kind"] == "hf_export"
+    assert done["harness"]["episodes_at_once"] == 4
     p = cli(wd, "eval", "demo", "--agent", "--json")
     assert p.returncode == 0, p.stderr[-3000:]
     doc = json.loads(p.stdout)
@@ -803,7 +805,8 @@ def test_agent_evaluation_of_the_demo_student_the_replay_and_a_model_that_only_s
     assert all(x["exit_status"] == "Submitted" for x in r["rows"])
 
     crate = [t.instance_id for t in tasks if t.repo == "mini_math"]
-    only = evaluate.eval_agent(cfg, "submit", location=str(wd / "submit-only"), only=crate)
+    only = evaluate.eval_agent(dataclasses.replace(cfg, episodes_at_once=3), "submit",
+                               location=str(wd / "submit-only"), only=crate)
     assert (only["tasks"], only["resolved"]) == (len(crate), 0) and only["exit_statuses"] == {"Submitted": len(crate)}
 
 

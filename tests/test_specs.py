@@ -330,6 +330,7 @@ PERTURB = {
     ("AgentSpec", "step_limit"): [(lambda c: c.update(agent={"step_limit": 2}), "mix-all", None)],
     ("AgentSpec", "max_tokens"): [(teacher("demo", agent={"max_tokens": 16}), "demo", None)],
     ("AgentSpec", "command_seconds"): [(teacher("demo", agent={"command_seconds": 5}), "demo", None)],
+    ("AgentSpec", "episodes_at_once"): [(teacher("demo", agent={"episodes_at_once": 4}), "demo", None)],
     ("TaskSetSpec", "name"): [(lambda c: c["tasks"].update(demo2=c["tasks"]["demo"]), "demo", None)],
     ("TaskSetSpec", "crates"): [(lambda c: c["tasks"]["demo"].update(crates="tasks/demo/crates/mini_math"), "demo", None)],
     ("TaskSetSpec", "sandbox"): [(lambda c: c["tasks"]["demo"].update(sandbox="none"), "demo", None)],

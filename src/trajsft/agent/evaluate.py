@@ -12,6 +12,7 @@ chat route in this process on a loopback port."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import logging
 import os
@@ -50,13 +51,16 @@ def graded_rows(location: str) -> dict[str, dict]:
 
 
 @contextlib.contextmanager
-def _served(cfg: EvalAgentConfig, model: str, tasks: list[Task]) -> Iterator[tuple[str, str, Optional[dict]]]:
-    """(the chat route's URL, the model name it answers to, the student's source or None) while the model is up."""
+def _served(cfg: EvalAgentConfig, model: str, tasks: list[Task],
+            at_once: int = 1) -> Iterator[tuple[str, str, Optional[dict]]]:
+    """(the chat route's URL, the model name it answers to, the student's source or None) while the model is up,
+    generating for ``at_once`` episodes at once."""
     tools = tuple(a.spec.get("tools") for a in cfg.train.tokenized.values())  # what each teacher's chats trained with
     if model == "student":
         trained = locate(cfg.train)
-        with server.engine(trained, max_seqs=1) as eng:
-            app = server.create_app(trained, eng.tokenizer, eng.submit, eng.max_seq_len, 1, request_log=logging.DEBUG)
+        with server.engine(trained, max_seqs=at_once) as eng:
+            app = server.create_app(trained, eng.tokenizer, eng.submit, eng.max_seq_len, at_once,
+                                    request_log=logging.DEBUG)
             with server.in_thread(app) as url:
                 yield url, trained.name, trained.source
         return
@@ -67,7 +71,7 @@ def _served(cfg: EvalAgentConfig, model: str, tasks: list[Task]) -> Iterator[tup
     served = Trained(target=cfg.target, name=f"{cfg.train.run.name}-{model}", run_dir="", source={}, train_cfg={},
                      tools=tools)
     submit = replay.submitter(tokenizer, replay.script(model, tasks), END_OF_TURN)
-    app = server.create_app(served, tokenizer, submit, int(cfg.train.spec.training.seq_len), 1,
+    app = server.create_app(served, tokenizer, submit, int(cfg.train.spec.training.seq_len), at_once,
                             request_log=logging.DEBUG)
     with server.in_thread(app) as url:
         yield url, served.name, None
@@ -104,24 +108,31 @@ def eval_agent(cfg: EvalAgentConfig, model: str = "student", location: Optional[
         say(f"agent {cfg.target}: {len(done)} of {len(tasks.tasks)} tasks already graded under {location}; "
             f"running the other {len(todo)}")
     source = None
+    at_once = max(1, min(cfg.episodes_at_once, len(todo)))
     if todo:
-        with _served(cfg, model, tasks.tasks) as (url, name, source), \
-                tempfile.TemporaryDirectory(prefix="trajsft-agent-") as tmp:
+        with _served(cfg, model, tasks.tasks, at_once) as (url, name, source), \
+                tempfile.TemporaryDirectory(prefix="trajsft-agent-") as tmp, \
+                concurrent.futures.ThreadPoolExecutor(at_once, thread_name_prefix="trajsft-episode") as pool:
             os.chmod(tmp, 0o711)  # the episodes' copies inside are reached by the sandbox's user (nobody)
             counted = terminal.Counted(f"trajsft eval_agent {cfg.target}", len(todo), "episodes")
-            for task in todo:
+
+            def episode(task: Task) -> tuple[H.Episode, str, Path]:
                 traj = Path(tmp) / f"{task.instance_id}.traj.json"
-                episode, diff = H.run(task, tasks.repos, url=url, model=name, harness=harness, sandbox=cfg.sandbox,
-                                      workdir=Path(tmp), traj_path=traj)
-                base = io.join(location, EPISODES, task.instance_id)
+                ran, diff = H.run(task, tasks.repos, url=url, model=name, harness=harness, sandbox=cfg.sandbox,
+                                  workdir=Path(tmp), traj_path=traj)
+                return ran, diff, traj
+
+            # `at_once` episodes against the one engine, which batches their turns; each kept as it ends
+            for fut in concurrent.futures.as_completed([pool.submit(episode, t) for t in todo]):
+                ran, diff, traj = fut.result()
+                base = io.join(location, EPISODES, ran.instance_id)
                 if traj.exists():
                     io.write_text(base + ".traj.json", traj.read_text())
                 io.write_text(base + ".diff", diff)
-                io.write_json(base + ".json", {**episode.row(), "model": name})  # last: the task is graded
-                done[task.instance_id] = {**episode.row(), "model": name}
-                log.info("agent %s: %s %s (%s, %d steps, %.1fs)", cfg.target, task.instance_id,
-                         "resolved" if episode.resolved else "unresolved", episode.exit_status, episode.steps,
-                         episode.seconds)
+                io.write_json(base + ".json", {**ran.row(), "model": name})  # last: the task is graded
+                done[ran.instance_id] = {**ran.row(), "model": name}
+                log.info("agent %s: %s %s (%s, %d steps, %.1fs)", cfg.target, ran.instance_id,
+                         "resolved" if ran.resolved else "unresolved", ran.exit_status, ran.steps, ran.seconds)
                 counted.add(1)
     rows = [done[t.instance_id] for t in tasks.tasks]
     try:  # the tasks the set's controls excluded (never graded here), with why
@@ -132,7 +143,7 @@ def eval_agent(cfg: EvalAgentConfig, model: str = "student", location: Optional[
     result = {"target": cfg.target, "model": model, "tasks": len(rows), "resolved": resolved,
               "resolve_rate": resolved / len(rows), "source": source, "task_set": cfg.tasks,
               "harness": {"step_limit": cfg.step_limit, "max_tokens": cfg.max_tokens,
-                          "command_seconds": cfg.command_seconds},
+                          "command_seconds": cfg.command_seconds, "episodes_at_once": cfg.episodes_at_once},
               "exit_statuses": _counts(r["exit_status"] for r in rows), "excluded": excluded, "rows": rows}
     io.write_json(io.join(location, RESULTS), result)
     return {k: v for k, v in result.items() if k != "rows"} | {"results": io.join(location, RESULTS)}

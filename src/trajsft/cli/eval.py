@@ -172,6 +172,9 @@ def cmd_eval_agent(args) -> int:
     if args.json:
         print(json.dumps(docs[0] if len(docs) == 1 else docs, indent=1))
         return 0
+    if len(docs) > 1:
+        print("\n".join(agent_side_by_side(docs)))
+        return 0
     for doc in docs:
         print(f"{doc['target']} ({doc['model']}): resolved {doc['resolved']}/{doc['tasks']} "
               f"({doc['resolve_rate']:.1%}) on {Path(doc['task_set']).name}")
@@ -183,6 +186,23 @@ def cmd_eval_agent(args) -> int:
         for tid, why in (doc.get("excluded") or {}).items():
             print(f"  excluded by the task set's controls: {tid}: {why}")
     return 0
+
+
+def agent_side_by_side(docs: list[dict]) -> list[str]:
+    """Several targets' agent evaluations side by side: a row per task (each target's verdict and exit status; a
+    task a target's set does not hold is blank), then each target's resolve rate with its count."""
+    ids = list(dict.fromkeys(r["instance_id"] for d in docs for r in d["rows"]))
+    by = [{r["instance_id"]: r for r in d["rows"]} for d in docs]
+    width = max(len(i) for i in ids + ["RESOLVED"])
+    cols = [max(22, len(d["target"])) for d in docs]
+    out = ["  ".join(["TASK".ljust(width)] + [d["target"].ljust(c) for d, c in zip(docs, cols)])]
+    for i in ids:
+        cells = [(f"{'resolved' if b[i]['resolved'] else 'no'} ({b[i]['exit_status'][:12]})" if i in b else "")
+                 for b in by]
+        out.append("  ".join([i.ljust(width)] + [x.ljust(c) for x, c in zip(cells, cols)]))
+    out.append("  ".join(["RESOLVED".ljust(width)] + [f"{d['resolved']}/{d['tasks']} ({d['resolve_rate']:.1%})".ljust(c)
+                                                     for d, c in zip(docs, cols)]))
+    return [line.rstrip() for line in out]
 
 
 def _built(done: str, name: str) -> bool:

@@ -255,6 +255,8 @@ class AgentSpec(Spec):
     max_tokens: int = hashed("agent", why="the student's greedy generation cap per turn", default=64)
     command_seconds: float = hashed("agent", why="an agent's command's time limit in its sandbox: a slow command is "
                                     "killed, its output says so", default=30.0)
+    episodes_at_once: int = cosmetic(why="episodes run at once against one engine, which batches their turns: a "
+                                     "greedy turn is the same in any batch", default=1)
 
 
 @dataclass(frozen=True)

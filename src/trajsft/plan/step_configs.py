@@ -255,6 +255,7 @@ class EvalAgentConfig:
     step_limit: int
     max_tokens: int
     command_seconds: float
+    episodes_at_once: int = 1  # episodes against one engine at once (its max_seqs)
 
 
 def eval_agent(plan: Plan, name: str) -> EvalAgentConfig:
@@ -266,7 +267,8 @@ def eval_agent(plan: Plan, name: str) -> EvalAgentConfig:
     return EvalAgentConfig(target=name, name=art.name, location=art.location, train=train(plan, name),
                            tasks=tasks.location, sandbox=tasks.spec["sandbox"], harness=spec["harness"],
                            step_limit=int(spec["step_limit"]), max_tokens=int(spec["max_tokens"]),
-                           command_seconds=float(spec["command_seconds"]))
+                           command_seconds=float(spec["command_seconds"]),
+                           episodes_at_once=int(spec["episodes_at_once"]))
 
 
 def prompt_tools(plan: Plan, target: str, teachers) -> dict[str, Optional[list]]:
