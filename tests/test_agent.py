@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import re
 import shutil
 import subprocess
 import sys
@@ -182,3 +184,51 @@ def test_several_targets_are_shown_side_by_side():
         "t2        no (Submitted)          no (RepeatedForm)",
         "RESOLVED  1/2 (50.0%)             0/1 (0.0%)",
     ]
+
+
+def test_an_online_evaluation_is_a_wandb_run_in_its_trainings_group(tmp_path, monkeypatch):
+    """wandb.mode online: the student's evaluation is logged to the stand-in W&B server on loopback (the real SDK):
+    the training's project, the training run's name as its group, job agent_eval, the rate in its history and
+    summary, every episode's figures in the summary; a refused key is one line."""
+    import threading
+
+    from test_wandb_online import BAD, GOOD, wandb_env
+    from trajsft.agent.evaluate import to_wandb
+    from wandb_stub import make_server
+
+    srv = make_server(0, refused={BAD})
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        for k, v in wandb_env(srv, tmp_path, GOOD).items():
+            monkeypatch.setenv(k, v)
+        p = C.Plan(C.load(None, {"storage_root": str(tmp_path / "s"), "wandb": {"mode": "online", "project": "sft"}}),
+                   base_dir=REPO, state_dir=str(tmp_path / "r"))
+        cfg = step_configs.eval_agent(p, "demo")
+        rows = [{"instance_id": "t1", "resolved": True, "exit_status": "Submitted", "steps": 2, "prompt_tokens": 900,
+                 "completion_tokens": 50, "seconds": 2.5},
+                {"instance_id": "t2", "resolved": False, "exit_status": "LimitsExceeded", "steps": 4,
+                 "prompt_tokens": 2000, "completion_tokens": 256, "seconds": 6.0}]
+        result = {"resolve_rate": 0.5, "resolved": 1, "tasks": 2, "exit_statuses": {"LimitsExceeded": 1, "Submitted": 1},
+                  "harness": {"step_limit": 4, "max_tokens": 64}, "rows": rows}
+        url = to_wandb(cfg, result)
+        run = srv.state["runs"][f"agent-{cfg.name}"]
+        assert url and url.endswith(f"agent-{cfg.name}") and run["project"] == "sft"
+        assert (run["group"], run["job_type"]) == (cfg.train.run.name, "agent_eval")
+        assert run["history"][0]["agent/resolve_rate"] == 0.5 and run["summary"]["agent/resolved"] == 1
+        assert run["summary"]["agent/episodes"]["t2"]["exit_status"] == "LimitsExceeded"
+        assert run["config"]["trajsft"]["value"]["run"] == cfg.train.run.name
+        # a refused key (in a process of its own: the SDK keeps the first key it logged in with)
+        probe = ("import json, sys; from trajsft.agent.evaluate import to_wandb; from trajsft.plan import config as C, "
+                 "step_configs as S; from trajsft.errors import ConfigError\n"
+                 f"p = C.Plan(C.load(None, {{'storage_root': {str(tmp_path / 's')!r}, 'wandb': {{'mode': 'online'}}}}))\n"
+                 "try:\n    to_wandb(S.eval_agent(p, 'demo'), json.loads(sys.argv[1]))\n"
+                 "except ConfigError as e:\n    print(e)")
+        refused = subprocess.run([sys.executable, "-c", probe, json.dumps(result)], capture_output=True, text=True,
+                                 timeout=120, cwd=tmp_path, env={**os.environ, "WANDB_API_KEY": BAD})
+        assert re.match(r"agent demo: W&B: http://127.0.0.1:\d+ refused the API key \(HTTP 401\)", refused.stdout), \
+            refused.stdout + refused.stderr[-2000:]
+        offline = C.Plan(C.load(None, {"storage_root": str(tmp_path / "s")}), base_dir=REPO,
+                         state_dir=str(tmp_path / "r"))
+        assert to_wandb(step_configs.eval_agent(offline, "demo"), result) is None
+    finally:
+        srv.shutdown()

@@ -57,6 +57,10 @@ NOT_RUN = {
     "uv run trajsft fit minimax-m2.5 --profile tpu-east5 --json": "compiles Qwen3-8B for a v5p-32: minutes",
     "uv run trajsft fit demo --tpu-type v5p-8": "a TPU compile, ~20-60 s (tests/test_fit.py runs it)",
     "uv run python scripts/bench_fit.py": "the fit benchmark: several Qwen3-8B compiles",
+    "uv run snakemake --cores 2 agent/demo/done": "the agent evaluation: the demo's task set and 15 episodes of its "
+                                                  "student, minutes (tests/test_pipeline.py runs it)",
+    "uv run trajsft eval demo --agent": "needs the demo's agent evaluation (tests/test_pipeline.py)",
+    "uv run trajsft eval demo --agent --replay": "15 episodes on the demo's task set (tests/test_pipeline.py)",
 }
 
 

@@ -809,6 +809,24 @@ def test_agent_evaluation_of_the_demo_student_the_replay_and_a_model_that_only_s
                                location=str(wd / "submit-only"), only=crate)
     assert (only["tasks"], only["resolved"]) == (len(crate), 0) and only["exit_statuses"] == {"Submitted": len(crate)}
 
+    # the context, never a hang: a first prompt over it cannot start (graded: unresolved); a prompt that outgrows it
+    # mid-episode ends the episode, its diff graded as it stands (the replay's fix is in: resolved)
+    import yaml
+
+    doc = yaml.safe_load(Path(cfg.harness).read_text())
+    for name, over in (("long", {"system_template": doc["system_template"] * 40}),
+                       ("grows", {"observation_template": "padding " * 700 + doc["observation_template"]})):
+        harness_file = wd / f"harness-{name}.yaml"
+        harness_file.write_text(yaml.safe_dump({**doc, **over}))
+        got = evaluate.eval_agent(dataclasses.replace(cfg, harness=str(harness_file)), "replay",
+                                  location=str(wd / f"context-{name}"), only=crate[:1])
+        [row] = json.loads(Path(got["results"]).read_text())["rows"]
+        if name == "long":
+            assert (row["exit_status"], row["steps"], row["resolved"]) == ("could_not_start", 1, False), row
+        else:
+            assert (row["exit_status"], row["steps"], row["resolved"]) == ("context_exceeded", 2, True), row
+        assert "maximum context length is 1024 tokens" in row["error"]
+
 
 def needs_sandbox():
     from trajsft.tasks.sandbox import missing

@@ -60,6 +60,7 @@ class Handler(BaseHTTPRequestHandler):
             r = _run(st, v.get("entity") or VIEWER_ENTITY, v.get("project"), v["name"])
             r["upserts"] += 1
             r["config"] = json.loads(v["config"]) if v.get("config") else r["config"]
+            r.update({k: v[w] for k, w in (("group", "groupName"), ("job_type", "jobType")) if v.get(w)})
             return {"upsertBucket": {"bucket": _bucket(v["name"], r), "inserted": r["upserts"] == 1}}
         if op == "RunResumeStatus":  # bucket null: new run; bucket with wandbConfig "t": resume
             r = st["runs"].get(v["name"])

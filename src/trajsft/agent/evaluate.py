@@ -145,8 +145,57 @@ def eval_agent(cfg: EvalAgentConfig, model: str = "student", location: Optional[
               "harness": {"step_limit": cfg.step_limit, "max_tokens": cfg.max_tokens,
                           "command_seconds": cfg.command_seconds, "episodes_at_once": cfg.episodes_at_once},
               "exit_statuses": _counts(r["exit_status"] for r in rows), "excluded": excluded, "rows": rows}
+    if model == "student":
+        result["wandb"] = to_wandb(cfg, result)
     io.write_json(io.join(location, RESULTS), result)
     return {k: v for k, v in result.items() if k != "rows"} | {"results": io.join(location, RESULTS)}
+
+
+def to_wandb(cfg: EvalAgentConfig, result: dict) -> Optional[str]:
+    """With ``wandb.mode: online``: the evaluation as a W&B run of the training's project, in the group named by the
+    training run (``agent_eval`` job), its id the evaluation's hash (a rerun updates it): the rate, the counts and a
+    row per episode's figures in its summary; its URL. Offline or disabled: None. A refusal is one line."""
+    w = cfg.train.workflow["wandb"]
+    if w.get("mode") != "online":
+        return None
+    import wandb
+
+    from ..train.tracking import cause, env_defaults
+
+    bounded = env_defaults(os.environ)  # bounded waits, as the training's, while this run lives
+    os.environ.update(bounded)
+    try:
+        with tempfile.TemporaryDirectory(prefix="trajsft-wandb-") as tmp:  # the SDK's files, until its finish
+            return _log_run(cfg, result, wandb, cause, tmp)
+    finally:
+        for k in bounded:
+            os.environ.pop(k, None)
+
+
+def _log_run(cfg: EvalAgentConfig, result: dict, wandb, cause, tmp: str) -> str:
+    from ..train.target import wandb_names
+
+    project, entity = wandb_names(cfg.train.workflow)
+    run_name = cfg.train.run.name
+    try:
+        run = wandb.init(project=project, entity=entity, id=f"agent-{cfg.name}", name=f"{cfg.target} agent",
+                         group=run_name, job_type="agent_eval", resume="allow", reinit="create_new",
+                         tags=[cfg.target, f"checkpoints:{run_name}", f"tasks:{os.path.basename(cfg.tasks)}"],
+                         config={"trajsft": {"target": cfg.target, "run": run_name, "evaluation": cfg.name,
+                                             **result["harness"]}},
+                         dir=tmp)
+    except wandb.errors.Error as e:
+        raise ConfigError(f"agent {cfg.target}: W&B: {cause(e)}") from None
+    try:
+        run.log({"agent/resolve_rate": result["resolve_rate"], "agent/resolved": result["resolved"],
+                 "agent/tasks": result["tasks"]})
+        run.summary.update({"agent/exit_statuses": result["exit_statuses"],
+                            "agent/episodes": {r["instance_id"]: {k: r[k] for k in (
+                                "resolved", "exit_status", "steps", "prompt_tokens", "completion_tokens", "seconds")}
+                                for r in result["rows"]}})
+        return run.url
+    finally:
+        run.finish()
 
 
 def _counts(values) -> dict[str, int]:
