@@ -37,8 +37,11 @@ if "TRAJSFT_FIT_CACHE" not in os.environ:
 pytest_plugins = ["ray_fixtures", "gcs_fixtures", "fit_fixtures", "slice_fixtures", "checkout_guard"]
 
 # what a TPU VM's variables say is decided by each test for its own children, never left behind: a test that leaves
-# a TPU_* variable in os.environ (libtpu writes TPU_WORKER_ID where it finds no TPU) is named, and the variable goes
-_TPU_ENV = {k: v for k, v in os.environ.items() if k.startswith("TPU_")}
+# a TPU_* variable in os.environ (libtpu writes TPU_WORKER_ID where it finds no TPU) is named, and the variable goes.
+# So does WANDB_SERVICE: the W&B SDK's token for its wandb-core service, which every child process inherits and joins
+# (a trainer killed and relaunched under this worker's service then finds its run's id "in use")
+_KEPT = ("TPU_", "WANDB_SERVICE")
+_TPU_ENV = {k: v for k, v in os.environ.items() if k.startswith(_KEPT)}
 
 
 @pytest.hookimpl(wrapper=True)
@@ -46,7 +49,7 @@ def pytest_runtest_teardown(item, nextitem):
     try:
         return (yield)
     finally:
-        now = {k: v for k, v in os.environ.items() if k.startswith("TPU_")}
+        now = {k: v for k, v in os.environ.items() if k.startswith(_KEPT)}
         if now != _TPU_ENV:
             for k in now.keys() - _TPU_ENV.keys():
                 del os.environ[k]

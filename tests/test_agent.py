@@ -211,6 +211,7 @@ def test_an_online_evaluation_is_a_wandb_run_in_its_trainings_group(tmp_path, mo
         result = {"resolve_rate": 0.5, "resolved": 1, "tasks": 2, "exit_statuses": {"LimitsExceeded": 1, "Submitted": 1},
                   "harness": {"step_limit": 4, "max_tokens": 64}, "rows": rows}
         url = to_wandb(cfg, result)
+        assert "WANDB_SERVICE" not in os.environ  # the SDK's service is gone with the run: no child process joins it
         run = srv.state["runs"][f"agent-{cfg.name}"]
         assert url and url.endswith(f"agent-{cfg.name}") and run["project"] == "sft"
         assert (run["group"], run["job_type"]) == (cfg.train.run.name, "agent_eval")

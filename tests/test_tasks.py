@@ -134,10 +134,12 @@ def test_a_hung_command_is_killed_at_its_limit_with_what_it_started(box_dir):
     needs_sandbox()
     box_dir.mkdir()
     box = Sandbox(box_dir, limits=Limits(command_s=2, total_s=3))
-    ran = box.run("sleep 300 & sleep 301")
+    # durations of this run's own (another test run on the machine may have a `sleep 300` of its own)
+    mine = [f"{300 + n}.{os.getpid()}" for n in (0, 1)]
+    ran = box.run(f"sleep {mine[0]} & sleep {mine[1]}")
     assert ran.timed_out and ran.returncode is None and 2 <= ran.seconds < 10, ran
     assert ran.output.endswith("[killed at its limit of 2 s]")
-    assert not [p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] in (["sleep", "300"], ["sleep", "301"])]
+    assert not [p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] in [["sleep", t] for t in mine]]
     again = box.run("sleep 300")  # 1 s of the episode's 3 left
     assert again.timed_out and again.seconds < 3
     assert box.run("true").output == "the episode's 3 s are used up"

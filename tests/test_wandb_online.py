@@ -168,8 +168,10 @@ def test_train_lm_children_get_bounded_waits_unless_the_user_set_them(monkeypatc
 
     monkeypatch.delenv("WANDB_INIT_TIMEOUT", raising=False)
     monkeypatch.setenv("WANDB_FINISH_TIMEOUT", "7")
+    monkeypatch.setenv("WANDB_SERVICE", "3-1-unix-/tmp/wandb-1-2-3/socket")  # another process's wandb-core
     env = levanter_env("/tmp/x")
     assert env["WANDB_INIT_TIMEOUT"] == tracking.ENV_DEFAULTS["WANDB_INIT_TIMEOUT"] and env["WANDB_FINISH_TIMEOUT"] == "7"
+    assert "WANDB_SERVICE" not in env  # its own service: never "run ID ... is in use" in a shared one
 
 
 def test_the_run_identity_is_the_target_the_run_and_its_inputs():

@@ -170,6 +170,9 @@ def to_wandb(cfg: EvalAgentConfig, result: dict) -> Optional[str]:
     finally:
         for k in bounded:
             os.environ.pop(k, None)
+        # the SDK's service goes with the run: its token (WANDB_SERVICE) left in os.environ would make every process
+        # started after it (sandboxed commands, a training) join this process's wandb-core
+        wandb.teardown()
 
 
 def _log_run(cfg: EvalAgentConfig, result: dict, wandb, cause, tmp: str) -> str:
@@ -183,7 +186,7 @@ def _log_run(cfg: EvalAgentConfig, result: dict, wandb, cause, tmp: str) -> str:
                          tags=[cfg.target, f"checkpoints:{run_name}", f"tasks:{os.path.basename(cfg.tasks)}"],
                          config={"trajsft": {"target": cfg.target, "run": run_name, "evaluation": cfg.name,
                                              **result["harness"]}},
-                         dir=tmp)
+                         dir=tmp, settings=wandb.Settings(silent=True))  # its URL is ours to say
     except wandb.errors.Error as e:
         raise ConfigError(f"agent {cfg.target}: W&B: {cause(e)}") from None
     try:

@@ -39,9 +39,14 @@ def levanter_env(run_dir: Optional[str] = None, env: Optional[Mapping[str, str]]
     ``TOKENIZERS_PARALLELISM=false``, ``WANDB_SILENT=true`` and W&B's bounded waits
     (:data:`trajsft.train.tracking.ENV_DEFAULTS`); ``PYTHONPATH`` imports this process's
     ``trajsft`` (:func:`child_pythonpath`). ``WANDB_DIR`` is forced to ``run_dir``
-    (Levanter's WandbConfig has no ``dir`` field; W&B reads this env var) unless ``env`` sets it.
+    (Levanter's WandbConfig has no ``dir`` field; W&B reads this env var) unless ``env`` sets it. An inherited
+    ``WANDB_SERVICE`` is dropped.
     """
     out = dict(os.environ)
+    # a training owns its W&B service: an inherited token (WANDB_SERVICE, set by the SDK in whichever process used it
+    # first: a test worker, a notebook) makes a slice's hosts, or a killed trainer and its relaunch, share one
+    # wandb-core, where the run's id is "in use"
+    out.pop("WANDB_SERVICE", None)
     out["PYTHONPATH"] = child_pythonpath(out.get("PYTHONPATH", ""))
     out.setdefault("RAY_AUTH_MODE", "disabled")
     # Ray puts unix sockets under its temp dir; paths must stay < ~107 chars
