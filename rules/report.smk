@@ -13,6 +13,8 @@ report: "../report/workflow.rst"
 REPORT_TARGETS = W.report_targets()
 # the targets whose next-action scores the report tabulates (those that hold out chats, trained here)
 ACTIONS_TARGETS = W.actions_targets()
+# the targets whose resolve rates results/agent/resolve_rate.html plots (rule report_agent, on request)
+AGENT_TARGETS = W.agent_targets()
 # table + cards of the report targets and default targets + curves of the default targets (+ next actions)
 REPORT_OUTPUTS = W.report_outputs()
 
@@ -114,3 +116,31 @@ rule report_actions:
         steps=W.actions_steps,
     script:
         "../src/trajsft/rules/report_actions.py"
+
+
+# On request (not in `rule all`: each agent evaluation needs bubblewrap and cargo): the resolve rate of every
+# agent-evaluated target over its run's training steps (the exports `trajsft eval --agent --watch` evaluated, then
+# the final evaluation), as a plot and a table.
+rule report_agent:
+    input:
+        [PLAN.agent_done_path(t) for t in AGENT_TARGETS],
+    output:
+        html=report(
+            f"{STATE_DIR}/agent/resolve_rate.html",
+            caption="../report/agent.rst",
+            category="Agent evaluation",
+            subcategory="all evaluated targets",
+            labels={"target": "all evaluated targets", "file": "resolve_rate.html"},
+        ),
+        png=f"{STATE_DIR}/agent/resolve_rate.png",
+        json=f"{STATE_DIR}/agent/resolve_rate.json",
+    log:
+        "logs/report/agent.log",
+    threads: 1
+    resources:
+        mem_mb=2000,
+    params:
+        # the exports `trajsft eval --agent --watch` evaluated since: a new one reruns the plot (a point per step)
+        steps=W.agent_steps,
+    script:
+        "../src/trajsft/rules/report_agent.py"

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-USER_OUTPUTS = ("checkpoints", "evals", "results", "sweeps")
+USER_OUTPUTS = ("checkpoints", "evals", "agent", "results", "sweeps")
 
 
 def checkout_state(root: Path) -> dict[str, tuple]:

@@ -57,19 +57,30 @@ def start(workdir: Path, *args: str, config: dict | None = None, log: Path,
                             env=env(**(extra_env or {})), start_new_session=True)
 
 
-def train_and_watch(workdir: Path, config: dict, log: Path, target: str = "demo") -> list[dict]:
-    """``snakemake checkpoints/<target>/done`` started, and ``trajsft eval <target> --actions --watch --json`` beside
-    it until the run is done; both must succeed, without a traceback. The watcher's rows (one per export scored)."""
+def train_and_watch(workdir: Path, config: dict, log: Path, target: str = "demo",
+                    evaluations: tuple[str, ...] = ("--actions",)) -> list[dict] | dict[str, list[dict]]:
+    """``snakemake checkpoints/<target>/done`` started, and ``trajsft eval <target> <evaluation> --watch --json``
+    beside it for each of ``evaluations`` (``--actions``, ``--agent``: at once) until the run is done; all must
+    succeed, without a traceback. The watcher's rows (one per export evaluated); several: by evaluation."""
     train = start(workdir, f"checkpoints/{target}/done", config=config, log=log)
+    watchers = {}
     try:
-        w = subprocess.run([sys.executable, "-m", "trajsft.cli", "eval", target, "--actions", "--watch", "--interval",
-                            "1", "--json", "--configfile", str(workdir / "test-overrides.yaml")],
-                           capture_output=True, text=True, cwd=workdir, env=env(), timeout=600)
+        for e in evaluations:
+            watchers[e] = subprocess.Popen(
+                [sys.executable, "-m", "trajsft.cli", "eval", target, e, "--watch", "--interval", "1", "--json",
+                 "--configfile", str(workdir / "test-overrides.yaml")],
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=workdir, env=env())
+        outs = {e: w.communicate(timeout=900) for e, w in watchers.items()}
         assert train.wait(timeout=600) == 0, log.read_text()[-3000:]
     finally:
         kill_group(train)
-    assert w.returncode == 0 and "Traceback" not in w.stderr, w.stderr[-3000:]
-    return [json.loads(line) for line in w.stdout.splitlines()]
+        for w in watchers.values():
+            if w.poll() is None:
+                w.kill()
+    for e, w in watchers.items():
+        assert w.returncode == 0 and "Traceback" not in outs[e][1], outs[e][1][-3000:]
+    rows = {e: [json.loads(line) for line in outs[e][0].splitlines()] for e in evaluations}
+    return rows[evaluations[0]] if len(evaluations) == 1 else rows
 
 
 def kill_group(p: subprocess.Popen, sig=signal.SIGKILL) -> None:

@@ -151,8 +151,12 @@ def test_the_cli_says_in_one_line_what_is_missing(tmp_path, monkeypatch, capsys)
     import trajsft.cli as cli
 
     monkeypatch.chdir(tmp_path)
-    assert cli.main(["eval", "demo", "--agent", "--watch"]) == 2
-    assert "--watch and --actions are the next-action scores'" in capsys.readouterr().err
+    assert cli.main(["eval", "demo", "--agent", "--actions"]) == 2
+    assert "--actions are the next-action scores" in capsys.readouterr().err
+    assert cli.main(["eval", "demo", "mix-demo", "--agent", "--watch"]) == 2
+    assert "--watch follows one target's student: name it" in capsys.readouterr().err
+    assert cli.main(["eval", "demo", "--agent", "--watch"]) == 2  # the task set first
+    assert "its task set demo-" in capsys.readouterr().err
     assert cli.main(["eval", "nope", "--agent"]) == 2
     assert "unknown target 'nope'" in capsys.readouterr().err
     assert cli.main(["eval", "demo", "--agent"]) == 2
@@ -169,6 +173,36 @@ def test_a_missing_harness_is_one_line_naming_its_group(monkeypatch):
                            "`agent` group (uv sync --group agent)")
     monkeypatch.undo()
     assert H.missing() is None
+
+
+def test_a_host_without_the_sandboxs_tools_is_one_line_before_any_episode(tmp_path, monkeypatch):
+    """On a Ray profile the episodes run on a slice's host (trajsft.agent.job): the job's spec carries the
+    evaluation's settings, the harness file's text and the located model; a host that lacks a sandbox tool is a
+    configuration error naming the host and the tools (the driver's one MARK line, never retried), said before the
+    model is loaded or a task read."""
+    import dataclasses
+    import socket
+
+    from trajsft.agent import job
+    from trajsft.errors import JobEnvironmentError
+    from trajsft.report.trained import Trained
+    from trajsft.tasks import sandbox
+
+    p = C.Plan(C.load(None, {"storage_root": str(tmp_path / "s")}), base_dir=REPO, state_dir=str(tmp_path / "r"))
+    cfg = step_configs.eval_agent(p, "demo")
+    fields = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.name not in ("train", "harness")}
+    trained = Trained(target="demo", name="demo-x", run_dir=str(tmp_path / "nowhere"), source={}, train_cfg={})
+    spec = tmp_path / "job.json"
+    spec.write_text(json.dumps({"eval": {**fields, "tasks": str(tmp_path / "no-tasks")},
+                                "harness": (REPO / cfg.harness).read_text(), "trained": dataclasses.asdict(trained)}))
+    monkeypatch.setattr(sandbox, "missing", lambda kind, needs_cargo=True: ["bwrap (apt-get install bubblewrap)"])
+    with pytest.raises(JobEnvironmentError) as e:
+        job.episodes_on_host(str(spec))
+    assert str(e.value) == (f"the agent evaluation on {socket.gethostname()}: agent demo: the sandbox (bubblewrap) "
+                            "needs bwrap (apt-get install bubblewrap)")
+    monkeypatch.undo()  # the tools back: past the check, the task set that is not there (the model is not loaded)
+    with pytest.raises(Exception, match="no-tasks"):
+        job.episodes_on_host(str(spec))
 
 
 def test_several_targets_are_shown_side_by_side():
@@ -231,5 +265,41 @@ def test_an_online_evaluation_is_a_wandb_run_in_its_trainings_group(tmp_path, mo
         offline = C.Plan(C.load(None, {"storage_root": str(tmp_path / "s")}), base_dir=REPO,
                          state_dir=str(tmp_path / "r"))
         assert to_wandb(step_configs.eval_agent(offline, "demo"), result) is None
+        monkeypatch.setenv("WANDB_MODE", "offline")  # this machine has no way to W&B: nothing asked
+        n = len(srv.state["requests"])
+        assert to_wandb(cfg, result) is None and len(srv.state["requests"]) == n
     finally:
         srv.shutdown()
+
+
+def test_the_resolve_rate_report_has_a_point_per_evaluated_export_and_the_final_one(tmp_path):
+    """Rule report_agent's entry on two targets' results as the watch and the rule write them: the rows by step (the
+    final evaluation last, at the step of the model it ran), a PNG plot, the HTML table beside it."""
+    from types import SimpleNamespace
+
+    from trajsft.agent import report
+    from trajsft.agent.evaluate import RESULTS, STEPS
+
+    def results(where, target, step, resolved):
+        where.mkdir(parents=True, exist_ok=True)
+        (where / RESULTS).write_text(json.dumps({
+            "target": target, "model": "student", "tasks": 4, "resolved": resolved, "resolve_rate": resolved / 4,
+            "exit_statuses": {"Submitted": resolved, "LimitsExceeded": 4 - resolved}, "task_set": "/r/tasks/mini-abc",
+            "source": {"kind": "hf_export", "step": step}, "rows": []}))
+
+    markers = []
+    for target, evaluated in (("demo", [(14, 1), (27, 2)]), ("mix", [(27, 3)])):
+        loc = tmp_path / "agent" / target
+        for step, resolved in evaluated[:-1]:  # the watch's, then the rule's final evaluation
+            results(loc / STEPS / f"step-{step}", target, step, resolved)
+        results(loc, target, *evaluated[-1])
+        (tmp_path / f"{target}.done").write_text(json.dumps({"target": target, "location": str(loc)}))
+        markers.append(str(tmp_path / f"{target}.done"))
+    out = SimpleNamespace(html=str(tmp_path / "r.html"), png=str(tmp_path / "r.png"), json=str(tmp_path / "r.json"))
+    report.rule_agent(SimpleNamespace(input=markers, output=out))
+    rows = json.loads((tmp_path / "r.json").read_text())
+    assert [(r["target"], r["step"], r["final"], r["resolved"]) for r in rows] == [
+        ("demo", 14, False, 1), ("demo", 27, True, 2), ("mix", 27, True, 3)]
+    assert (tmp_path / "r.png").read_bytes()[:4] == b"\x89PNG"
+    page = (tmp_path / "r.html").read_text()
+    assert 'src="r.png"' in page and "<td>2/4</td><td>50.0%</td>" in page and "mini-abc" in page

@@ -24,7 +24,7 @@ def protocol_methods() -> list[str]:
 
 def test_local_and_ray_implement_the_whole_interface_with_its_signatures():
     names = protocol_methods()
-    assert {"train_attempt", "score_actions", "process_log", "stop", "job_log", "jobs", "preflight"} <= set(names)
+    assert {"train_attempt", "on_eval_host", "process_log", "stop", "job_log", "jobs", "preflight"} <= set(names)
     for impl in (Local, Ray):
         for n in names:
             assert inspect.signature(getattr(impl, n)) == inspect.signature(getattr(Executor, n)), (impl, n)
@@ -77,7 +77,7 @@ def test_what_the_local_executor_has_nothing_of(tmp_path, monkeypatch):
     assert ex.on_snakemake_gone() is None
     notes: list[str] = []
     assert ex.preflight(notes) == [] and ex.ready_line().startswith("local executor: storage root writable")
-    assert ex.score_actions("cfg", "log", lambda c: {"scored": c})() == {"scored": "cfg"}
+    assert ex.on_eval_host("cfg", "log", lambda c: {"scored": c}, lambda c, log: {"on": "slice"})() == {"scored": "cfg"}
 
 
 def test_the_ray_executor_says_why_its_jobs_could_not_be_listed(tmp_path, monkeypatch):
@@ -89,6 +89,8 @@ def test_the_ray_executor_says_why_its_jobs_could_not_be_listed(tmp_path, monkey
     jobs, err = ex.jobs(tc)
     assert jobs == () and err, err
     assert ex.on_snakemake_gone().__name__ == "detach_from_ray_job"
+    assert ex.on_eval_host("cfg", "log", lambda c: {"here": c}, lambda c, log: {"slice": (c, log)})() == \
+        {"slice": ("cfg", "log")}
     assert ex.ready_line() == "preflight OK for here (http://127.0.0.1:1)"
 
 

@@ -60,6 +60,10 @@ def test_put_tree_and_glob(gcs, tmp_path):
     assert io.glob(f"{gcs.url}/nothing/*") == []
     assert io.exists(dest)  # a "directory" is a prefix in a bucket
     assert json.loads(json.dumps(io.filesystem(dest).ls(f"{gcs.url}/run/hf"))) == [f"{gcs.name}/run/hf/step-3"]
+    io.get_tree(dest + "/", tmp_path / "back")  # and back, as an agent evaluation's host reads its task set
+    assert sorted(str(p.relative_to(tmp_path / "back")) for p in (tmp_path / "back").rglob("*") if p.is_file()) == \
+        ["a/b/deep.bin", "top.txt"]
+    assert (tmp_path / "back" / "a" / "b" / "deep.bin").read_bytes() == bytes(range(256)) * 40
 
 
 def test_emulator_is_stopped_by_its_pid(tmp_path):

@@ -98,17 +98,21 @@ def test_every_distribution_the_job_imports_is_installed_on_the_hosts():
     they import is in the file or is Ray's own (a module missing there was a ModuleNotFoundError on a real image)."""
     mods = ["trajsft.cluster.entrypoint", "trajsft.cluster.host", "trajsft.cluster.slices", "trajsft.cluster.hooks",
             "trajsft.train.train_lm_main", "trajsft.train.hf_export", "levanter.main.train_lm",
-            "levanter.infra.ray_tpu", "gcsfs", "wandb"]
+            "levanter.infra.ray_tpu", "gcsfs", "wandb",
+            # the agent evaluation's job on a slice's host (issue 70): its driver, its task and the harness
+            "trajsft.agent.job", "trajsft.agent.evaluate", "minisweagent.agents.default",
+            "minisweagent.models.litellm_model"]
     p = subprocess.run([sys.executable, "-c", PROBE, *mods], capture_output=True, text=True, timeout=300, cwd=REPO,
                        env={"PATH": "/usr/bin:/bin", "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(REPO / "src")})
     assert p.returncode == 0, p.stderr[-2000:]
     # optional imports of packages that go without them (`try: import ...`), installed here by another lock group:
     # tabulate's wcwidth (the agent group's textual brings it; tabulate measures widths without it on the hosts)
     optional = {"wcwidth"}
-    imported = {R.norm(d) for d in json.loads(p.stdout)} - {"trajsft"} - optional
+    # its last line: mini-swe-agent greets on stdout when imported
+    imported = {R.norm(d) for d in json.loads(p.stdout.splitlines()[-1])} - {"trajsft"} - optional
     lock = R.load_lock()
     have = set(R.pins(FILE.read_text())) | set(R.cluster_only(lock))
-    assert {"levanter", "jax", "gcsfs", "wandb"} <= imported
+    assert {"levanter", "jax", "gcsfs", "wandb", "mini-swe-agent", "litellm"} <= imported
     assert imported <= have, sorted(imported - have)
 
 

@@ -541,15 +541,23 @@ def test_watch_scores_each_export_of_a_running_training_and_the_report_grows_a_r
     """`trajsft eval demo --actions --watch` beside a running demo training (issue 41): each HF export is scored as it
     appears (here two: every 14 steps, and the final one of its 27), under the evaluation's steps/step-<N>/; it ends when the
     run is done; the report's table then has a row per step and one for the final evaluation. Another seed names
-    another run (its data comes from the demo's root through copy_from: not rebuilt)."""
+    another run (its data comes from the demo's root through copy_from: not rebuilt). Beside it (issue 70),
+    `trajsft eval demo --agent --watch` works a one-crate task set with each export, under steps/step-<N>/ of the
+    agent evaluation, and the resolve-rate report has a point per export and the final evaluation's."""
     demo_wd, _ = demo
     wd = tmp_path / "watch"
     wd.mkdir()
+    crates = tmp_path / "crates"
+    shutil.copytree(REPO / "tasks/demo/crates/mini_math", crates / "mini_math")
     over = {"copy_from": [str(demo_wd / "results")], "checkpointing": {"hf_export_every_steps": 14},
-            "teachers": {"demo": {"training": {"seed": 7}}}}
-    [tokenized] = [a["manifest"] for a in plan(wd, "demo", over)["artifacts"] if a["kind"] == "tokenized"]
-    run(wd, tokenized, config=over)  # the data, copied from the demo's root
-    rows = train_and_watch(wd, over, wd / "train.log")
+            "teachers": {"demo": {"training": {"seed": 7}}},
+            "tasks": {"mini": {"crates": str(crates)}}, "agent": {"tasks": "mini"}}
+    arts = {a["kind"]: a for a in plan(wd, "demo", over)["artifacts"]}
+    agent_watch = needs_sandbox(skip=False)
+    # the data, copied from the demo's root; the task set, built here
+    run(wd, arts["tokenized"]["manifest"], *([arts["tasks"]["manifest"]] if agent_watch else []), config=over)
+    watched = train_and_watch(wd, over, wd / "train.log", evaluations=("--actions", "--agent")[:1 + agent_watch])
+    rows = watched["--actions"] if agent_watch else watched
     steps = [r["step"] for r in rows]
     done = json.loads((wd / "checkpoints/demo/done").read_text())
     assert len(steps) == 2 and steps == sorted(steps) and steps[-1] == int(Path(done["hf_export"]).name[5:]), steps
@@ -562,6 +570,21 @@ def test_watch_scores_each_export_of_a_running_training_and_the_report_grows_a_r
     assert all(f"export step {s}</span>" in table for s in steps) and "final step" in table
     report = json.loads((wd / "results/evals/actions.json").read_text())
     assert [r["step"] for r in report] == [*steps, steps[-1]] and [r["final"] for r in report] == [False, False, True]
+    if not agent_watch:
+        return
+    agent = watched["--agent"]  # a row per export, as they appeared
+    assert [r["step"] for r in agent] == steps and all(r["tasks"] == agent[0]["tasks"] >= 2 for r in agent), agent
+    for r in agent:
+        results = wd / r["results"]
+        assert results == wd / arts["agent"]["location"] / "steps" / f"step-{r['step']}" / "results.json"
+        doc = json.loads(results.read_text())
+        assert doc["source"]["step"] == r["step"] and len(doc["rows"]) == r["tasks"] and doc["model"] == "student"
+    run(wd, "agent/demo/done", "results/agent/resolve_rate.html", config=over)  # the final evaluation, the report
+    plotted = json.loads((wd / "results/agent/resolve_rate.json").read_text())
+    assert [(r["step"], r["final"]) for r in plotted] == [(steps[0], False), (steps[1], False), (steps[1], True)]
+    assert [r["resolved"] for r in plotted[:2]] == [r["resolved"] for r in agent]
+    assert (wd / "results/agent/resolve_rate.png").read_bytes()[:4] == b"\x89PNG"
+    assert 'src="resolve_rate.png"' in (wd / "results/agent/resolve_rate.html").read_text()
 
 
 def test_ctrl_c_of_a_local_training_saves_its_step_and_the_rerun_resumes_from_it(demo, tmp_path):
@@ -828,9 +851,12 @@ def test_agent_evaluation_of_the_demo_student_the_replay_and_a_model_that_only_s
         assert "maximum context length is 1024 tokens" in row["error"]
 
 
-def needs_sandbox():
+def needs_sandbox(skip: bool = True) -> bool:
+    """Whether the sandbox's tools are here; without them the test is skipped (or, not ``skip``, goes on without
+    its agent part: False), unless TRAJSFT_REQUIRE_SANDBOX=1 requires them (it fails)."""
     from trajsft.tasks.sandbox import missing
 
     lacking = missing("bubblewrap")
-    if lacking:
+    if lacking and (skip or required.required("TRAJSFT_REQUIRE_SANDBOX")):
         required.skip_or_fail("TRAJSFT_REQUIRE_SANDBOX", f"the sandbox needs {', '.join(lacking)}")
+    return not lacking

@@ -124,11 +124,16 @@ def test_plan_cli_prints_locations_without_running(tmp_path):
     assert t["checkpoint_dir"] == C.join("gs://marin-us-east5/trajsft", "checkpoints", names(plan(), "minimax-m2.5")["checkpoints"])
     # upstream first: the student's snapshot holds the tokenizer the tokenized data is made with
     assert [a["kind"] for a in t["artifacts"]] == ["raw", "shards", "models", "tokenized", "checkpoints", "exports",
-                                                   "evals"]
+                                                   "evals", "tasks", "agent"]
     model = step_configs.train(plan(), "minimax-m2.5").model  # the initial weights: once, in the bucket
     assert t["init_weights"] == t["artifacts"][2]["location"] == f"gs://marin-us-east5/trajsft/models/{model.name}"
     assert model.name.startswith("Qwen3-8B-")
-    export, evals = t["artifacts"][-2:]
+    export, evals, tasks, agent = t["artifacts"][-4:]
+    # the agent evaluation and its task set, on request too
+    assert agent["on_request"] == "snakemake agent/minimax-m2.5/done" and agent["manifest"] == "agent/minimax-m2.5/done"
+    assert agent["location"] == C.join("gs://marin-us-east5/trajsft", "agent", plan().target("minimax-m2.5")["agent"].name)
+    assert tasks["on_request"] == f"snakemake {tasks['manifest']}" and tasks["location"].startswith(
+        "gs://marin-us-east5/trajsft/tasks/demo-")
     assert evals["on_request"] == "snakemake evals/minimax-m2.5/done" and evals["manifest"] == "evals/minimax-m2.5/done"
     assert evals["location"] == C.join("gs://marin-us-east5/trajsft", "evals", plan().target("minimax-m2.5")["evals"].name)
     assert export["location"] == C.join("gs://marin-us-east5/trajsft", "exports", plan().target("minimax-m2.5")["export"].name)

@@ -203,6 +203,7 @@ def test_end_to_end_two_targets_at_once_and_no_secret_leaks(data, ray_head):
     log = (wd / "logs/train/demo.log").read_text()  # the Ray job's log, streamed into the rule log
     assert "levanter.json_logger" in log and f"Ray job trajsft-{h}-a0 finished: SUCCEEDED" in log
     next_actions_on_a_slice_host_killed_then_resumed(wd, ray_head, data)
+    agent_episodes_on_a_slice_host_killed_then_resumed(wd, ray_head, data)
     # secrets: nowhere in files, logs or Ray's job metadata
     for root in (wd, data[1], data[2]):
         for f in root.rglob("*"):
@@ -311,18 +312,94 @@ def next_actions_on_a_slice_host_killed_then_resumed(wd: Path, ray_head, data) -
     assert computed["from"] == "computed" and done["splits"] == computed["splits"], (done["splits"], computed["splits"])
     assert done["splits"]["demo"]["turns"] == 8 and (Path(ev["location"]) / "side_by_side.md").exists()
     # the driver on the head; both attempts of its task on a v5p-8 slice's host (the TPU-v5p-8-head it asked for)
-    nodes = {n["node_id"]: n for n in ray_head_nodes(ray_head)}
-    [job] = jobs(ray_head, ev["hash"])
+    job = killed_once_on_slice_hosts(ray_head, ev["hash"], "score_next_actions")
+    assert "trajsft_forwarded_env" not in job["metadata"]  # the demo reads nothing from the Hub: no secret goes
+    log = (wd / "logs/eval_actions/demo.log").read_text()  # the job's log, the task's lines in it
+    assert log.count("scoring demo") == 2 and f"{stored} reused from an earlier attempt" in log, log[-3000:]
+
+
+# the reference: the same evaluation's episodes on this machine's CPU, into a location of its own
+REFERENCE = """
+import json, sys
+from trajsft.agent import evaluate
+from trajsft.plan import config as C, step_configs
+plan = C.Plan(C.load([C.DEFAULT_CONFIG, *sys.argv[2:]]), base_dir=C.REPO_DIR)
+print(json.dumps(evaluate.episodes(step_configs.eval_agent(plan, "demo"), location=sys.argv[1])["rows"]))
+"""
+
+
+def agent_episodes_on_a_slice_host_killed_then_resumed(wd: Path, ray_head, data) -> None:
+    """Issue 70: the trained demo's agent evaluation (agent/demo/done) on the cluster: the task set built here (one
+    crate's tasks), then one Ray job whose driver runs the episodes as one task on the host of a v5p-8 slice (the
+    student served there, each command in the task's sandbox, each graded row stored on the storage root). The
+    task's worker killed (SIGKILL, as a lost host) once it graded its first episode, Ray retries it on a v5p-8 host
+    within the same job, no Snakemake retry, and the retry runs only the tasks without a row: the rows equal a
+    run of the same evaluation on this machine (their timings aside)."""
+    import psutil
+    from test_tasks import needs_sandbox
+
+    needs_sandbox()
+    crates = wd.parent / "agent-crates"
+    shutil.copytree(REPO / "tasks/demo/crates/mini_math", crates / "mini_math")
+    prof = profile(wd.parent / "e2e-agent-profile", ray_head.address, data[1], {
+        "teachers": {"demo": E2E_DEMO}, "tasks": {"mini": {"crates": str(crates)}}, "agent": {"tasks": "mini"}})
+    snakemake(wd, prof, ray_head, "agent/demo/done", "--until", "make_tasks", timeout=600)  # the task set, built here
+    ag = next(a for a in plan_of(wd, prof)["artifacts"] if a["kind"] == "agent")
+    episodes = Path(ag["location"]) / "episodes"
+    graded = lambda: [f for f in episodes.glob("*.json") if not f.name.endswith(".traj.json")] \
+        if episodes.is_dir() else []  # noqa: E731
+    ref_dir = wd.parent / "agent-reference"
+    reference = subprocess.Popen(  # uninterrupted, on this machine's CPU, meanwhile
+        [sys.executable, "-c", REFERENCE, str(ref_dir), *(str(prof / f) for f in ("cluster.yaml", "overrides.yaml"))],
+        cwd=wd, env=sm_env(ray_head), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    cmd = [SNAKEMAKE, "-s", str(REPO / "Snakefile"), "-d", str(wd), "--profile", str(prof), "agent/demo/done"]
+    # this machine's W&B is off, as the hosts' (their training's W&B runs offline): the tracking is test_agent's
+    p = subprocess.Popen(cmd, stdout=open(wd / "agent-snakemake.log", "w"), stderr=subprocess.STDOUT,
+                         env=sm_env(ray_head, WANDB_MODE="offline"), start_new_session=True, cwd=REPO)
+    a0 = f"trajsft-{ag['hash']}-a0"
+    try:
+        worker = wait_for(lambda: next((q for q in psutil.process_iter(["cmdline"])
+                                        if "ray::agent_episodes" in " ".join(q.info["cmdline"] or [])), None),
+                          300, "the agent evaluation's task to run on a host", p, poll=0.1)
+        wait_for(lambda: graded(), 600, "the first graded episode", p, poll=0.01)
+        worker.kill()
+        stored = len(graded())
+        assert p.wait(timeout=900) == 0, (wd / "agent-snakemake.log").read_text()[-4000:]
+        ref_out, ref_err = reference.communicate(timeout=600)
+    finally:
+        if p.poll() is None:
+            kill_group(p)
+        if reference.poll() is None:
+            reference.kill()
+    assert reference.returncode == 0, ref_err[-3000:]
+    done = json.loads((wd / "agent/demo/done").read_text())
+    assert {j["submission_id"]: j["status"] for j in jobs(ray_head, ag["hash"])} == {a0: "SUCCEEDED"}
+    assert done["ray_job_id"] == a0 and done["location"] == ag["location"] and done["model"] == "student"
+    assert 1 <= stored < done["tasks"] and (done["episodes_reused"], done["episodes_run"]) == (stored, done["tasks"] - stored)
+    untimed = lambda row: {k: ({**v, "seconds": None} if k == "graded" else v)  # noqa: E731
+                           for k, v in row.items() if k != "seconds"}
+    rows = json.loads((Path(ag["location"]) / "results.json").read_text())["rows"]
+    assert [untimed(r) for r in rows] == [untimed(r) for r in json.loads(ref_out)], (rows, ref_out)
+    killed_once_on_slice_hosts(ray_head, ag["hash"], "agent_episodes")  # the driver on the head, the task on hosts
+    log = (wd / "logs/eval_agent/demo.log").read_text()  # the job's log, the task's lines in it
+    assert log.count("episodes of demo") == 2 and f"{stored} of {done['tasks']} tasks already graded" in log, log[-3000:]
+    out = trajsft(wd, ray_head, "eval", "demo", "--agent", "--json", "--profile", str(prof))
+    assert out.returncode == 0 and json.loads(out.stdout)["rows"] == rows, out.stderr[-2000:]
+
+
+def killed_once_on_slice_hosts(head, h: str, task: str) -> dict:
+    """The one Ray job of ``h``: its driver ran on the head, its task ``task`` twice (the killed attempt, then Ray's
+    retry), each on a v5p-8 slice's host (the TPU-v5p-8-head it asked for)."""
+    nodes = {n["node_id"]: n for n in ray_head_nodes(head)}
+    [job] = jobs(head, h)
     assert nodes[job["driver_node_id"]].get("is_head_node"), job
-    r = requests.get(f"{ray_head.address}/api/v0/tasks?detail=true&limit=1000&filter_keys=name&filter_predicates=%3D"
-                     "&filter_values=score_next_actions", headers=ray_head.headers(), timeout=10)
+    r = requests.get(f"{head.address}/api/v0/tasks?detail=true&limit=1000&filter_keys=name&filter_predicates=%3D"
+                     f"&filter_values={task}", headers=head.headers(), timeout=10)
     r.raise_for_status()
     tries = sorted(r.json()["data"]["result"]["result"], key=lambda t: t["attempt_number"])
     assert [(t["attempt_number"], t["state"]) for t in tries] == [(0, "FAILED"), (1, "FINISHED")], tries
     assert all("TPU-v5p-8-head" in nodes[t["node_id"]]["resources_total"] for t in tries), tries
-    assert "trajsft_forwarded_env" not in job["metadata"]  # the demo reads nothing from the Hub: no secret goes
-    log = (wd / "logs/eval_actions/demo.log").read_text()  # the job's log, the task's lines in it
-    assert log.count("scoring demo") == 2 and f"{stored} reused from an earlier attempt" in log, log[-3000:]
+    return job
 
 
 def ray_head_nodes(head) -> list[dict]:

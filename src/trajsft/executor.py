@@ -2,8 +2,8 @@
 (:func:`executor_for`, from :func:`trajsft.plan.placement.placement`): :class:`Local` (this machine's CPUs: Levanter
 in a child process) and :class:`Ray` (a Ray job on the cluster's TPU slices, submitted and followed from here).
 
-What differs between them and nothing else: an attempt of a training run (submitted and followed to its end), a
-target's next-action scores, where the following process writes its log, stopping a target's jobs, the log of a
+What differs between them and nothing else: an attempt of a training run (submitted and followed to its end), an
+evaluation that needs one host (next-action scores, agent episodes), where the following process writes its log, stopping a target's jobs, the log of a
 target's job when there is no local one, the jobs and configuration error status shows, the preflight, and what a
 training job does when its Snakemake vanishes. A fact about the place (accelerator, cluster name, TPU type) is the
 :class:`~trajsft.plan.placement.Placement`'s.
@@ -26,9 +26,11 @@ class Executor(Protocol):
     def train_attempt(self, tc: TrainConfig, lev: dict, attempt: int) -> dict:
         """One attempt of ``tc``'s run, followed to its end: the training's result (``steps``, ``hf_export``...)."""
 
-    def score_actions(self, cfg, rule_log: str, here: Callable[[Any], dict]) -> Callable[[], dict]:
-        """The work of a target's next-action scores (an ``EvalActionsConfig``), to run once its payload is needed:
-        ``here(cfg)`` on this machine (the step, :func:`trajsft.report.actions.eval_actions`), else a Ray job."""
+    def on_eval_host(self, cfg, rule_log: str, here: Callable[[Any], dict],
+                     on_slice: Callable[[Any, str], dict]) -> Callable[[], dict]:
+        """The work of an evaluation that needs one host (a target's next-action scores, its agent evaluation), to
+        run once its payload is needed: ``here(cfg)`` on this machine (the step), else ``on_slice(cfg, rule_log)``
+        (the Ray job on a single-host slice that runs it, submitted and followed into the rule's log)."""
 
     def process_log(self, tc: TrainConfig, rule_log: str) -> str:
         """The training rule's log becomes a link to the run's durable log; where this process writes its lines."""
@@ -66,7 +68,8 @@ class Local:
 
         return train_here(tc, lev, attempt)
 
-    def score_actions(self, cfg, rule_log: str, here: Callable[[Any], dict]) -> Callable[[], dict]:
+    def on_eval_host(self, cfg, rule_log: str, here: Callable[[Any], dict],
+                     on_slice: Callable[[Any, str], dict]) -> Callable[[], dict]:
         return lambda: here(cfg)
 
     def process_log(self, tc: TrainConfig, rule_log: str) -> str:
@@ -102,7 +105,7 @@ class Local:
 
 class Ray:
     """The profile's Ray cluster: a training is a Ray job whose driver runs one process on every host of a slice, a
-    target's next-action scores a job on a single-host slice; this process submits (or re-attaches to) and follows
+    target's next-action scores or agent evaluation a job on a single-host slice; this process submits (or re-attaches to) and follows
     them. A job outlives this process: stopped by ``trajsft stop``, left running when Snakemake vanishes."""
 
     def __init__(self, where: Placement, cfg: Mapping[str, Any]):
@@ -120,10 +123,9 @@ class Ray:
         with shown_while(Progress(f"trajsft train {tc.target}", tc.log, int(lev["trainer"]["num_train_steps"]))):
             return train_on_ray(tc, lev, attempt)
 
-    def score_actions(self, cfg, rule_log: str, here: Callable[[Any], dict]) -> Callable[[], dict]:
-        from .report.actions_job import submit
-
-        return lambda: submit(cfg, rule_log)
+    def on_eval_host(self, cfg, rule_log: str, here: Callable[[Any], dict],
+                     on_slice: Callable[[Any, str], dict]) -> Callable[[], dict]:
+        return lambda: on_slice(cfg, rule_log)
 
     def process_log(self, tc: TrainConfig, rule_log: str) -> str:
         _link_rule_log(tc, rule_log)

@@ -128,6 +128,16 @@ def put_tree(local_dir: str | os.PathLike, dest: str) -> None:
             write_bytes(f"{dest.rstrip('/')}/{p.relative_to(local_dir).as_posix()}", p.read_bytes())
 
 
+def get_tree(src: str, local_dir: str | os.PathLike) -> None:
+    """Copy every file under ``src`` (local or bucket) into ``local_dir``, at the same relative paths."""
+    local_dir = Path(local_dir)
+    fs, root = fs_and_path(src.rstrip("/"))
+    for path in sorted(fs.find(root)):
+        out = local_dir / path[len(root):].lstrip("/")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_bytes(fs.cat_file(path))
+
+
 def glob(pattern: str) -> list[str]:
     fs, p = fs_and_path(pattern)
     found = sorted(fs.glob(p))

@@ -127,6 +127,19 @@ class Rules:
         both = dict.fromkeys([*self.report_targets(), *self.config["default_targets"]])
         return [t for t in both if self.evals_of([t])]
 
+    def agent_targets(self) -> list[str]:
+        """The targets whose resolve rates ``results/agent/resolve_rate.html`` plots (on request: an agent evaluation
+        needs bubblewrap and cargo): the report and default targets whose agent evaluation can be planned."""
+        both = dict.fromkeys([*self.report_targets(), *self.config["default_targets"]])
+        return [t for t in both if not self.plan.target(t)["agent"].spec.get("problem")]
+
+    def agent_steps(self, wildcards) -> dict[str, list]:
+        """Params of report_agent: the exports ``trajsft eval --agent --watch`` evaluated since, per target (a new
+        one reruns the plot: a point per step)."""
+        from .agent.evaluate import evaluated_steps
+
+        return {t: list(evaluated_steps(self.plan.target(t)["agent"].location)) for t in self.agent_targets()}
+
     def report_outputs(self) -> list[str]:
         """Table + cards of the report targets and default targets + curves of the default targets (+ the
         next-action table)."""

@@ -23,6 +23,7 @@ from typing import Callable, Iterator, Optional, Sequence
 from .. import io, terminal
 from ..errors import ConfigError, DataError
 from ..plan.step_configs import EvalAgentConfig
+from ..report import actions
 from ..report.trained import Trained, locate
 from ..serve import server
 from ..tasks import sandbox, taskset
@@ -34,6 +35,7 @@ from . import replay
 log = logging.getLogger("trajsft")
 
 EPISODES, RESULTS = "episodes", "results.json"
+STEPS = actions.STEPS  # <location>/steps/step-<N>/: the evaluation of the run's HF export at step N (--watch)
 
 
 def graded_rows(location: str) -> dict[str, dict]:
@@ -51,13 +53,12 @@ def graded_rows(location: str) -> dict[str, dict]:
 
 
 @contextlib.contextmanager
-def _served(cfg: EvalAgentConfig, model: str, tasks: list[Task],
-            at_once: int = 1) -> Iterator[tuple[str, str, Optional[dict]]]:
+def _served(cfg: EvalAgentConfig, model: str, tasks: list[Task], at_once: int = 1,
+            trained: Optional[Trained] = None) -> Iterator[tuple[str, str, Optional[dict]]]:
     """(the chat route's URL, the model name it answers to, the student's source or None) while the model is up,
-    generating for ``at_once`` episodes at once."""
-    tools = tuple(a.spec.get("tools") for a in cfg.train.tokenized.values())  # what each teacher's chats trained with
+    generating for ``at_once`` episodes at once; the student is ``trained`` (else located from ``cfg.train``)."""
     if model == "student":
-        trained = locate(cfg.train)
+        trained = trained or locate(cfg.train)
         with server.engine(trained, max_seqs=at_once) as eng:
             app = server.create_app(trained, eng.tokenizer, eng.submit, eng.max_seq_len, at_once,
                                     request_log=logging.DEBUG)
@@ -66,6 +67,7 @@ def _served(cfg: EvalAgentConfig, model: str, tasks: list[Task],
         return
     from transformers import AutoTokenizer
 
+    tools = tuple(a.spec.get("tools") for a in cfg.train.tokenized.values())  # what each teacher's chats trained with
     tok_path = next(iter(cfg.train.tokenized.values())).spec["tokenizer"]  # what the student trained with
     tokenizer = AutoTokenizer.from_pretrained(tok_path)
     served = Trained(target=cfg.target, name=f"{cfg.train.run.name}-{model}", run_dir="", source={}, train_cfg={},
@@ -80,19 +82,56 @@ def _served(cfg: EvalAgentConfig, model: str, tasks: list[Task],
 def eval_agent(cfg: EvalAgentConfig, model: str = "student", location: Optional[str] = None,
                say: Callable[[str], None] = log.info, only: Optional[Sequence[str]] = None) -> dict:
     """Every task of ``cfg``'s set (``only``: those ids) not yet graded under ``location`` (default: the evaluation's
-    own), one episode each against ``model`` (``student``, or a built-in: ``replay``, ``submit``); the result (rate,
-    counts, rows)."""
+    own), one episode each against ``model`` (``student``, or a built-in: ``replay``, ``submit``), on this machine;
+    the result (rate, counts; its rows in ``results.json``, with the W&B run of a student's evaluation)."""
     location = location or cfg.location
+    return finish(cfg, location, episodes(cfg, model, location, say, only))
+
+
+def unmet(cfg: EvalAgentConfig, where: str = "") -> Optional[str]:
+    """None, or one line naming what this machine lacks for the episodes (the harness, the sandbox's tools)."""
     why = H.missing()
-    if why:
-        raise ConfigError(why)
     lacking = sandbox.missing(cfg.sandbox)
     if lacking:
-        raise ConfigError(f"agent {cfg.target}: the sandbox ({cfg.sandbox}) needs {', '.join(lacking)}")
-    if io.is_remote(cfg.tasks):
-        raise ConfigError(f"agent {cfg.target}: the task set {cfg.tasks} is in a bucket: evaluations read it from a "
-                          "local storage root")
-    tasks = taskset.load(cfg.tasks)
+        why = f"agent {cfg.target}: the sandbox ({cfg.sandbox}) needs {', '.join(lacking)}"
+    return why and (f"{where}: {why}" if where else why)
+
+
+def finish(cfg: EvalAgentConfig, location: str, result: dict, wandb: bool = True) -> dict:
+    """``result`` (of :func:`episodes`) written to ``results.json`` under ``location`` (a student's evaluation also
+    logged to W&B when online and ``wandb``, its URL kept); the figures without the rows."""
+    if wandb and result["model"] not in replay.MODELS:
+        result["wandb"] = to_wandb(cfg, result)
+    io.write_json(io.join(location, RESULTS), result)
+    return {k: v for k, v in result.items() if k != "rows"} | {"results": io.join(location, RESULTS)}
+
+
+def episodes(cfg: EvalAgentConfig, model: str = "student", location: Optional[str] = None,
+             say: Callable[[str], None] = log.info, only: Optional[Sequence[str]] = None,
+             trained: Optional[Trained] = None) -> dict:
+    """The episodes of :func:`eval_agent` (the student: ``trained``, else located from ``cfg.train``), each graded
+    row under ``location`` as it ends; the result with every row. A task set in a bucket is read through a local
+    copy."""
+    location = location or cfg.location
+    why = unmet(cfg)
+    if why:
+        raise ConfigError(why)
+    with contextlib.ExitStack() as stack:
+        tasks = taskset.load(_local(cfg.tasks, stack))
+        return _episodes(cfg, model, location, say, only, trained, tasks)
+
+
+def _local(tasks: str, stack: contextlib.ExitStack) -> str:
+    """A local directory holding the task set at ``tasks`` (a bucket's: copied into a temporary one)."""
+    if not io.is_remote(tasks):
+        return tasks
+    tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="trajsft-tasks-"))
+    io.get_tree(tasks, tmp)
+    return tmp
+
+
+def _episodes(cfg: EvalAgentConfig, model: str, location: str, say: Callable[[str], None],
+              only: Optional[Sequence[str]], trained: Optional[Trained], tasks: taskset.TaskSet) -> dict:
     if only is not None:
         unknown = sorted(set(only) - {t.instance_id for t in tasks.tasks})
         if unknown:
@@ -104,13 +143,14 @@ def eval_agent(cfg: EvalAgentConfig, model: str = "student", location: Optional[
                      command_seconds=cfg.command_seconds)
     done = graded_rows(location)
     todo = [t for t in tasks.tasks if t.instance_id not in done]
+    reused = len(tasks.tasks) - len(todo)
     if done:
         say(f"agent {cfg.target}: {len(done)} of {len(tasks.tasks)} tasks already graded under {location}; "
             f"running the other {len(todo)}")
-    source = None
+    source = trained.source if trained else None  # (the served student's, when episodes run)
     at_once = max(1, min(cfg.episodes_at_once, len(todo)))
     if todo:
-        with _served(cfg, model, tasks.tasks, at_once) as (url, name, source), \
+        with _served(cfg, model, tasks.tasks, at_once, trained) as (url, name, source), \
                 tempfile.TemporaryDirectory(prefix="trajsft-agent-") as tmp, \
                 concurrent.futures.ThreadPoolExecutor(at_once, thread_name_prefix="trajsft-episode") as pool:
             os.chmod(tmp, 0o711)  # the episodes' copies inside are reached by the sandbox's user (nobody)
@@ -144,19 +184,23 @@ def eval_agent(cfg: EvalAgentConfig, model: str = "student", location: Optional[
               "resolve_rate": resolved / len(rows), "source": source, "task_set": cfg.tasks,
               "harness": {"step_limit": cfg.step_limit, "max_tokens": cfg.max_tokens,
                           "command_seconds": cfg.command_seconds, "episodes_at_once": cfg.episodes_at_once},
-              "exit_statuses": _counts(r["exit_status"] for r in rows), "excluded": excluded, "rows": rows}
-    if model == "student":
-        result["wandb"] = to_wandb(cfg, result)
-    io.write_json(io.join(location, RESULTS), result)
-    return {k: v for k, v in result.items() if k != "rows"} | {"results": io.join(location, RESULTS)}
+              "exit_statuses": _counts(r["exit_status"] for r in rows), "excluded": excluded,
+              "episodes_run": len(todo), "episodes_reused": reused, "rows": rows}
+    return result
+
+
+def evaluated_steps(location: str) -> dict[int, dict]:
+    """The per-export evaluations under an evaluation's ``location`` (``steps/step-<N>/results.json``), by step."""
+    return actions.evaluated_steps(location, RESULTS)
 
 
 def to_wandb(cfg: EvalAgentConfig, result: dict) -> Optional[str]:
     """With ``wandb.mode: online``: the evaluation as a W&B run of the training's project, in the group named by the
     training run (``agent_eval`` job), its id the evaluation's hash (a rerun updates it): the rate, the counts and a
-    row per episode's figures in its summary; its URL. Offline or disabled: None. A refusal is one line."""
+    row per episode's figures in its summary; its URL. Offline or disabled (also by ``WANDB_MODE`` here, as a host
+    without internet access forces its training's): None. A refusal is one line."""
     w = cfg.train.workflow["wandb"]
-    if w.get("mode") != "online":
+    if w.get("mode") != "online" or os.environ.get("WANDB_MODE") in ("offline", "disabled"):
         return None
     import wandb
 

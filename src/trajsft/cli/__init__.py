@@ -115,8 +115,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="with --actions: score the teachers' own turns (every agreement is 1.0: the scores' check); "
                          "with --agent: a built-in model answers each task with its gold fix (resolves every task)")
     sp.add_argument("--watch", action="store_true",
-                    help="with --actions and one target: score each HF export of its run as it appears, until the run "
-                         "is done (a row per step in the report)")
+                    help="with --actions or --agent and one target: evaluate each HF export of its run as it appears, "
+                         "until the run is done (a row per step in the report)")
     sp.add_argument("--interval", type=float, default=30.0, help="with --watch: seconds between looks (default 30)")
     sp.add_argument("--max-turns", type=int, help="with --actions: turns sampled per teacher split (default: the "
                                                   "target's actions.max_turns)")

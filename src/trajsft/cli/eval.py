@@ -7,6 +7,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import Iterator
 
 from .. import io
 from ..plan import config as C
@@ -38,10 +39,7 @@ def cmd_eval_watch(args, plan: C.Plan, row: TrainConfig) -> int:
     """``trajsft eval TARGET --actions --watch``: score each HF export of the target's run as it appears (its figures
     under the evaluation's ``steps/step-<N>/``, a row per step in the report), until the run is done (its done
     marker) and every export is scored, or Ctrl-C. One line (``--json``: one JSON object) per export scored."""
-    import time
-
     from ..report import actions
-    from ..report.matrix import hf_exports
     from ..report.trained import locate
 
     ev = step_configs.eval_actions(plan, row.target)
@@ -50,11 +48,30 @@ def cmd_eval_watch(args, plan: C.Plan, row: TrainConfig) -> int:
                             "--teachers or --replay): change them in the config")
     if problem := step_configs.held_out_problem(plan, row.target):
         raise C.ConfigError(f"{row.target}: {problem}")
-    done_path = C.Plan.done_path(row.target)
     scored = set(actions.evaluated_steps(ev.location))
     print(f"trajsft eval --watch: {row.target} (run {row.run.name}): scoring each new HF export into "
           f"{io.join(ev.location, actions.STEPS)} (already scored: {sorted(scored) or 'none'})", file=sys.stderr,
           flush=True)
+    for step in new_exports(row, scored, args.interval):
+        r = actions.evaluate_trained(ev, locate(row, step), actions.step_location(ev, step))
+        if args.json:
+            print(json.dumps({k: r[k] for k in ("target", "model", "step", "splits", "chats_scored")}), flush=True)
+        else:
+            s = next(iter(r["splits"].values()))
+            print(f"{row.target} step {step}: " + ", ".join(
+                f"{k} {s[k]:.3f}" for k in ("valid", "tool_or_text", "tool_name") if s.get(k) is not None), flush=True)
+    return 0
+
+
+def new_exports(row: TrainConfig, seen: set[int], interval: float) -> Iterator[int]:
+    """The step of each HF export of ``row``'s run not in ``seen``, as it appears (looking every ``interval``
+    seconds), until the run is done (its done marker) and every export was yielded (each added to ``seen``)."""
+    import time
+
+    from ..report.matrix import hf_exports
+    from ..report.trained import locate
+
+    done_path = C.Plan.done_path(row.target)
     while True:
         finished = C.Plan.done_hash(done_path) == row.run.hash  # read before the exports: none appears after it
         try:
@@ -62,21 +79,12 @@ def cmd_eval_watch(args, plan: C.Plan, row: TrainConfig) -> int:
         except C.ConfigError:  # not started yet: no provenance, no export
             exports = []
         for step, _ in exports:
-            if step in scored:
-                continue
-            trained = locate(row, step)
-            r = actions.evaluate_trained(ev, trained, actions.step_location(ev, step))
-            scored.add(step)
-            if args.json:
-                print(json.dumps({k: r[k] for k in ("target", "model", "step", "splits", "chats_scored")}), flush=True)
-            else:
-                s = next(iter(r["splits"].values()))
-                print(f"{row.target} step {step}: " + ", ".join(
-                    f"{k} {s[k]:.3f}" for k in ("valid", "tool_or_text", "tool_name") if s.get(k) is not None),
-                      flush=True)
+            if step not in seen:
+                seen.add(step)
+                yield step
         if finished:
-            return 0
-        time.sleep(args.interval)
+            return
+        time.sleep(interval)
 
 
 def cmd_eval_actions(args) -> int:
@@ -147,20 +155,19 @@ def cmd_eval_agent(args) -> int:
     from .. import logs
     from ..agent import evaluate
 
-    if args.watch or args.actions:
-        raise C.ConfigError("--agent evaluates the student on the task set: --watch and --actions are the next-action "
-                            "scores'")
+    if args.actions:
+        raise C.ConfigError("--agent evaluates the student on the task set; --actions are the next-action scores")
     plan = load_plan(args)
     logs.setup(None, plan.cfg.get("log_level", "INFO"))
     targets = [t.removeprefix("agent/").removeprefix("checkpoints/").removesuffix("/done")
                for t in args.targets or plan.cfg["default_targets"]]
+    if args.watch:
+        if len(targets) != 1 or args.replay:
+            raise C.ConfigError("--watch follows one target's student: name it (trajsft eval demo --agent --watch)")
+        return cmd_eval_agent_watch(args, plan, targets[0])
     docs = []
     for t in targets:
-        plan.target(t)  # an unknown target: one line naming them
-        cfg = step_configs.eval_agent(plan, t)  # no such task set or harness file: one line
-        tasks = plan.get("tasks", plan.target(t)["agent"].spec["tasks"])
-        if not os.path.exists(tasks.manifest):
-            raise C.ConfigError(f"{t}: its task set {tasks.name} is not built: snakemake --cores 2 {tasks.manifest}")
+        cfg = _agent_cfg(plan, t)
         model = "replay" if args.replay else "student"
         stored = None if args.replay else io.join(cfg.location, evaluate.RESULTS)
         if stored and _built(C.Plan.agent_done_path(t), cfg.name) and os.path.exists(stored):
@@ -185,6 +192,38 @@ def cmd_eval_agent(args) -> int:
                   f"{r['exit_status'][:20]:20}  {r['prompt_tokens'] + r['completion_tokens']:>6}  {r['seconds']:7.1f}")
         for tid, why in (doc.get("excluded") or {}).items():
             print(f"  excluded by the task set's controls: {tid}: {why}")
+    return 0
+
+
+def _agent_cfg(plan: C.Plan, target: str):
+    """The target's agent evaluation, its task set built (else one line: the command that builds it)."""
+    plan.target(target)  # an unknown target: one line naming them
+    cfg = step_configs.eval_agent(plan, target)  # no such task set or harness file: one line
+    tasks = plan.get("tasks", plan.target(target)["agent"].spec["tasks"])
+    if not os.path.exists(tasks.manifest):
+        raise C.ConfigError(f"{target}: its task set {tasks.name} is not built: snakemake --cores 2 {tasks.manifest}")
+    return cfg
+
+
+def cmd_eval_agent_watch(args, plan: C.Plan, target: str) -> int:
+    """``trajsft eval TARGET --agent --watch``: the agent evaluation of each HF export of the target's run as it
+    appears (its rows under the evaluation's ``steps/step-<N>/``), here or, on a Ray profile, as a Ray job on a
+    single-host slice each, until the run is done (its done marker) and every export is evaluated, or Ctrl-C. One
+    line (``--json``: one JSON object) per export."""
+    from ..agent import evaluate, watch
+
+    cfg = _agent_cfg(plan, target)
+    evaluated = set(evaluate.evaluated_steps(cfg.location))
+    print(f"trajsft eval --agent --watch: {target} (run {cfg.train.run.name}): evaluating each new HF export into "
+          f"{io.join(cfg.location, evaluate.STEPS)} (already evaluated: {sorted(evaluated) or 'none'})",
+          file=sys.stderr, flush=True)
+    for step in new_exports(cfg.train, evaluated, args.interval):
+        r = watch.at_step(cfg, step, f"logs/eval_agent/{target}-step-{step}.log")
+        if args.json:
+            print(json.dumps({k: r.get(k) for k in ("target", "step", "tasks", "resolved", "resolve_rate",
+                                                    "exit_statuses", "ray_job_id", "results")}), flush=True)
+        else:
+            print(f"{target} step {step}: resolved {r['resolved']}/{r['tasks']} ({r['resolve_rate']:.1%})", flush=True)
     return 0
 
 

@@ -69,17 +69,21 @@ def cmd_plan(args) -> int:
     for tc in trainings:
         t = tc.target
         rows = []
-        # the training chain, then the export and the next-action scores (built on request: snakemake
-        # results/exports/<t>/manifest.json, evals/<t>/done)
+        # the training chain, then the export, the next-action scores and the agent evaluation with its task set
+        # (built on request: snakemake results/exports/<t>/manifest.json, evals/<t>/done, agent/<t>/done; an agent
+        # evaluation that cannot be planned, its task set or harness unknown, is said when asked for)
         extra = [plan.get("exports", step_configs.export(plan, t).name),
                  plan.get("evals", step_configs.eval_actions(plan, t).name)]
+        agent = plan.target(t)["agent"]
+        if not agent.spec.get("problem"):
+            extra += [plan.get("tasks", agent.spec["tasks"]), agent]
         for a in [*plan.chain(t), *extra]:
             row = {
                 "kind": a.kind, "name": a.name, "hash": a.hash, "location": a.location,
                 "manifest": a.manifest, "exists": _manifest_here(a),
                 "present_at": _present_at(plan, a) if not args.offline else None,
             }
-            if a.kind in ("exports", "evals"):
+            if a.kind in ("exports", "evals", "tasks", "agent"):
                 row["on_request"] = f"snakemake {a.manifest}"
             else:  # the targets that train on it (several: shared data, built once)
                 row["used_by"] = plan.users(a)

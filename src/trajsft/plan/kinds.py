@@ -73,8 +73,10 @@ REGISTRY = (
          resources=Resources(threads=2, mem_mb=8000), on_cluster=Resources(threads=1, mem_mb=1000)),
     # the agent evaluation of a target's trained student (its done marker agent/<target>/done): mini-swe-agent works
     # each task of a task set against the student behind trajsft's chat route, each episode in a sandbox, graded by
-    # the tests (trajsft.agent); generation and the tests on this machine's CPUs
-    Kind("agent", rule="eval_agent", format=1, of_target="agent", resources=Resources(threads=2, mem_mb=8000)),
+    # the tests (trajsft.agent); generation and the tests on this machine's CPUs, or, on a Ray profile, a light
+    # submitter that follows one Ray job on a single-host slice (trajsft.agent.job)
+    Kind("agent", rule="eval_agent", format=1, of_target="agent",
+         resources=Resources(threads=2, mem_mb=8000), on_cluster=Resources(threads=1, mem_mb=1000)),
     # a task set (trajsft.tasks.taskset): the bug mutations of a directory of crates that pass their controls, with
     # copies of the crates the grader checks them out of; one test run per mutation and two per task (cargo is
     # single-threaded on these tiny crates, its link step the memory)

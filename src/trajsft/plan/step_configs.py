@@ -248,7 +248,9 @@ class EvalAgentConfig:
     target: str
     name: str
     location: str
-    train: TrainConfig  # the target's run: where its model is found; its student's tokenizer and seq_len
+    # the target's run: where its model is found; its student's tokenizer and seq_len. None in the Ray job whose
+    # episodes run on a slice's host (trajsft.agent.job), which is handed the model its submitter located
+    train: Optional[TrainConfig]
     tasks: str  # the task set's location (trajsft.tasks.taskset: instances.jsonl, repos/)
     sandbox: str  # where the episodes' commands and the tests run (the task set's)
     harness: str  # mini-swe-agent's templates (a YAML file)

@@ -377,10 +377,11 @@ def step_location(cfg: EvalActionsConfig, step: int) -> str:
     return io.join(cfg.location, STEPS, f"step-{step}")
 
 
-def evaluated_steps(location: str) -> dict[int, dict]:
-    """The per-step scores under an evaluation's ``location`` (``steps/step-<N>/actions.json``), by step."""
+def evaluated_steps(location: str, results: str = RESULTS) -> dict[int, dict]:
+    """The per-step figures under an evaluation's ``location`` (``steps/step-<N>/<results>``: the scores'
+    ``actions.json``, an agent evaluation's ``results.json``), by step."""
     out = {}
-    for path in io.glob(io.join(location, STEPS, "step-*", RESULTS)):
+    for path in io.glob(io.join(location, STEPS, "step-*", results)):
         try:
             step = int(path.rstrip("/").split("/")[-2].removeprefix("step-"))
             out[step] = io.read_json(path)

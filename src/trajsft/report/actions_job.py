@@ -12,15 +12,13 @@ job by Snakemake; either way the next attempt scores only the chats the first di
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import logging
 import os
 import socket
 import sys
 
-from ..cluster.entrypoint import delete_secret_bundle  # light: stdlib and our io
-from ..cluster.setup_failure import MARK
+from ..cluster.host_job import single_host_driver, single_host_task_start  # light: stdlib and our io
 from ..errors import ClusterError, JobEnvironmentError
 
 log = logging.getLogger("trajsft")
@@ -69,55 +67,27 @@ TASK = "score_next_actions"  # the Ray task on the slice's host (its workers' ti
 
 def main(argv: list[str] | None = None) -> int:
     """The job's driver, on a CPU node: the evaluation as one task on a slice's host
-    (:func:`trajsft.cluster.single_host.call_on_host`). A configuration error (a package missing, a version not the
-    lock's, here or on the host) ends in one :data:`~trajsft.cluster.setup_failure.MARK` line and exit code 3, as
-    the training driver's does."""
-    ap = argparse.ArgumentParser(prog="trajsft.report.actions_job")
-    ap.add_argument("--spec", required=True, help="the job's spec (job.json under the evaluation's location)")
-    ap.add_argument("--tpu-type", required=True, help="a single-host slice type (ray.eval_tpu_type)")
-    ap.add_argument("--max-retries", type=int, default=100, help="lost hosts the task is retried after")
-    args = ap.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="[trajsft.eval_actions] %(message)s", stream=sys.stdout)
-    import ray
-
-    ray.init(logging_level="WARNING")
-    delete_secret_bundle()  # first: a driver that cannot go on leaves no secret in the cluster
-    try:
-        try:
-            from ..cluster import single_host
-        except ImportError as e:  # the job's environment lacks a package: a configuration error, in one line
-            raise JobEnvironmentError(f"the driver on {socket.gethostname()}: {type(e).__name__}: {e}") from None
-        try:
-            result = single_host.call_on_host(score_on_host, args.spec, tpu_type=args.tpu_type,
-                                              max_retries=args.max_retries, name=TASK)
-        except ray.exceptions.RayTaskError as e:
-            if isinstance(e.cause, JobEnvironmentError):
-                raise e.cause from None
-            raise
-    except JobEnvironmentError as e:
-        print(f"{MARK} {e}", flush=True)
-        return 3
-    log.info("%d chat(s) scored on %s, %d reused from an earlier attempt", result["chats_scored"], result["host"],
-             result["chats_reused"])
-    return 0
+    (:func:`trajsft.cluster.host_job.single_host_driver`). A configuration error (a package missing, a version not
+    the lock's, here or on the host) ends in one :data:`~trajsft.cluster.setup_failure.MARK` line and exit code 3,
+    as the training driver's does."""
+    rc, result = single_host_driver(argv, "trajsft.report.actions_job", score_on_host, TASK, "trajsft.eval_actions")
+    if result is not None:
+        log.info("%d chat(s) scored on %s, %d reused from an earlier attempt", result["chats_scored"], result["host"],
+                 result["chats_reused"])
+    return rc
 
 
 def score_on_host(spec_url: str) -> dict:
     """The task: the evaluation of ``spec_url`` on this host, its result also written to :data:`RESULT`."""
-    logging.basicConfig(level=logging.INFO, format="[trajsft.eval_actions] %(message)s", stream=sys.stdout,
-                        force=True)
     here = f"the evaluation on {socket.gethostname()}"
     try:
         from .. import io
-        from ..cluster import hooks, requirements, setup_failure
         from ..plan.step_configs import EvalActionsConfig
         from . import actions
         from .trained import Trained
     except ImportError as e:  # the host's environment lacks a package: a configuration error, in one line
         raise JobEnvironmentError(f"{here}: {type(e).__name__}: {e}") from None
-    hooks.setup()
-    setup_failure.check_installed(here, requirements.REPO_DIR / requirements.OUT)
-    spec = io.read_json(spec_url)
+    spec = single_host_task_start(spec_url, here, "trajsft.eval_actions")
     cfg = EvalActionsConfig(train=None, **spec["eval"])  # the model is located already: spec["trained"]
     trained = Trained(**spec["trained"])
     log.info("scoring %s (%s) on %s (pid %d)", cfg.target, trained.name, socket.gethostname(), os.getpid())

@@ -5,12 +5,14 @@ submits and follows (the config's executor, trajsft.executor)."""
 from trajsft import rule_job, storage
 from trajsft.executor import executor_for
 from trajsft.plan import step_configs
+from trajsft.report import actions_job
 from trajsft.report.actions import eval_actions
 
 
 def run(job, snakemake) -> dict:
     cfg = step_configs.eval_actions(job.plan, job.name)
-    return storage.build(job.plan, job.artifact, executor_for(job.plan.cfg).score_actions(cfg, snakemake.log[0], eval_actions))
+    work = executor_for(job.plan.cfg).on_eval_host(cfg, snakemake.log[0], eval_actions, actions_job.submit)
+    return storage.build(job.plan, job.artifact, work)
 
 
 ENTRY = rule_job.Entry(run)
