@@ -303,3 +303,34 @@ def test_the_resolve_rate_report_has_a_point_per_evaluated_export_and_the_final_
     assert (tmp_path / "r.png").read_bytes()[:4] == b"\x89PNG"
     page = (tmp_path / "r.html").read_text()
     assert 'src="r.png"' in page and "<td>2/4</td><td>50.0%</td>" in page and "mini-abc" in page
+
+
+@pytest.mark.parametrize("executor", ["local", "ray"])
+def test_a_watched_export_is_evaluated_into_its_steps_location_here_or_as_a_ray_job(tmp_path, monkeypatch, executor):
+    """`trajsft eval --agent --watch`'s one export (agent.watch.at_step): the export of that step, into
+    steps/step-<N>/ of the evaluation, without a W&B run of its own; here the episodes run in this process, on a Ray
+    profile the rule's submitter runs them as a Ray job named by the step (its log the step's own)."""
+    from trajsft.agent import evaluate, job, watch
+    from trajsft.report.trained import Trained
+
+    over = {"storage_root": str(tmp_path / "s")}
+    if executor == "ray":
+        over |= {"executor": "ray", "ray": {"address": "http://127.0.0.1:1", "cluster": "here", "tpu_type": "v5p-8"}}
+    p = C.Plan(C.load(None, over), base_dir=REPO, state_dir=str(tmp_path / "r"))
+    cfg = step_configs.eval_agent(p, "demo")
+    export = Trained(target="demo", name="demo-x", run_dir="r", source={"kind": "hf_export", "step": 14}, train_cfg={})
+    monkeypatch.setattr(watch, "locate", lambda train, step: export if step == 14 else None)
+    calls = []
+    monkeypatch.setattr(watch, "episodes", lambda c, model, location, trained: calls.append(
+        ("here", model, location, trained)) or {"model": model, "rows": []})
+    monkeypatch.setattr(watch, "finish", lambda c, location, result, wandb: calls.append(("finish", wandb)) or {})
+    monkeypatch.setattr(job, "submit", lambda c, log, trained, location, key: calls.append(
+        ("ray", log, location, trained, key)) or {"ray_job_id": f"trajsft-x-{key}-a0"})
+    r = watch.at_step(cfg, 14, "logs/eval_agent/demo-step-14.log")
+    where = f"{cfg.location}/{evaluate.STEPS}/step-14"
+    assert r["step"] == 14 and watch.step_location(cfg, 14) == where
+    if executor == "local":
+        assert calls == [("here", "student", where, export), ("finish", False)]
+    else:
+        assert calls == [("ray", "logs/eval_agent/demo-step-14.log", where, export, "step14")]
+        assert r["ray_job_id"] == "trajsft-x-step14-a0"
