@@ -275,8 +275,6 @@ def next_actions_on_a_slice_host_killed_then_resumed(wd: Path, ray_head, data) -
     killed (SIGKILL, as a lost host) once it stored its first chat, Ray retries it on a v5p-8 host within the same
     job and the retry scores only the missing chats, ending with the figures an uninterrupted evaluation computes
     here. One turn at a time (actions.max_seqs 1: cosmetic, the same artifacts), so the chats end one by one."""
-    import psutil
-
     prof = profile(wd.parent / "e2e-eval-profile", ray_head.address, data[1], {
         "teachers": {"demo": {**E2E_DEMO, "actions": {"max_seqs": 1}}}})
     ev = next(a for a in plan_of(wd, prof)["artifacts"] if a["kind"] == "evals")
@@ -289,21 +287,9 @@ def next_actions_on_a_slice_host_killed_then_resumed(wd: Path, ray_head, data) -
     p = subprocess.Popen(cmd, stdout=open(wd / "eval-snakemake.log", "w"), stderr=subprocess.STDOUT,
                          env=sm_env(ray_head), start_new_session=True, cwd=REPO)
     a0 = f"trajsft-{ev['hash']}-a0"
-    try:
-        worker = wait_for(lambda: next((q for q in psutil.process_iter(["cmdline"])
-                                        if "ray::score_next_actions" in " ".join(q.info["cmdline"] or [])), None),
-                          300, "the evaluation's task to run on a host", p, poll=0.1)
-        wait_for(lambda: chats.is_dir() and any(chats.glob("*.json")), 300, "the first scored chat", p, poll=0.005)
-        worker.kill()
-        stored = len(list(chats.glob("*.json")))
-        assert p.wait(timeout=600) == 0, (wd / "eval-snakemake.log").read_text()[-4000:]
-        ref_out, ref_err = reference.communicate(timeout=300)
-    finally:
-        if p.poll() is None:
-            kill_group(p)
-        if reference.poll() is None:
-            reference.kill()
-    assert reference.returncode == 0, ref_err[-3000:]
+    stored, ref_out = kill_its_task_once_stored(p, reference, "score_next_actions",
+                                                lambda: list(chats.glob("*.json")) if chats.is_dir() else [],
+                                                "scored chat", wd / "eval-snakemake.log", waits=(300, 600, 300))
     done = json.loads((wd / "evals/demo/done").read_text())
     assert {j["submission_id"]: j["status"] for j in jobs(ray_head, ev["hash"])} == {a0: "SUCCEEDED"}
     assert done["ray_job_id"] == a0 and done["location"] == ev["location"]
@@ -335,7 +321,6 @@ def agent_episodes_on_a_slice_host_killed_then_resumed(wd: Path, ray_head, data)
     task's worker killed (SIGKILL, as a lost host) once it graded its first episode, Ray retries it on a v5p-8 host
     within the same job, no Snakemake retry, and the retry runs only the tasks without a row: the rows equal a
     run of the same evaluation on this machine (their timings aside)."""
-    import psutil
     from test_tasks import needs_sandbox
 
     needs_sandbox()
@@ -357,21 +342,8 @@ def agent_episodes_on_a_slice_host_killed_then_resumed(wd: Path, ray_head, data)
     p = subprocess.Popen(cmd, stdout=open(wd / "agent-snakemake.log", "w"), stderr=subprocess.STDOUT,
                          env=sm_env(ray_head, WANDB_MODE="offline"), start_new_session=True, cwd=REPO)
     a0 = f"trajsft-{ag['hash']}-a0"
-    try:
-        worker = wait_for(lambda: next((q for q in psutil.process_iter(["cmdline"])
-                                        if "ray::agent_episodes" in " ".join(q.info["cmdline"] or [])), None),
-                          300, "the agent evaluation's task to run on a host", p, poll=0.1)
-        wait_for(lambda: graded(), 600, "the first graded episode", p, poll=0.01)
-        worker.kill()
-        stored = len(graded())
-        assert p.wait(timeout=900) == 0, (wd / "agent-snakemake.log").read_text()[-4000:]
-        ref_out, ref_err = reference.communicate(timeout=600)
-    finally:
-        if p.poll() is None:
-            kill_group(p)
-        if reference.poll() is None:
-            reference.kill()
-    assert reference.returncode == 0, ref_err[-3000:]
+    stored, ref_out = kill_its_task_once_stored(p, reference, "agent_episodes", graded, "graded episode",
+                                                wd / "agent-snakemake.log", waits=(600, 900, 600))
     done = json.loads((wd / "agent/demo/done").read_text())
     assert {j["submission_id"]: j["status"] for j in jobs(ray_head, ag["hash"])} == {a0: "SUCCEEDED"}
     assert done["ray_job_id"] == a0 and done["location"] == ag["location"] and done["model"] == "student"
@@ -385,6 +357,33 @@ def agent_episodes_on_a_slice_host_killed_then_resumed(wd: Path, ray_head, data)
     assert log.count("episodes of demo") == 2 and f"{stored} of {done['tasks']} tasks already graded" in log, log[-3000:]
     out = trajsft(wd, ray_head, "eval", "demo", "--agent", "--json", "--profile", str(prof))
     assert out.returncode == 0 and json.loads(out.stdout)["rows"] == rows, out.stderr[-2000:]
+
+
+def kill_its_task_once_stored(p: subprocess.Popen, reference: subprocess.Popen, task: str, stored, what: str,
+                              log: Path, waits: tuple[float, float, float]) -> tuple[int, str]:
+    """A single-host job's rule (Snakemake ``p``) with an uninterrupted ``reference`` run beside it: the worker of its
+    Ray task ``task`` SIGKILLed (as a lost host) once ``stored()`` lists a first ``what``, then both waited for (the
+    first store, the rule, the reference: ``waits`` seconds). What was stored at the kill, and the reference's
+    stdout."""
+    import psutil
+
+    first, rule, ref = waits
+    try:
+        worker = wait_for(lambda: next((q for q in psutil.process_iter(["cmdline"])
+                                        if f"ray::{task}" in " ".join(q.info["cmdline"] or [])), None),
+                          300, f"the task {task} to run on a host", p, poll=0.1)
+        wait_for(stored, first, f"the first {what}", p, poll=0.005)
+        worker.kill()
+        n = len(stored())
+        assert p.wait(timeout=rule) == 0, log.read_text()[-4000:]
+        ref_out, ref_err = reference.communicate(timeout=ref)
+    finally:
+        if p.poll() is None:
+            kill_group(p)
+        if reference.poll() is None:
+            reference.kill()
+    assert reference.returncode == 0, ref_err[-3000:]
+    return n, ref_out
 
 
 def killed_once_on_slice_hosts(head, h: str, task: str) -> dict:
