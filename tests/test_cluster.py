@@ -365,3 +365,37 @@ def test_the_fallback_exports_memory_comes_from_the_checkpoints_weights(tmp_path
     (tmp_path / "step-9" / "opt_state").mkdir()
     (tmp_path / "step-9" / "opt_state" / "c0").write_bytes(b"\0" * 6_000_000)  # not loaded by the export
     assert X.memory_needed(str(tmp_path / "step-9")) == 4_500_000 + X.PROCESS_BYTES
+
+
+def test_a_trainer_whose_log_stops_growing_is_killed_as_hung_and_one_that_writes_is_not(tmp_path):
+    """ray.stall_seconds: a host's train_lm that writes nothing to its log for that long (a collective waiting
+    forever for a lost peer) is SIGKILLed and said as hung (run_host makes it a HostLost: the slice attempt is
+    retried as a preemption); a child that keeps writing past the limit runs to its end."""
+    import subprocess
+    import sys
+
+    from trajsft.train import launch
+
+    writes_then_hangs = ("import sys, time\nfor _ in range(5):\n    print('step', flush=True); time.sleep(0.2)\n"
+                         "time.sleep(120)")
+    t0 = time.monotonic()
+    with pytest.raises(launch.Stalled, match="wrote nothing to its log for 1 s") as stalled:
+        launch.run_subprocess([sys.executable, "-c", writes_then_hangs], str(tmp_path / "hung.log"), {}, str(tmp_path),
+                              "header", stall_s=1.0, poll_s=0.1)
+    assert 1.0 <= time.monotonic() - t0 < 30 and stalled.value.seconds == 1.0
+    assert (tmp_path / "hung.log").read_text().count("step") == 5
+    out = subprocess.run(["pgrep", "-f", "time.sleep(120)"], capture_output=True, text=True)
+    assert not out.stdout.strip(), "the hung child is still alive"
+    keeps_writing = "import time\nfor _ in range(15):\n    print('step', flush=True); time.sleep(0.2)"
+    assert launch.run_subprocess([sys.executable, "-c", keeps_writing], str(tmp_path / "ok.log"), {}, str(tmp_path),
+                                 "header", stall_s=1.0, poll_s=0.1) == 0
+    assert slices.classify(errors.HostLost("train_lm on s host 1 wrote nothing: killed as hung"))[0] == "preempted"
+
+
+def test_the_driver_is_told_the_stall_limit_of_the_profile():
+    from trajsft.cluster.submit import RAY_DEFAULTS, driver_command
+
+    cmd, _ = driver_command("gs://b/c.json", "gs://b/run", {**RAY_DEFAULTS, "tpu_type": "v5p-32"}, 0)
+    assert "--stall-seconds 1800" in cmd
+    cmd, _ = driver_command("gs://b/c.json", "gs://b/run", {**RAY_DEFAULTS, "tpu_type": "v5p-32", "stall_seconds": 0}, 0)
+    assert "--stall-seconds 0" in cmd

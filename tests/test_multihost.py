@@ -25,6 +25,7 @@ import math
 import os
 import re
 import subprocess
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -110,6 +111,19 @@ def attempts(run_dir: Path | str) -> list[dict]:
 def slice_attempts(run_dir: Path) -> list[dict]:
     a = attempts(run_dir)
     return a[-1].get("slice_attempts", []) if a else []
+
+
+def what_the_job_shows(wd: Path, run_dir: str, run_id: str) -> str:
+    """What a wait that timed out saw: the slice attempts, the job log's last lines and each host's train_lm log's
+    (on the emulated hosts, under this machine's temp dir), the long hparams lines left out."""
+    out = ["slice attempts: " + "; ".join(f"{s['slice_attempt']} {s['outcome']} from {s.get('resumed_from_step')} on "
+                                          f"{s.get('slices')}: {s.get('cause')}" for s in slice_attempts(run_dir))]
+    hosts = sorted((Path(tempfile.gettempdir()) / "trajsft-runs" / run_id).glob("host-*/train*.log"))
+    for path in [wd / "logs/train/demo.log", *hosts]:
+        lines = [ln[:300] for ln in path.read_text(errors="replace").splitlines() if '"hparams"' not in ln][-30:] \
+            if path.exists() else []
+        out.append(f"--- {path} (its last {len(lines)} lines)\n" + "\n".join(lines))
+    return "\n".join(out)
 
 
 def job_log_steps(wd: Path) -> list[int]:
@@ -251,6 +265,9 @@ def test_on_a_bucket_losses_resume_from_the_bucket_without_snakemake_retry(data,
     wb_url = f"http://127.0.0.1:{wb.server_port}"
     over["ray"]["env"] = {"WANDB_MODE": "online", "WANDB_BASE_URL": wb_url, "WANDB_ERROR_REPORTING": "false",
                           "WANDB__FILE_STREAM_TRANSMIT_INTERVAL": "1"}
+    # a slice attempt whose trainers hang after a loss (once in CI: no step for 600 s after the killed process's
+    # attempt) is ended as a preemption, as on a real cluster (there after 1800 s)
+    over["ray"]["stall_seconds"] = 300
     prof = make_profile(wd.parent / "preempt-profile", cluster.address, root, over)
     t = plan_of(wd, prof)
     h = run_hash(wd, prof)
@@ -320,6 +337,8 @@ def test_on_a_bucket_losses_resume_from_the_bucket_without_snakemake_retry(data,
         cluster.add_slice(second, TPU)
         assert p.wait(timeout=1200) == 0, (wd / "snakemake.log").read_text()[-4000:]
         wall = time.time() - t0
+    except AssertionError as e:  # a wait that timed out: what the job and its hosts were doing then
+        raise AssertionError(f"{e}\n{what_the_job_shows(wd, run_dir, h)}") from None
     finally:
         if p.poll() is None:
             kill_group(p)

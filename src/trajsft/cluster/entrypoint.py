@@ -132,6 +132,9 @@ def _main(argv: list[str] | None = None) -> int:
                     help="memory the fallback HF export asks for (default: estimated from the checkpoint)")
     ap.add_argument("--failure-grace", type=float, default=90.0,
                     help="seconds a host whose trainer failed waits for news of a lost peer before calling it a failure")
+    ap.add_argument("--stall-seconds", type=float, default=1800.0,
+                    help="seconds a host's trainer may write nothing to its log before it is killed as hung and the "
+                         "slice attempt retried (0: never)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="[trajsft.remote_train] %(message)s", stream=sys.stdout)
 
@@ -167,7 +170,8 @@ def _main(argv: list[str] | None = None) -> int:
             print(f"[trajsft.remote_train] {cut}: its metadata.json was cut off mid-save: set aside as "
                   f"{checkpoints.CUT_OFF}, resuming from the checkpoint before", flush=True)
         return HostJob(levanter=cfg, run_dir=args.run_dir, attempt_tag=tag, coordinator_port=_free_port(),
-                       channel=channel, num_slices=args.num_slices, failure_grace_s=args.failure_grace)
+                       channel=channel, num_slices=args.num_slices, failure_grace_s=args.failure_grace,
+                       stall_s=args.stall_seconds or None)
 
     host_results: list[dict] = []
     ckpt = run.complete()

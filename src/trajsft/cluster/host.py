@@ -108,6 +108,7 @@ class HostJob:
     channel: Any  # DriverChannel actor handle: secrets and check-ins
     num_slices: int = 1
     failure_grace_s: float = 90.0
+    stall_s: Optional[float] = None  # a train_lm whose log does not grow for this long is killed as hung
 
 
 def emulated(env=None) -> bool:
@@ -265,7 +266,10 @@ def run_host(job: HostJob) -> dict:
     try:
         rc = launch.run_subprocess(
             [*launch.TRAIN_CHILD, "--config_path", config_path, *distributed_args(host, job)],
-            log_path, launch.levanter_env(work, env), work, header)
+            log_path, launch.levanter_env(work, env), work, header, stall_s=job.stall_s)
+    except launch.Stalled as e:  # the slice's, as a lost peer's: the attempt ends and the next resumes
+        raise HostLost(f"train_lm on {host} {e}: killed as hung (a collective waiting for a lost peer, a read that "
+                       "never returns?); ray.stall_seconds sets the limit") from None
     finally:
         stop.set()
         if tee:

@@ -74,7 +74,7 @@ def hub_refs(lev: dict) -> list[str]:
 
 # defaults of the cluster settings a profile may leave out
 RAY_DEFAULTS = {"num_slices": 1, "max_preemptions": 100, "max_failures": 2, "failure_grace_seconds": 90,
-                "runtime_env_setup_timeout_seconds": 1800, "fit_check": True, "installer": "uv"}
+                "stall_seconds": 1800, "runtime_env_setup_timeout_seconds": 1800, "fit_check": True, "installer": "uv"}
 
 
 def ray_settings(cfg: dict) -> dict:
@@ -333,7 +333,8 @@ def driver_command(cfg_url: str, run_dir: str, ray: dict, attempt: int) -> tuple
         "python -m trajsft.cluster.entrypoint", f"--config {shlex.quote(cfg_url)}", f"--run-dir {shlex.quote(run_dir)}",
         f"--attempt {int(attempt)}", f"--tpu-type {shlex.quote(str(ray['tpu_type']))}",
         f"--num-slices {int(ray['num_slices'])}", f"--max-preemptions {int(ray['max_preemptions'])}",
-        f"--max-failures {int(ray['max_failures'])}", f"--failure-grace {float(ray['failure_grace_seconds']):g}"]
+        f"--max-failures {int(ray['max_failures'])}", f"--failure-grace {float(ray['failure_grace_seconds']):g}",
+        f"--stall-seconds {float(ray['stall_seconds'] or 0):g}"]
     if ray.get("export_memory_gib"):
         parts.append(f"--export-memory-gib {float(ray['export_memory_gib']):g}")
     return " ".join(parts), " ".join(p for p in parts if not p.startswith("--attempt "))

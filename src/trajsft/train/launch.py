@@ -116,9 +116,36 @@ EXPORT_CHILD = [sys.executable, "-m", "trajsft.train.hf_export"]
 STOP_SAVE_GRACE_S = 120.0  # how long a stopped local training may take to finish its step and save it
 
 
-def run_subprocess(cmd: list[str], log_path: str, env: dict, cwd: str, header: str, timeout=None) -> int:
+class Stalled(Exception):
+    """The child wrote nothing to its log for ``seconds``: killed as hung."""
+
+    def __init__(self, seconds: float):
+        super().__init__(f"wrote nothing to its log for {seconds:g} s")
+        self.seconds = seconds
+
+
+def _wait_writing(proc: subprocess.Popen, log_path: str, stall_s: float, poll_s: float) -> int:
+    """``proc``'s exit code; SIGKILLed, :class:`Stalled` raised, once its log has not grown for ``stall_s``."""
+    size, since = -1, time.monotonic()
+    while True:
+        try:
+            return proc.wait(timeout=poll_s)
+        except subprocess.TimeoutExpired:
+            pass
+        now = os.path.getsize(log_path) if os.path.exists(log_path) else 0
+        if now != size:
+            size, since = now, time.monotonic()
+        elif time.monotonic() - since >= stall_s:
+            proc.kill()
+            proc.wait()
+            raise Stalled(stall_s)
+
+
+def run_subprocess(cmd: list[str], log_path: str, env: dict, cwd: str, header: str, timeout=None,
+                   stall_s: Optional[float] = None, poll_s: float = 5.0) -> int:
     """Run ``cmd`` with its output appended to ``log_path`` (after ``header``) until it exits; the child is stopped
-    if this process is."""
+    if this process is. With ``stall_s``: a child whose log does not grow for that long is SIGKILLed as hung
+    (:class:`Stalled`)."""
     os.makedirs(os.path.dirname(os.path.abspath(log_path)), exist_ok=True)
     with open(log_path, "a", buffering=1) as log:
         log.write(f"{header}\n")
@@ -133,7 +160,11 @@ def run_subprocess(cmd: list[str], log_path: str, env: dict, cwd: str, header: s
             cwd=cwd,
         )
         try:
+            if stall_s:
+                return _wait_writing(proc, log_path, stall_s, poll_s)
             return proc.wait(timeout=timeout)
+        except Stalled:
+            raise
         except BaseException:
             # our caller is going away (KeyboardInterrupt / SIGTERM->exception / timeout): don't leave a trainer
             # writing checkpoints behind. A local training saves its step first (trajsft.train.train_lm_main): it
