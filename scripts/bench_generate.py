@@ -29,8 +29,8 @@ SETTINGS = ((1, 128), (4, 128), (8, 128), (8, 32))  # (max_seqs, page_size)
 
 def trained_demo(workdir: Path) -> None:
     if not (workdir / "checkpoints/demo/done").exists():
-        subprocess.run([SNAKEMAKE, "-s", str(REPO / "Snakefile"), "-d", str(workdir), "--cores", "2", "-q",
-                        "checkpoints/demo/done"], check=True, cwd=workdir)
+        subprocess.run([SNAKEMAKE, "-s", str(REPO / "Snakefile"), "-d", str(workdir), "--cores", "2",
+                        "checkpoints/demo/done", "--quiet"], check=True, cwd=workdir)
 
 
 def measure(workdir: Path, turns: int, max_tokens: int, settings=SETTINGS) -> list[dict]:

@@ -242,15 +242,22 @@ def test_an_online_evaluation_is_a_wandb_run_in_its_trainings_group(tmp_path, mo
                  "completion_tokens": 50, "seconds": 2.5},
                 {"instance_id": "t2", "resolved": False, "exit_status": "LimitsExceeded", "steps": 4,
                  "prompt_tokens": 2000, "completion_tokens": 256, "seconds": 6.0}]
-        result = {"resolve_rate": 0.5, "resolved": 1, "tasks": 2, "exit_statuses": {"LimitsExceeded": 1, "Submitted": 1},
+        # a second repeat of each task (agent.repeats: 2): t1 unresolved, t2 resolved this time
+        rows += [{**rows[0], "repeat": 1, "resolved": False}, {**rows[1], "repeat": 1, "resolved": True}]
+        result = {"resolve_rate": 0.5, "resolved": 2, "tasks": 2, "episodes": 4, "repeats": 2,
+                  "repeat_rates": [0.5, 0.5], "resolve_rate_std": 0.0,
+                  "exit_statuses": {"LimitsExceeded": 2, "Submitted": 2},
                   "harness": {"step_limit": 4, "max_tokens": 64}, "rows": rows}
         url = to_wandb(cfg, result)
         assert "WANDB_SERVICE" not in os.environ  # the SDK's service is gone with the run: no child process joins it
         run = srv.state["runs"][f"agent-{cfg.name}"]
         assert url and url.endswith(f"agent-{cfg.name}") and run["project"] == "sft"
         assert (run["group"], run["job_type"]) == (cfg.train.run.name, "agent_eval")
-        assert run["history"][0]["agent/resolve_rate"] == 0.5 and run["summary"]["agent/resolved"] == 1
+        assert run["history"][0]["agent/resolve_rate"] == 0.5 and run["summary"]["agent/resolved"] == 2
+        assert run["history"][0]["agent/resolve_rate_std"] == 0.0 and run["history"][0]["agent/n_episodes"] == 4
         assert run["summary"]["agent/episodes"]["t2"]["exit_status"] == "LimitsExceeded"
+        assert run["summary"]["agent/episodes"]["t2.r1"]["resolved"] and not run["summary"]["agent/episodes"]["t1.r1"][
+            "resolved"]
         assert run["config"]["trajsft"]["value"]["run"] == cfg.train.run.name
         # a refused key (in a process of its own: the SDK keeps the first key it logged in with)
         probe = ("import json, sys; from trajsft.agent.evaluate import to_wandb; from trajsft.plan import config as C, "

@@ -9,6 +9,7 @@ import math
 import os
 import shutil
 import subprocess
+import statistics
 import sys
 from pathlib import Path
 
@@ -849,6 +850,29 @@ def test_agent_evaluation_of_the_demo_student_the_replay_and_a_model_that_only_s
         else:
             assert (row["exit_status"], row["steps"], row["resolved"]) == ("context_exceeded", 2, True), row
         assert "maximum context length is 1024 tokens" in row["error"]
+
+    # issue 71: `repeats: 3` at a temperature on the demo's one-crate set (mini_math): three sampled episodes per
+    # task, each with a seed of its own; the rate is their mean, printed with the std of the three repeats' rates
+    shutil.copytree(REPO / "tasks/demo/crates/mini_math", wd / "crates-mini/mini_math")
+    over = {"agent": {"repeats": 3, "temperature": 0.7, "episodes_at_once": 4},
+            "tasks": {"demo": {"crates": str(wd / "crates-mini")}}}
+    refused = run(wd, "agent/demo/done", config={"agent": {"repeats": 3}}, check=False)
+    assert refused.returncode != 0 and "agent.repeats is 3 with agent.temperature 0" in refused.stderr, \
+        refused.stderr[-2000:]
+    run(wd, "agent/demo/done", config=over, timeout=900)
+    done3 = json.loads((wd / "agent/demo/done").read_text())
+    assert (done3["tasks"], done3["episodes"], done3["repeats"]) == (len(crate), 3 * len(crate), 3), done3
+    rows3 = json.loads((wd / done3["location"] / "results.json").read_text())["rows"]
+    assert sorted((r["instance_id"], r["repeat"]) for r in rows3) == sorted((i, k) for i in crate for k in range(3))
+    rates = [sum(r["resolved"] for r in rows3 if r["repeat"] == k) / len(crate) for k in range(3)]
+    assert done3["repeat_rates"] == rates and done3["resolve_rate"] == pytest.approx(sum(rates) / 3)
+    assert done3["resolve_rate_std"] == pytest.approx(statistics.stdev(rates))
+    for k in (1, 2):  # each repeat's files beside the first's
+        assert (wd / done3["location"] / f"episodes/{crate[0]}.r{k}.traj.json").exists()
+    human = cli(wd, "eval", "demo", "--agent", "--configfile", str(wd / "test-overrides.yaml"))
+    assert human.returncode == 0, human.stderr[-2000:]
+    assert (f"demo (student): resolved {done3['resolved']}/{3 * len(crate)} episodes: {done3['resolve_rate']:.1%} ± "
+            f"{done3['resolve_rate_std']:.1%} (mean ± std of 3 repeats)") in human.stdout, human.stdout
 
 
 def needs_sandbox(skip: bool = True) -> bool:

@@ -2,9 +2,11 @@
 works every task of a task set through mini-swe-agent, each episode in its sandbox, each submission graded by the
 task's tests; the resolve rate with its count.
 
-Per task, under the evaluation's location: ``episodes/<id>.traj.json`` (mini-swe-agent's own trajectory),
+Per episode, under the evaluation's location: ``episodes/<id>.traj.json`` (mini-swe-agent's own trajectory),
 ``episodes/<id>.diff`` (the submission) and ``episodes/<id>.json`` (the episode and the grader's row, written last:
-a killed evaluation reruns only the tasks without one). ``results.json`` holds the rate and every row.
+a killed evaluation reruns only the episodes without one); with ``agent.repeats`` N > 1 each task has N episodes,
+sampled at ``agent.temperature``, the k-th (k >= 1) named ``<id>.r<k>``. ``results.json`` holds the rate (the mean
+over the episodes, with the std of the repeats' rates) and every row.
 
 The model is the student (its run's newest model, loaded into the engine ``trajsft serve`` uses) or a built-in
 scripted one (:mod:`trajsft.agent.replay`: ``replay`` resolves every task, ``submit`` none), served by trajsft's
@@ -16,7 +18,10 @@ import concurrent.futures
 import contextlib
 import logging
 import os
+import resource
+import statistics
 import tempfile
+import time
 from pathlib import Path
 from typing import Callable, Iterator, Optional, Sequence
 
@@ -38,32 +43,50 @@ EPISODES, RESULTS = "episodes", "results.json"
 STEPS = actions.STEPS  # <location>/steps/step-<N>/: the evaluation of the run's HF export at step N (--watch)
 
 
-def graded_rows(location: str) -> dict[str, dict]:
-    """The episodes already graded under ``location``, by task id (a row that does not read is left to rerun)."""
+def episode_name(instance_id: str, repeat: int) -> str:
+    """The name of an episode's files under ``episodes/``: the task's id (its first episode), ``<id>.r<k>`` for its
+    repeat k."""
+    return instance_id if repeat == 0 else f"{instance_id}.r{repeat}"
+
+
+def graded_rows(location: str) -> dict[tuple[str, int], dict]:
+    """The episodes already graded under ``location``, by (task id, repeat) (a row that does not read is left to
+    rerun)."""
     out = {}
     for path in io.glob(io.join(location, EPISODES, "*.json")):
         if path.endswith(".traj.json"):
             continue
         try:
             row = io.read_json(path)
-            out[row["instance_id"]] = row
+            out[(row["instance_id"], int(row.get("repeat", 0)))] = row
         except (ValueError, KeyError, TypeError, OSError):
             continue
     return out
 
 
+def spread(rows: Sequence[dict], repeats: int) -> dict:
+    """Each repeat's resolve rate (over the same tasks) and their std (the sample's, n - 1; None for one repeat):
+    how much the rate moves between runs of the same student."""
+    rates = []
+    for k in range(repeats):
+        mine = [r for r in rows if int(r.get("repeat", 0)) == k]
+        rates.append(sum(bool(r["resolved"]) for r in mine) / len(mine) if mine else 0.0)
+    return {"repeat_rates": rates, "resolve_rate_std": statistics.stdev(rates) if repeats > 1 else None}
+
+
 @contextlib.contextmanager
 def _served(cfg: EvalAgentConfig, model: str, tasks: list[Task], at_once: int = 1,
-            trained: Optional[Trained] = None) -> Iterator[tuple[str, str, Optional[dict]]]:
-    """(the chat route's URL, the model name it answers to, the student's source or None) while the model is up,
-    generating for ``at_once`` episodes at once; the student is ``trained`` (else located from ``cfg.train``)."""
+            trained: Optional[Trained] = None) -> Iterator[tuple[str, str, Optional[dict], Optional[dict]]]:
+    """(the chat route's URL, the model name it answers to, the student's source or None, the engine's live
+    figures or None) while the model is up, generating for ``at_once`` episodes at once; the student is ``trained``
+    (else located from ``cfg.train``)."""
     if model == "student":
         trained = trained or locate(cfg.train)
         with server.engine(trained, max_seqs=at_once) as eng:
             app = server.create_app(trained, eng.tokenizer, eng.submit, eng.max_seq_len, at_once,
                                     request_log=logging.DEBUG)
             with server.in_thread(app) as url:
-                yield url, trained.name, trained.source
+                yield url, trained.name, trained.source, eng.stats
         return
     from transformers import AutoTokenizer
 
@@ -76,7 +99,7 @@ def _served(cfg: EvalAgentConfig, model: str, tasks: list[Task], at_once: int = 
     app = server.create_app(served, tokenizer, submit, int(cfg.train.spec.training.seq_len), at_once,
                             request_log=logging.DEBUG)
     with server.in_thread(app) as url:
-        yield url, served.name, None
+        yield url, served.name, None, None
 
 
 def eval_agent(cfg: EvalAgentConfig, model: str = "student", location: Optional[str] = None,
@@ -141,52 +164,90 @@ def _episodes(cfg: EvalAgentConfig, model: str, location: str, say: Callable[[st
         raise DataError(f"agent {cfg.target}: the task set {cfg.tasks} holds no task")
     harness = H.load(cfg.harness, step_limit=cfg.step_limit, max_tokens=cfg.max_tokens,
                      command_seconds=cfg.command_seconds)
+    repeats = max(1, cfg.repeats)
+    wanted = [(t, k) for k in range(repeats) for t in tasks.tasks]  # every task once, then again per repeat
     done = graded_rows(location)
-    todo = [t for t in tasks.tasks if t.instance_id not in done]
-    reused = len(tasks.tasks) - len(todo)
-    if done:
-        say(f"agent {cfg.target}: {len(done)} of {len(tasks.tasks)} tasks already graded under {location}; "
-            f"running the other {len(todo)}")
+    todo = [(t, k) for t, k in wanted if (t.instance_id, k) not in done]
+    reused = len(wanted) - len(todo)
+    if reused:
+        say(f"agent {cfg.target}: {reused} of {len(wanted)} {'tasks' if repeats == 1 else 'episodes'} already graded "
+            f"under {location}; running the other {len(todo)}")
     source = trained.source if trained else None  # (the served student's, when episodes run)
     at_once = max(1, min(cfg.episodes_at_once, len(todo)))
+    engine = None
     if todo:
-        with _served(cfg, model, tasks.tasks, at_once, trained) as (url, name, source), \
+        with _served(cfg, model, tasks.tasks, at_once, trained) as (url, name, source, stats), \
                 tempfile.TemporaryDirectory(prefix="trajsft-agent-") as tmp, \
                 concurrent.futures.ThreadPoolExecutor(at_once, thread_name_prefix="trajsft-episode") as pool:
             os.chmod(tmp, 0o711)  # the episodes' copies inside are reached by the sandbox's user (nobody)
             counted = terminal.Counted(f"trajsft eval_agent {cfg.target}", len(todo), "episodes")
 
-            def episode(task: Task) -> tuple[H.Episode, str, Path]:
-                traj = Path(tmp) / f"{task.instance_id}.traj.json"
+            def episode(task: Task, k: int) -> tuple[H.Episode, str, Path]:
+                traj = Path(tmp) / f"{episode_name(task.instance_id, k)}.traj.json"
                 ran, diff = H.run(task, tasks.repos, url=url, model=name, harness=harness, sandbox=cfg.sandbox,
-                                  workdir=Path(tmp), traj_path=traj)
+                                  workdir=Path(tmp), traj_path=traj, repeat=k, temperature=cfg.temperature)
                 return ran, diff, traj
 
+            clock = _Clock()
             # `at_once` episodes against the one engine, which batches their turns; each kept as it ends
-            for fut in concurrent.futures.as_completed([pool.submit(episode, t) for t in todo]):
+            for fut in concurrent.futures.as_completed([pool.submit(episode, t, k) for t, k in todo]):
                 ran, diff, traj = fut.result()
-                base = io.join(location, EPISODES, ran.instance_id)
+                base = io.join(location, EPISODES, episode_name(ran.instance_id, ran.repeat))
                 if traj.exists():
                     io.write_text(base + ".traj.json", traj.read_text())
                 io.write_text(base + ".diff", diff)
-                io.write_json(base + ".json", {**ran.row(), "model": name})  # last: the task is graded
-                done[ran.instance_id] = {**ran.row(), "model": name}
-                log.info("agent %s: %s %s (%s, %d steps, %.1fs)", cfg.target, ran.instance_id,
+                io.write_json(base + ".json", {**ran.row(), "model": name})  # last: the episode is graded
+                done[(ran.instance_id, ran.repeat)] = {**ran.row(), "model": name}
+                log.info("agent %s: %s%s %s (%s, %d steps, %.1fs)", cfg.target, ran.instance_id,
+                         f" (repeat {ran.repeat})" if repeats > 1 else "",
                          "resolved" if ran.resolved else "unresolved", ran.exit_status, ran.steps, ran.seconds)
                 counted.add(1)
-    rows = [done[t.instance_id] for t in tasks.tasks]
+            engine = clock.figures(stats, [done[(t.instance_id, k)] for t, k in todo])
+    rows = [done[(t.instance_id, k)] for t, k in wanted]
     try:  # the tasks the set's controls excluded (never graded here), with why
         excluded = io.read_json(io.join(cfg.tasks, taskset.CONTROLS)).get("excluded") or {}
     except (OSError, ValueError):
         excluded = {}
     resolved = sum(bool(r["resolved"]) for r in rows)
-    result = {"target": cfg.target, "model": model, "tasks": len(rows), "resolved": resolved,
-              "resolve_rate": resolved / len(rows), "source": source, "task_set": cfg.tasks,
+    # resolved counts episodes: with repeats, the rate is their mean (each repeat works the same tasks)
+    result = {"target": cfg.target, "model": model, "tasks": len(tasks.tasks), "episodes": len(rows),
+              "repeats": repeats, "resolved": resolved, "resolve_rate": resolved / len(rows),
+              **spread(rows, repeats), "source": source, "task_set": cfg.tasks,
               "harness": {"step_limit": cfg.step_limit, "max_tokens": cfg.max_tokens,
-                          "command_seconds": cfg.command_seconds, "episodes_at_once": cfg.episodes_at_once},
+                          "command_seconds": cfg.command_seconds, "episodes_at_once": cfg.episodes_at_once,
+                          "repeats": repeats, "temperature": cfg.temperature},
               "exit_statuses": _counts(r["exit_status"] for r in rows), "excluded": excluded,
-              "episodes_run": len(todo), "episodes_reused": reused, "rows": rows}
+              "episodes_run": len(todo), "episodes_reused": reused, "engine": engine, "rows": rows}
     return result
+
+
+class _Clock:
+    """The wall and CPU time of the episodes run here, from its start: this process's (the engine, the harness) and
+    its children's (the sandboxed commands and the grader's tests)."""
+
+    def __init__(self):
+        self.wall, self.own, self.children = time.monotonic(), _cpu(resource.RUSAGE_SELF), _cpu(resource.RUSAGE_CHILDREN)
+
+    def figures(self, stats: Optional[dict], rows: Sequence[dict]) -> dict:
+        """The episodes' throughput: tokens the model generated per second of their wall time, and, for the
+        student, how full the engine's batches were (sequences per batch over its max_seqs)."""
+        wall = time.monotonic() - self.wall
+        tokens = sum(int(r.get("completion_tokens") or 0) for r in rows)
+        out = {"episodes": len(rows), "wall_s": round(wall, 2), "generated_tokens": tokens,
+               "tokens_per_s": round(tokens / wall, 2) if wall > 0 else None,
+               "cpu_s": round(_cpu(resource.RUSAGE_SELF) - self.own, 2),
+               "sandbox_cpu_s": round(_cpu(resource.RUSAGE_CHILDREN) - self.children, 2)}
+        if stats:
+            seqs, batches = stats["sequences"], stats["batches"]
+            out.update(max_seqs=stats["max_seqs"], batches=batches, mean_batch_seqs=round(seqs / batches, 2)
+                       if batches else None, occupancy=round(seqs / batches / stats["max_seqs"], 3) if batches
+                       else None, engine_busy_s=round(stats["busy_s"], 2))
+        return out
+
+
+def _cpu(who: int) -> float:
+    u = resource.getrusage(who)
+    return u.ru_utime + u.ru_stime
 
 
 def evaluated_steps(location: str) -> dict[int, dict]:
@@ -235,9 +296,11 @@ def _log_run(cfg: EvalAgentConfig, result: dict, wandb, cause, tmp: str) -> str:
         raise ConfigError(f"agent {cfg.target}: W&B: {cause(e)}") from None
     try:
         run.log({"agent/resolve_rate": result["resolve_rate"], "agent/resolved": result["resolved"],
-                 "agent/tasks": result["tasks"]})
+                 "agent/tasks": result["tasks"], "agent/n_episodes": result["episodes"],
+                 **({"agent/resolve_rate_std": result["resolve_rate_std"]}
+                    if result.get("resolve_rate_std") is not None else {})})
         run.summary.update({"agent/exit_statuses": result["exit_statuses"],
-                            "agent/episodes": {r["instance_id"]: {k: r[k] for k in (
+                            "agent/episodes": {episode_name(r["instance_id"], r.get("repeat", 0)): {k: r[k] for k in (
                                 "resolved", "exit_status", "steps", "prompt_tokens", "completion_tokens", "seconds")}
                                 for r in result["rows"]}})
         return run.url

@@ -12,6 +12,7 @@ import logging
 import os
 import tempfile
 import time
+import zlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Optional
@@ -116,16 +117,23 @@ class Episode:
     seconds: float
     graded: dict  # the grader's row (trajsft.tasks.grade.Graded)
     error: Optional[str] = None  # what ended the episode, when it was not the agent's own exit
+    repeat: int = 0  # which of the task's episodes (agent.repeats)
 
     def row(self) -> dict:
         return asdict(self)
 
 
+def seed(task: Task, repeat: int) -> int:
+    """The sampling seed of ``task``'s episode ``repeat``: its own, the same on every rerun."""
+    return zlib.crc32(f"{task.instance_id}#{repeat}".encode())
+
+
 def run(task: Task, repos: Path, *, url: str, model: str, harness: Harness, sandbox: str, workdir: Path,
-        traj_path: Path) -> tuple[Episode, str]:
+        traj_path: Path, repeat: int = 0, temperature: float = 0.0) -> tuple[Episode, str]:
     """One episode of ``task`` (its repository under ``repos``) against ``model`` at ``url``, in a fresh copy under
-    ``workdir``; mini-swe-agent's trajectory saved at ``traj_path``. The episode and the submission (the diff of
-    the copy, however the episode ended)."""
+    ``workdir``; mini-swe-agent's trajectory saved at ``traj_path``. Greedy, or sampled at ``temperature`` with the
+    seed of the task's episode ``repeat``. The episode and the submission (the diff of the copy, however the episode
+    ended)."""
     _quiet_imports()
     import litellm
     from minisweagent.agents.default import DefaultAgent
@@ -144,10 +152,11 @@ def run(task: Task, repos: Path, *, url: str, model: str, harness: Harness, sand
         lm = LitellmModel(
             model_name=f"openai/{model}", cost_tracking="ignore_errors",
             observation_template=harness.observation_template, format_error_template=harness.format_error_template,
-            # greedy; `user` (OpenAI's end-user id; litellm drops it unless sent in the body) names the episode: the replay
-            # model answers by it
-            model_kwargs={"api_base": url, "api_key": "trajsft", "max_tokens": harness.max_tokens, "temperature": 0.0,
-                          "extra_body": {"user": task.instance_id}})
+            # `user` (OpenAI's end-user id; litellm drops it unless sent in the body) names the episode's task: the
+            # replay model answers by it
+            model_kwargs={"api_base": url, "api_key": "trajsft", "max_tokens": harness.max_tokens,
+                          "temperature": temperature, "extra_body": {"user": task.instance_id},
+                          **({"seed": seed(task, repeat)} if temperature > 0 else {})})
         agent = DefaultAgent(lm, environment(box), system_template=harness.system_template,
                              instance_template=harness.instance_template, step_limit=harness.step_limit,
                              cost_limit=0, output_path=traj_path)
@@ -161,10 +170,11 @@ def run(task: Task, repos: Path, *, url: str, model: str, harness: Harness, sand
         except Exception as e:  # noqa: BLE001 - a request or harness failure ends this episode, said, and graded
             status, error = f"error: {type(e).__name__}", one_line(e, 300)
         diff = G.submission(repo)
-    usage = [m.get("extra", {}).get("response", {}).get("usage") or {} for m in agent.messages
-             if m.get("role") == "assistant"]
+    # every model call's usage: an assistant turn's, and a reply mini-swe-agent refused (a format error: its response
+    # rides on the user message that says so)
+    usage = [(m.get("extra") or {}).get("response", {}).get("usage") or {} for m in agent.messages]
     graded = G.grade(task, diff, repos, sandbox=sandbox, workdir=workdir)
     return Episode(instance_id=task.instance_id, resolved=graded.resolved, exit_status=status, steps=agent.n_calls,
                    prompt_tokens=sum(u.get("prompt_tokens") or 0 for u in usage),
                    completion_tokens=sum(u.get("completion_tokens") or 0 for u in usage),
-                   seconds=round(time.monotonic() - started, 2), graded=graded.row(), error=error), diff
+                   seconds=round(time.monotonic() - started, 2), graded=graded.row(), error=error, repeat=repeat), diff

@@ -67,7 +67,7 @@ def submit(cfg, log_path: str, trained=None, location: str | None = None, key: s
     except FileNotFoundError:
         raise ClusterError(f"Ray job {res.job_id} SUCCEEDED but wrote no {results}") from None
     log.info("agent evaluation of %s on %s by Ray job %s (attached=%s): %d/%d resolved, %d episode(s) run, %d reused",
-             cfg.target, result.get("host"), res.job_id, res.attached, result["resolved"], result["tasks"],
+             cfg.target, result.get("host"), res.job_id, res.attached, result["resolved"], result["episodes"],
              result.get("episodes_run", 0), result.get("episodes_reused", 0))
     return {**finish(cfg, location, result, wandb=final), "ray_job_id": res.job_id, "ray_attached": res.attached}
 
@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     rc, result = single_host_driver(argv, "trajsft.agent.job", episodes_on_host, TASK, "trajsft.eval_agent")
     if result is not None:
         log.info("%d episode(s) run on %s, %d graded by an earlier attempt: %d/%d resolved", result["episodes_run"],
-                 result["host"], result["episodes_reused"], result["resolved"], result["tasks"])
+                 result["host"], result["episodes_reused"], result["resolved"], result["episodes"])
     return rc
 
 

@@ -21,11 +21,14 @@ def rows_of(final: Mapping) -> list[dict]:
     last = io.read_json(io.join(final["location"], RESULTS)) if final.get("location") else dict(final)
     rows.append({**last, "step": (last.get("source") or {}).get("step"), "final": True})
     return [{k: r.get(k) for k in ("target", "model", "step", "final", "tasks", "resolved", "resolve_rate",
-                                    "exit_statuses", "task_set")} for r in rows]
+                                    "exit_statuses", "task_set")}
+            | {"episodes": r.get("episodes", r.get("tasks")), "repeats": r.get("repeats", 1),
+               "resolve_rate_std": r.get("resolve_rate_std")} for r in rows]
 
 
 def plot(rows: Sequence[Mapping], out_png: str) -> str:
-    """The resolve rate over training steps, a line per target (the final evaluation a filled marker)."""
+    """The resolve rate over training steps, a line per target (the final evaluation a filled marker; with repeats,
+    a bar of the repeats' std)."""
     from ..report.plots import pyplot, save_figure
 
     plt = pyplot()
@@ -36,6 +39,10 @@ def plot(rows: Sequence[Mapping], out_png: str) -> str:
                         label=target)
         ends = [r for r in mine if r["final"]]
         ax.plot([r["step"] for r in ends], [r["resolve_rate"] for r in ends], "o", color=line.get_color())
+        spread = [r for r in mine if r.get("resolve_rate_std") is not None]
+        if spread:
+            ax.errorbar([r["step"] for r in spread], [r["resolve_rate"] for r in spread],
+                        yerr=[r["resolve_rate_std"] for r in spread], fmt="none", ecolor=line.get_color(), capsize=3)
     ax.set(xlabel="training step", ylabel="resolve rate", ylim=(-0.02, 1.02),
            title="Tasks resolved through mini-swe-agent (filled: the final evaluation)")
     ax.grid(alpha=0.3)
@@ -43,12 +50,19 @@ def plot(rows: Sequence[Mapping], out_png: str) -> str:
     return save_figure(fig, out_png)
 
 
+def _rate(r: Mapping) -> str:
+    """The rate, with repeats its std: ``31.1% ± 3.8% (3 repeats)``."""
+    if r.get("resolve_rate_std") is None:
+        return f"{r['resolve_rate']:.1%}"
+    return f"{r['resolve_rate']:.1%} ± {r['resolve_rate_std']:.1%} ({r['repeats']} repeats)"
+
+
 def render_html(rows: Sequence[Mapping], png_name: str) -> str:
     """The plot and a row per (target, evaluated model)."""
     esc = _html.escape
     body = [f"<tr><th>{esc(r['target'])}</th><td>{'final' if r['final'] else 'export'}</td>"
-            f"<td>{'-' if r['step'] is None else r['step']}</td><td>{r['resolved']}/{r['tasks']}</td>"
-            f"<td>{r['resolve_rate']:.1%}</td><td>{esc(', '.join(f'{k} {v}' for k, v in (r['exit_statuses'] or {}).items()))}"
+            f"<td>{'-' if r['step'] is None else r['step']}</td><td>{r['resolved']}/{r['episodes']}</td>"
+            f"<td>{_rate(r)}</td><td>{esc(', '.join(f'{k} {v}' for k, v in (r['exit_statuses'] or {}).items()))}"
             f"</td><td>{esc(str(r['task_set']).rstrip('/').rsplit('/', 1)[-1])}</td></tr>" for r in rows]
     css = ("body{font-family:sans-serif;font-size:13px}table{border-collapse:collapse}"
            "td,th{border:1px solid #bbb;padding:4px 8px;text-align:right}caption{font-weight:bold;margin-bottom:4px}")

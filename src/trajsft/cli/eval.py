@@ -183,13 +183,15 @@ def cmd_eval_agent(args) -> int:
         print("\n".join(agent_side_by_side(docs)))
         return 0
     for doc in docs:
-        print(f"{doc['target']} ({doc['model']}): resolved {doc['resolved']}/{doc['tasks']} "
-              f"({doc['resolve_rate']:.1%}) on {Path(doc['task_set']).name}")
+        print(f"{doc['target']} ({doc['model']}): {rate_text(doc)} on {Path(doc['task_set']).name}")
         width = max(len(r["instance_id"]) for r in doc["rows"])
-        print(f"  {'TASK'.ljust(width)}  RESOLVED  STEPS  EXIT                  TOKENS  SECONDS")
+        repeats = doc.get("repeats", 1) > 1
+        print(f"  {'TASK'.ljust(width)}  {'REPEAT  ' if repeats else ''}RESOLVED  STEPS  EXIT                  "
+              "TOKENS  SECONDS")
         for r in doc["rows"]:
-            print(f"  {r['instance_id'].ljust(width)}  {'yes' if r['resolved'] else 'no':8}  {r['steps']:>5}  "
-                  f"{r['exit_status'][:20]:20}  {r['prompt_tokens'] + r['completion_tokens']:>6}  {r['seconds']:7.1f}")
+            print(f"  {r['instance_id'].ljust(width)}  {str(r.get('repeat', 0)).rjust(6) + '  ' if repeats else ''}"
+                  f"{'yes' if r['resolved'] else 'no':8}  {r['steps']:>5}  {r['exit_status'][:20]:20}  "
+                  f"{r['prompt_tokens'] + r['completion_tokens']:>6}  {r['seconds']:7.1f}")
         for tid, why in (doc.get("excluded") or {}).items():
             print(f"  excluded by the task set's controls: {tid}: {why}")
     return 0
@@ -220,27 +222,47 @@ def cmd_eval_agent_watch(args, plan: C.Plan, target: str) -> int:
     for step in new_exports(cfg.train, evaluated, args.interval):
         r = watch.at_step(cfg, step, f"logs/eval_agent/{target}-step-{step}.log")
         if args.json:
-            print(json.dumps({k: r.get(k) for k in ("target", "step", "tasks", "resolved", "resolve_rate",
-                                                    "exit_statuses", "ray_job_id", "results")}), flush=True)
+            print(json.dumps({k: r.get(k) for k in ("target", "step", "tasks", "episodes", "resolved", "resolve_rate",
+                                                    "resolve_rate_std", "exit_statuses", "ray_job_id", "results")}),
+                  flush=True)
         else:
-            print(f"{target} step {step}: resolved {r['resolved']}/{r['tasks']} ({r['resolve_rate']:.1%})", flush=True)
+            print(f"{target} step {step}: {rate_text(r)}", flush=True)
     return 0
 
 
+def rate_text(doc: dict) -> str:
+    """An agent evaluation's rate: ``resolved 5/15 (33.3%)``; with repeats ``resolved 14/45 episodes: 31.1% ± 3.8%
+    (mean ± std of 3 repeats)``."""
+    n = doc.get("episodes", doc["tasks"])
+    if doc.get("repeats", 1) > 1:
+        return (f"resolved {doc['resolved']}/{n} episodes: {doc['resolve_rate']:.1%} ± {doc['resolve_rate_std']:.1%} "
+                f"(mean ± std of {doc['repeats']} repeats)")
+    return f"resolved {doc['resolved']}/{n} ({doc['resolve_rate']:.1%})"
+
+
 def agent_side_by_side(docs: list[dict]) -> list[str]:
-    """Several targets' agent evaluations side by side: a row per task (each target's verdict and exit status; a
-    task a target's set does not hold is blank), then each target's resolve rate with its count."""
+    """Several targets' agent evaluations side by side: a row per task (each target's verdict and exit status, or with
+    repeats how many of its episodes resolved it; a task a target's set does not hold is blank), then each target's
+    resolve rate with its count (and the repeats' std)."""
     ids = list(dict.fromkeys(r["instance_id"] for d in docs for r in d["rows"]))
-    by = [{r["instance_id"]: r for r in d["rows"]} for d in docs]
+    by: list[dict[str, list]] = [{} for _ in docs]
+    for b, d in zip(by, docs):
+        for r in d["rows"]:
+            b.setdefault(r["instance_id"], []).append(r)
+
+    def cell(rows: list) -> str:
+        if len(rows) > 1:
+            return f"{sum(bool(r['resolved']) for r in rows)}/{len(rows)} resolved"
+        return f"{'resolved' if rows[0]['resolved'] else 'no'} ({rows[0]['exit_status'][:12]})"
+
     width = max(len(i) for i in ids + ["RESOLVED"])
-    cols = [max(22, len(d["target"])) for d in docs]
+    totals = [rate_text(d).removeprefix("resolved ") for d in docs]
+    cols = [max(22, len(d["target"]), len(t)) for d, t in zip(docs, totals)]
     out = ["  ".join(["TASK".ljust(width)] + [d["target"].ljust(c) for d, c in zip(docs, cols)])]
     for i in ids:
-        cells = [(f"{'resolved' if b[i]['resolved'] else 'no'} ({b[i]['exit_status'][:12]})" if i in b else "")
-                 for b in by]
+        cells = [cell(b[i]) if i in b else "" for b in by]
         out.append("  ".join([i.ljust(width)] + [x.ljust(c) for x, c in zip(cells, cols)]))
-    out.append("  ".join(["RESOLVED".ljust(width)] + [f"{d['resolved']}/{d['tasks']} ({d['resolve_rate']:.1%})".ljust(c)
-                                                     for d, c in zip(docs, cols)]))
+    out.append("  ".join(["RESOLVED".ljust(width)] + [t.ljust(c) for t, c in zip(totals, cols)]))
     return [line.rstrip() for line in out]
 
 

@@ -331,6 +331,9 @@ class Plan:
                        f"{', '.join(self.specs.task_sets) or 'none'})")
         elif harness is None or not harness.is_file():
             problem = f"config: {spec.name}: agent.harness: {spec.agent.harness} is not a file"
+        elif (spec.agent.repeats or 1) > 1 and not spec.agent.temperature:
+            problem = (f"config: {spec.name}: agent.repeats is {spec.agent.repeats} with agent.temperature 0: greedy "
+                       "episodes repeat themselves; set agent.temperature above 0 (0.7 is common)")
         inputs = {"format": KINDS["agent"].format, "target": spec.name, "run": run.hash,
                   "task_set": tasks.hash if tasks else None,
                   "harness_content": hashing.file_digest(harness) if harness and harness.is_file() else None,

@@ -257,6 +257,10 @@ class AgentSpec(Spec):
                                     "killed, its output says so", default=30.0)
     episodes_at_once: int = cosmetic(why="episodes run at once against one engine, which batches their turns: a "
                                      "greedy turn is the same in any batch", default=1)
+    repeats: Optional[int] = hashed("agent", why="episodes per task (None: one): the resolve rate is their mean, "
+                                    "reported with the spread of the repeats' rates", default=None)
+    temperature: Optional[float] = hashed("agent", why="the student's sampling temperature (None: 0, greedy); each "
+                                          "episode samples with a seed of its own (its task and repeat)", default=None)
 
 
 @dataclass(frozen=True)
@@ -412,6 +416,11 @@ def build(cfg: Mapping, base_dir: str | os.PathLike) -> Specs:
         agent = _merge(cfg.get("agent"), entry.get("agent"))
         if "command_seconds" in agent:
             agent["command_seconds"] = float(agent["command_seconds"])
+        # once and greedy are the defaults, unhashed (None): the evaluations made before these settings keep their hash
+        if agent.get("repeats") == 1:
+            agent["repeats"] = None
+        if agent.get("temperature") is not None:
+            agent["temperature"] = float(agent["temperature"]) or None
         agent = _spec(AgentSpec, agent, f"{name}: agent")
         targets[name] = TargetSpec(name=name, weights=tuple((t, w / total) for t, w in sorted(weights.items())),
                                    student=students[entry.get("student", cfg["student"])], training=training,

@@ -258,6 +258,8 @@ class EvalAgentConfig:
     max_tokens: int
     command_seconds: float
     episodes_at_once: int = 1  # episodes against one engine at once (its max_seqs)
+    repeats: int = 1  # episodes per task
+    temperature: float = 0.0  # the student's sampling temperature (0: greedy)
 
 
 def eval_agent(plan: Plan, name: str) -> EvalAgentConfig:
@@ -270,7 +272,8 @@ def eval_agent(plan: Plan, name: str) -> EvalAgentConfig:
                            tasks=tasks.location, sandbox=tasks.spec["sandbox"], harness=spec["harness"],
                            step_limit=int(spec["step_limit"]), max_tokens=int(spec["max_tokens"]),
                            command_seconds=float(spec["command_seconds"]),
-                           episodes_at_once=int(spec["episodes_at_once"]))
+                           episodes_at_once=int(spec["episodes_at_once"]), repeats=int(spec.get("repeats") or 1),
+                           temperature=float(spec.get("temperature") or 0.0))
 
 
 def prompt_tools(plan: Plan, target: str, teachers) -> dict[str, Optional[list]]:

@@ -20,7 +20,7 @@ import socket
 import threading
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
 from ..errors import ConfigError, one_line
@@ -138,20 +138,75 @@ class Engine:
     submit: Callable
     max_seq_len: int
     seconds: dict
+    # how busy the engine was since it was ready: batches generated, the sequences in them (mean per batch over
+    # max_seqs: its occupancy) and the seconds spent generating
+    stats: dict = field(default_factory=dict)
+
+
+def _context():
+    """Levanter's ``InferenceContext`` (its request and batch threads), each batch counted in ``stats``, and the
+    batches queued while the engine was busy merged into the next one it runs, up to ``max_seqs`` sequences and the
+    engine's token budget. Levanter forms a batch of the requests that arrive within 0.1 s, as they arrive, then runs
+    the batches one after the other: clients whose requests come while a batch generates (an agent's episodes, each
+    between two commands) would each get a batch of their own, the engine mostly empty."""
+    import queue
+
+    from levanter.inference.openai import InferenceBatch, InferenceContext
+
+    class Batching(InferenceContext):
+        stats: dict
+
+        def _merged(self, batch) -> InferenceBatch:
+            waiting = []
+            while True:
+                try:
+                    waiting.append(self.batch_queue.get_nowait())
+                except queue.Empty:
+                    break
+            cfg = self.engine.config
+            merged, rest = InferenceBatch(batch), []
+            for b in waiting:  # in order: the first that does not fit, and every later one, wait their turn
+                if not rest and merged.num_seqs() + b.num_seqs() <= cfg.max_seqs \
+                        and merged.total_tokens() + b.total_tokens() <= cfg.page_size * cfg.max_pages:
+                    merged.extend(b)
+                else:
+                    rest.append(b)
+            for b in rest:
+                self.batch_queue.put(b)
+            return merged
+
+        def _execute_batch(self, requests):
+            merged = self._merged(requests)
+            started = time.monotonic()
+            try:
+                return super()._execute_batch(merged)
+            except Exception as e:  # Levanter's loop fails the futures of the batch it handed us: ours too
+                for req in merged[len(requests):]:
+                    with contextlib.suppress(Exception):
+                        req.future.get_loop().call_soon_threadsafe(req.future.set_exception, e)
+                raise
+            finally:
+                self.stats["batches"] += 1
+                self.stats["sequences"] += merged.num_seqs()
+                self.stats["busy_s"] += time.monotonic() - started
+
+    return Batching
 
 
 @contextlib.contextmanager
 def engine(served: Trained, max_seqs: int) -> Iterator[Engine]:
     """``served``'s model loaded into Levanter's engine, generation compiled once (the first generation compiles
     prefill and decode, so the first client waits on nothing), shut down on exit."""
-    from levanter.inference.openai import InferenceContext, InferenceServerConfig
+    from levanter.inference.openai import InferenceServerConfig
 
     from ..train import generate
 
+    stats = {"max_seqs": max_seqs, "batches": 0, "sequences": 0, "busy_s": 0.0}
     t0 = time.time()
     loaded = generate.load(served.train_cfg, served.source, max_seqs)
     server_cfg = InferenceServerConfig(trainer=loaded.config.trainer, service=loaded.engine_cfg)
-    ctx = InferenceContext(loaded.model, loaded.tokenizer, loaded.engine, server_cfg)
+    ctx = _context()(loaded.model, loaded.tokenizer, loaded.engine, server_cfg)
+    ctx.stats = stats
 
     async def submit(prompt, max_tokens, temperature, seed, n, user=None):
         future = asyncio.get_running_loop().create_future()
@@ -166,7 +221,8 @@ def engine(served: Trained, max_seqs: int) -> Iterator[Engine]:
         asyncio.run(submit(warm, 2, 0.0, 0, 1))
         seconds = {"build": loaded.seconds["build"], "load": loaded.seconds["load"],
                    "compile": time.time() - t_loaded, "ready": time.time() - t0}
-        yield Engine(loaded.tokenizer, submit, loaded.max_seq_len, seconds)
+        stats.update(batches=0, sequences=0, busy_s=0.0)  # the warm-up's batch is not the clients'
+        yield Engine(loaded.tokenizer, submit, loaded.max_seq_len, seconds, stats)
     finally:
         ctx.shutdown()
 
