@@ -1,7 +1,7 @@
 """Episodes at once against one engine: the agent evaluation's throughput, measured in one run on the trained demo
 student working the demo's task set through mini-swe-agent, at several ``agent.episodes_at_once`` settings.
 
-    .venv/bin/python scripts/bench_agent.py [--workdir DIR] [--at-once 1,4,16] [--repeats 2] [--json]
+    .venv/bin/python scripts/bench_agent.py [--workdir DIR] [--at-once 1,4,16] [--repeats 2] [--tasks N] [--json]
 
 ``--workdir``: a Snakemake workdir where the demo is trained (``checkpoints/demo/done``); without it the demo is
 trained in a temp dir first (not measured); the task set is built there if it is not. Each setting runs the same
@@ -39,11 +39,12 @@ def snakemake(workdir: Path, target: str) -> None:
                    check=True, cwd=workdir)
 
 
-def measure(workdir: Path, at_once=AT_ONCE, repeats: int = 2) -> list[dict]:
+def measure(workdir: Path, at_once=AT_ONCE, repeats: int = 2, first: int | None = None) -> list[dict]:
     os.chdir(workdir)  # the demo's storage root (results) is relative to the workdir
     from trajsft.agent import evaluate
     from trajsft.plan import config as C
     from trajsft.plan import step_configs
+    from trajsft.tasks import taskset
 
     plan = C.Plan(C.load(), base_dir=REPO, state_dir=str(workdir / "results"))
     if not (workdir / "checkpoints/demo/done").exists():
@@ -54,11 +55,12 @@ def measure(workdir: Path, at_once=AT_ONCE, repeats: int = 2) -> list[dict]:
     # greedy repeats: every setting runs the same episodes (the plan refuses them for a user's evaluation: they
     # would measure nothing new; here they are the same work)
     cfg = dataclasses.replace(step_configs.eval_agent(plan, "demo"), repeats=repeats, temperature=0.0)
+    only = [t.instance_id for t in taskset.load(tasks.location).tasks][:first] if first else None
     out = []
     with tempfile.TemporaryDirectory(prefix="bench-agent-") as tmp:
         for n in at_once:
             result = evaluate.episodes(dataclasses.replace(cfg, episodes_at_once=n), "student",
-                                       location=str(Path(tmp) / f"at-once-{n}"), say=lambda _: None)
+                                       location=str(Path(tmp) / f"at-once-{n}"), say=lambda _: None, only=only)
             out.append({"episodes_at_once": n, "resolved": result["resolved"], **result["engine"]})
     one = next((r for r in out if r["episodes_at_once"] == 1), out[0])
     for r in out:
@@ -71,11 +73,12 @@ def main(argv=None) -> int:
     ap.add_argument("--workdir", type=Path)
     ap.add_argument("--at-once", default=",".join(map(str, AT_ONCE)), help="episodes at once, e.g. 1,4,16")
     ap.add_argument("--repeats", type=int, default=2, help="episodes per task (greedy: the same work each setting)")
+    ap.add_argument("--tasks", type=int, help="the set's first N tasks only (default: all)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="bench-agent-wd-") as tmp:
         wd = (args.workdir or Path(tmp)).resolve()
-        rows = measure(wd, tuple(int(x) for x in args.at_once.split(",")), args.repeats)
+        rows = measure(wd, tuple(int(x) for x in args.at_once.split(",")), args.repeats, args.tasks)
     best = max(rows, key=lambda r: r["tokens_per_s"])
     if args.json:
         print(json.dumps({"settings": rows, "fastest": best["episodes_at_once"]}, indent=2))

@@ -874,6 +874,16 @@ def test_agent_evaluation_of_the_demo_student_the_replay_and_a_model_that_only_s
     assert (f"demo (student): resolved {done3['resolved']}/{3 * len(crate)} episodes: {done3['resolve_rate']:.1%} ± "
             f"{done3['resolve_rate_std']:.1%} (mean ± std of 3 repeats)") in human.stdout, human.stdout
 
+    # scripts/bench_agent.py (issue 71), a small version: 1 and 4 episodes at once on three tasks, the ratios printed
+    bench = subprocess.run([sys.executable, str(REPO / "scripts" / "bench_agent.py"), "--workdir", str(wd), "--tasks",
+                            "3", "--repeats", "1", "--at-once", "1,4", "--json"], capture_output=True, text=True,
+                           timeout=600)
+    assert bench.returncode == 0, bench.stderr[-3000:]
+    b = json.loads(bench.stdout)
+    assert [s["episodes_at_once"] for s in b["settings"]] == [1, 4] and all(s["episodes"] == 3 for s in b["settings"])
+    assert b["settings"][0]["tokens_per_s_ratio_to_one"] == 1.0 and all(
+        s["generated_tokens"] > 0 and s["batches"] > 0 and 0 < s["occupancy"] <= 1 for s in b["settings"])
+
 
 def needs_sandbox(skip: bool = True) -> bool:
     """Whether the sandbox's tools are here; without them the test is skipped (or, not ``skip``, goes on without

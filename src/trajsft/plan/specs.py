@@ -256,7 +256,8 @@ class AgentSpec(Spec):
     command_seconds: float = hashed("agent", why="an agent's command's time limit in its sandbox: a slow command is "
                                     "killed, its output says so", default=30.0)
     episodes_at_once: int = cosmetic(why="episodes run at once against one engine, which batches their turns: a "
-                                     "greedy turn is the same in any batch", default=1)
+                                     "greedy turn is the same in any batch (4: scripts/bench_agent.py's best on 2 "
+                                     "cores)", default=4)
     repeats: Optional[int] = hashed("agent", why="episodes per task (None: one): the resolve rate is their mean, "
                                     "reported with the spread of the repeats' rates", default=None)
     temperature: Optional[float] = hashed("agent", why="the student's sampling temperature (None: 0, greedy); each "
