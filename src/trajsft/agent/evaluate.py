@@ -23,7 +23,7 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable, Iterator, Optional, Sequence
+from typing import Callable, Iterator, Mapping, Optional, Sequence
 
 from .. import io, terminal
 from ..errors import ConfigError, DataError
@@ -62,6 +62,12 @@ def graded_rows(location: str) -> dict[tuple[str, int], dict]:
         except (ValueError, KeyError, TypeError, OSError):
             continue
     return out
+
+
+def rate_shown(doc: Mapping) -> str:
+    """An evaluation's rate as people read it: ``31.1%``, with repeats ``31.1% ± 3.8%`` (the repeats' std)."""
+    std = doc.get("resolve_rate_std")
+    return f"{doc['resolve_rate']:.1%}" + ("" if std is None else f" ± {std:.1%}")
 
 
 def spread(rows: Sequence[dict], repeats: int) -> dict:

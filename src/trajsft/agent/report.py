@@ -9,7 +9,7 @@ import logging
 from typing import Mapping, Sequence
 
 from .. import io
-from .evaluate import RESULTS, evaluated_steps
+from .evaluate import RESULTS, evaluated_steps, rate_shown
 
 log = logging.getLogger("trajsft")
 
@@ -51,10 +51,8 @@ def plot(rows: Sequence[Mapping], out_png: str) -> str:
 
 
 def _rate(r: Mapping) -> str:
-    """The rate, with repeats its std: ``31.1% ± 3.8% (3 repeats)``."""
-    if r.get("resolve_rate_std") is None:
-        return f"{r['resolve_rate']:.1%}"
-    return f"{r['resolve_rate']:.1%} ± {r['resolve_rate_std']:.1%} ({r['repeats']} repeats)"
+    """The rate, with repeats its std and their count: ``31.1% ± 3.8% (3 repeats)``."""
+    return rate_shown(r) + (f" ({r['repeats']} repeats)" if r["repeats"] > 1 else "")
 
 
 def render_html(rows: Sequence[Mapping], png_name: str) -> str:

@@ -233,11 +233,12 @@ def cmd_eval_agent_watch(args, plan: C.Plan, target: str) -> int:
 def rate_text(doc: dict) -> str:
     """An agent evaluation's rate: ``resolved 5/15 (33.3%)``; with repeats ``resolved 14/45 episodes: 31.1% ± 3.8%
     (mean ± std of 3 repeats)``."""
+    from ..agent.evaluate import rate_shown
+
     n = doc.get("episodes", doc["tasks"])
     if doc.get("repeats", 1) > 1:
-        return (f"resolved {doc['resolved']}/{n} episodes: {doc['resolve_rate']:.1%} ± {doc['resolve_rate_std']:.1%} "
-                f"(mean ± std of {doc['repeats']} repeats)")
-    return f"resolved {doc['resolved']}/{n} ({doc['resolve_rate']:.1%})"
+        return f"resolved {doc['resolved']}/{n} episodes: {rate_shown(doc)} (mean ± std of {doc['repeats']} repeats)"
+    return f"resolved {doc['resolved']}/{n} ({rate_shown(doc)})"
 
 
 def agent_side_by_side(docs: list[dict]) -> list[str]:

@@ -163,8 +163,6 @@ def run_subprocess(cmd: list[str], log_path: str, env: dict, cwd: str, header: s
             if stall_s:
                 return _wait_writing(proc, log_path, stall_s, poll_s)
             return proc.wait(timeout=timeout)
-        except Stalled:
-            raise
         except BaseException:
             # our caller is going away (KeyboardInterrupt / SIGTERM->exception / timeout): don't leave a trainer
             # writing checkpoints behind. A local training saves its step first (trajsft.train.train_lm_main): it
