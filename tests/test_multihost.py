@@ -247,6 +247,13 @@ def _wait_running(run_dir: Path, after: int, proc, timeout=600) -> dict:
                     proc, poll=1.0)
 
 
+def _running_now(run_dir: Path, proc) -> dict:
+    """The slice attempt a kill made now hits: the newest, once it runs. An attempt the test waited for may have ended
+    since on its own (once in CI: its hosts' gloo could not connect, a preemption the job rode out) and a later one
+    runs; the kill's bookkeeping names the attempt it really ends."""
+    return _wait_running(run_dir, -1, proc)
+
+
 def _wait_step_after(wd: Path, step: int, proc, timeout=600) -> int:
     return wait_for(lambda: (s := job_log_steps(wd)) and s[-1] > step and s[-1], timeout,
                     f"a logged step after {step}", proc, poll=1.0)
@@ -304,6 +311,7 @@ def test_on_a_bucket_losses_resume_from_the_bucket_without_snakemake_retry(data,
         # 1. one host's training process dies (SIGKILL, as the OOM killer would) before the first checkpoint:
         # the next slice attempt starts from the initial weights again, read from the bucket
         wait_for(lambda: job_log.exists() and init_line in job_log.read_text(), 600, "the weights loaded", p)
+        sa = _running_now(run_dir, p)
         [pid] = cluster.trainer_pids(first, 1)
         assert checkpoints.latest_checkpoint(ckdir) is None
         os.kill(pid, 9)
@@ -315,6 +323,7 @@ def test_on_a_bucket_losses_resume_from_the_bucket_without_snakemake_retry(data,
         at = _wait_step_after(wd, checkpoints.latest_checkpoint(ckdir)["completed_steps"], p)
         # 2. a whole host goes away (raylet, workers, trainer), and comes back later
         at = job_log_steps(wd)[-1]
+        sa = _running_now(run_dir, p)
         cluster.kill_host(first, 1)
         kills.append(("host", at, sa["slice_attempt"]))
         # the host comes back once the job has seen it go (its slice attempt ended), not after a fixed sleep
@@ -326,6 +335,7 @@ def test_on_a_bucket_losses_resume_from_the_bucket_without_snakemake_retry(data,
         at = _wait_step_after(wd, sa["resumed_from_step"] + 2, p)
         # 3. the whole slice is preempted; a fresh slice appears later
         at = job_log_steps(wd)[-1]
+        sa = _running_now(run_dir, p)
         cluster.kill_slice(first)
         kills.append(("slice", at, sa["slice_attempt"]))
         # the job records a new slice attempt waiting for a slice (one object in the bucket: no CLI started per
@@ -353,9 +363,10 @@ def test_on_a_bucket_losses_resume_from_the_bucket_without_snakemake_retry(data,
     # each kill ended the attempt it hit as a preemption; nothing was a failure; the last attempt succeeded
     assert [s["outcome"] for s in sas] == ["preempted"] * (len(sas) - 1) + ["succeeded"], shown
     hit = {n: kind for kind, _, n in kills}
+    hit_by = {kind: n for kind, _, n in kills}
     assert len(hit) == 3 and all(sas[n - 1]["outcome"] == "preempted" for n in hit), (kills, shown)
     assert att[0]["preemptions"] == len(sas) - 1 >= 3 and att[0]["failures"] == 0, shown
-    assert "killed by SIGKILL" in sas[0]["cause"], shown
+    assert "killed by SIGKILL" in sas[hit_by["process"] - 1]["cause"], shown
     assert sas[-1]["slices"] == [second] and sas[0]["slices"] == [first], shown
     # the attempt after the first kill started again from the initial weights (nothing saved yet); the
     # attempts after the host and slice losses resumed from checkpoints in the bucket

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
@@ -470,12 +471,18 @@ def test_secrets_reach_job_but_are_not_leaked(ray_head, tmp_path, monkeypatch): 
     files = [p for p in tmp_path.rglob("*") if p.is_file()]
     ray_files = [p for p in ray_head.temp_dir.rglob("*") if p.is_file()]
     assert files and ray_files
+    # Ray rewrites or removes some of its files while it runs: one listed above may be gone when read (once in CI:
+    # tmp_prom_metrics_service_discovery.json); such a file is passed over, a few at most
+    blobs = {}
+    for p in files + ray_files:
+        with contextlib.suppress(FileNotFoundError):
+            blobs[p] = p.read_bytes()
+    assert len(blobs) >= len(files + ray_files) - 5, sorted(set(files + ray_files) - set(blobs))
     for value in (hf, wb, extra):
         for blob in exposed:
             assert value not in blob
-        for p in files + ray_files:
-            with open(p, "rb") as f:
-                assert value.encode() not in f.read(), p
+        for p, blob in blobs.items():
+            assert value.encode() not in blob, p
     # The secret bundle was consumed on the cluster side.
     assert not list(ray_head.temp_dir.rglob("secrets.json"))
     # Submitting with a secret inside the entrypoint is refused up front.
