@@ -1,6 +1,7 @@
 """A Hugging Face Hub on 127.0.0.1 for tests: the HTTP endpoints ``huggingface_hub`` uses to read a model
 repo at a revision (``/api/models/<repo>/revision/<rev>`` with file metadata, and ``/<repo>/resolve/<rev>/<file>``
-with the commit, ETag and size headers), serving files made in the test. Processes reach it through
+with the commit, ETag and size headers), and a dataset repo the same way (``/api/datasets/<repo>/revision/<rev>``,
+``/datasets/<repo>/resolve/<rev>/<file>``), serving files made in the test. Processes reach it through
 ``HF_ENDPOINT`` (read by huggingface_hub at import). Every request is recorded, so a test can tell who
 went to the Hub and when; ``tamper`` serves other bytes than the metadata announces (a corrupt download),
 ``token`` makes every request without that bearer token a 401.
@@ -37,8 +38,8 @@ class Repo:
 
 
 class FakeHub:
-    def __init__(self, repos: dict[str, Repo], token: str | None = None):
-        self.repos, self.token = repos, token
+    def __init__(self, repos: dict[str, Repo], token: str | None = None, datasets: dict[str, Repo] | None = None):
+        self.repos, self.token, self.datasets = repos, token, datasets or {}
         self.requests: list[tuple[str, str]] = []  # (method, path)
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
@@ -81,9 +82,11 @@ class FakeHub:
                 hub.requests.append(("HEAD" if head else "GET", path))
                 if hub.token and self.headers.get("authorization") != f"Bearer {hub.token}":
                     return self._error(401, "GatedRepo", head)
-                if path.startswith("/api/models/"):
-                    repo_id, _, rev = path[len("/api/models/"):].partition("/revision/")
-                    repo = hub.repos.get(repo_id)
+                kind = "datasets" if path.startswith(("/api/datasets/", "/datasets/")) else "models"
+                repos = hub.datasets if kind == "datasets" else hub.repos
+                if path.startswith(f"/api/{kind}/"):
+                    repo_id, _, rev = path[len(f"/api/{kind}/"):].partition("/revision/")
+                    repo = repos.get(repo_id)
                     if repo is None:
                         return self._error(404, "RepoNotFound", head)
                     if rev not in (repo.sha, "main"):
@@ -91,8 +94,8 @@ class FakeHub:
                     info = {"id": repo_id, "modelId": repo_id, "sha": repo.sha, "private": False,
                             "siblings": [repo.sibling(r) for r in sorted(repo.files)]}
                     return self._send(200, json.dumps(info).encode(), {"Content-Type": "application/json"}, head)
-                for repo_id, repo in hub.repos.items():
-                    prefix = f"/{repo_id}/resolve/"
+                for repo_id, repo in repos.items():
+                    prefix = f"/datasets/{repo_id}/resolve/" if kind == "datasets" else f"/{repo_id}/resolve/"
                     if path.startswith(prefix):
                         rev, _, rel = path[len(prefix):].partition("/")
                         if rev not in (repo.sha, "main"):
@@ -114,3 +117,20 @@ class FakeHub:
                 self._serve(head=True)
 
         return Handler
+
+
+def point_this_process(hub: FakeHub, monkeypatch, cache: str) -> None:
+    """This process's huggingface_hub pointed at ``hub`` (its endpoint and cache are read at import), online, with no
+    token; undone with ``monkeypatch`` (and :func:`huggingface_hub.utils._http.reset_sessions`)."""
+    import huggingface_hub.constants as hc
+    import huggingface_hub.file_download as fd
+    from huggingface_hub.utils._http import reset_sessions
+
+    template = hub.url + "/{repo_id}/resolve/{revision}/{filename}"
+    monkeypatch.setattr(hc, "ENDPOINT", hub.url)
+    monkeypatch.setattr(hc, "HUGGINGFACE_CO_URL_TEMPLATE", template)
+    monkeypatch.setattr(fd, "HUGGINGFACE_CO_URL_TEMPLATE", template)
+    monkeypatch.setattr(hc, "HF_HUB_CACHE", cache)
+    monkeypatch.setattr(hc, "HF_HUB_OFFLINE", False)
+    reset_sessions()  # a session made while offline (other tests set TRANSFORMERS_OFFLINE) refuses every call
+    monkeypatch.delenv("HF_TOKEN", raising=False)

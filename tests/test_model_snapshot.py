@@ -12,7 +12,7 @@ import json
 import pytest
 
 import tiny_hf_model
-from fake_hub import FakeHub, Repo
+from fake_hub import FakeHub, Repo, point_this_process
 from pipeline_utils import plan as plan_cli, run
 from trajsft import storage
 from trajsft.errors import DataError
@@ -35,19 +35,10 @@ def student_config(root, revision: str = SHA) -> dict:
 @pytest.fixture
 def hub(monkeypatch, tmp_path):
     """The fake Hub, and this process's huggingface_hub pointed at it (its endpoint and cache are read at import)."""
-    import huggingface_hub.constants as hc
-    import huggingface_hub.file_download as fd
     from huggingface_hub.utils._http import reset_sessions
 
     h = FakeHub({REPO_ID: Repo(SHA, tiny_hf_model.files())}).start()
-    template = h.url + "/{repo_id}/resolve/{revision}/{filename}"
-    monkeypatch.setattr(hc, "ENDPOINT", h.url)
-    monkeypatch.setattr(hc, "HUGGINGFACE_CO_URL_TEMPLATE", template)
-    monkeypatch.setattr(fd, "HUGGINGFACE_CO_URL_TEMPLATE", template)
-    monkeypatch.setattr(hc, "HF_HUB_CACHE", str(tmp_path / "hf-cache"))
-    monkeypatch.setattr(hc, "HF_HUB_OFFLINE", False)
-    reset_sessions()  # a session made while offline (other tests set TRANSFORMERS_OFFLINE) refuses every call
-    monkeypatch.delenv("HF_TOKEN", raising=False)
+    point_this_process(h, monkeypatch, str(tmp_path / "hf-cache"))
     monkeypatch.chdir(tmp_path)  # the workdir's state (results/storage_roots.json): this test's own
     yield h
     h.stop()

@@ -337,6 +337,12 @@ PERTURB = {
     ("TaskSetSpec", "crates"): [(lambda c: c["tasks"]["demo"].update(crates="tasks/demo/crates/mini_math"), "demo", None)],
     ("TaskSetSpec", "sandbox"): [(lambda c: c["tasks"]["demo"].update(sandbox="none"), "demo", None)],
     ("TaskSetSpec", "command_seconds"): [(lambda c: c["tasks"]["demo"].update(command_seconds=30), "demo", None)],
+    # a dataset's task set (BASE_RS: the demo's agent graded on SWE-smith instances)
+    ("TaskSetSpec", "dataset"): [(lambda c: c["tasks"]["rs"].update(dataset="someone/else"), "demo", None, "rs"),
+                                 (lambda c: c["tasks"]["rs"].update(revision="0" * 40), "demo", None, "rs")],
+    ("TaskSetSpec", "held_out_repos"): [(lambda c: c["tasks"]["rs"]["held_out_repos"].append("o/b.2"), "demo", None,
+                                         "rs")],
+    ("TaskSetSpec", "max_tasks"): [(lambda c: c["tasks"]["rs"].update(max_tasks=5), "demo", None, "rs")],
     # Ref: held by TeacherSpec.dataset here (tests below use a local copy of the demo dataset)
     ("Ref", "ref"): [(teacher("gpt-5-mini", dataset="someone/else"), "gpt-5-mini", None)],
     ("Ref", "revision"): [(teacher("gpt-5-mini", revision="1234567"), "gpt-5-mini", None)],
@@ -355,10 +361,15 @@ def test_every_field_has_a_perturbation():
     assert every - set(PERTURB) == local_cases
 
 
+BASES = {"rs": C.deep_merge(BASE, {"tasks": {"rs": {"dataset": "SWE-bench/SWE-smith-rs", "revision": "1234567",
+                                                     "held_out_repos": ["o/a.1"]}}, "agent": {"tasks": "rs"}})}
+
+
 @pytest.mark.parametrize("key", sorted(PERTURB), ids=lambda k: ".".join(k))
 def test_changing_a_field_changes_exactly_its_declared_hashes(key):
-    for mutate, target, after in PERTURB[key]:
-        assert changed_kinds(mutate, target, after) == closure(declared(*key)), key
+    for mutate, target, after, *base in PERTURB[key]:
+        assert changed_kinds(mutate, target, after, base=BASES[base[0]] if base else None) == \
+            closure(declared(*key)), key
 
 
 def test_rows_count_only_when_epochs_are_rows():

@@ -17,6 +17,12 @@ from typing import Any, Iterator
 from .errors import one_line
 
 
+def cache_root() -> Path:
+    """This machine's cache of things made once and shared by every checkout (``$TRAJSFT_CACHE``, default
+    ``~/.cache/trajsft``): the real tokenizer, compile results, task images' repositories."""
+    return Path(os.environ.get("TRAJSFT_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "trajsft"))
+
+
 def is_remote(path: str | os.PathLike) -> bool:
     return "://" in str(path)
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import json
 import logging
 import os
 import resource
@@ -117,12 +118,27 @@ def eval_agent(cfg: EvalAgentConfig, model: str = "student", location: Optional[
     return finish(cfg, location, episodes(cfg, model, location, say, only))
 
 
+def sandboxes(cfg: EvalAgentConfig) -> list[str]:
+    """The sandboxes the set's episodes run in: docker for its tasks that name an image, the agent's ``sandbox`` for
+    the others (a set not readable yet: the agent's; its load says why later)."""
+    try:
+        lines = io.read_bytes(io.join(cfg.tasks, taskset.INSTANCES)).decode().splitlines()
+    except (OSError, UnicodeDecodeError):
+        return [cfg.sandbox]
+    kinds = set()
+    for line in lines:
+        with contextlib.suppress(ValueError, AttributeError):
+            kinds.add(sandbox.DOCKER if json.loads(line).get("image_name") else cfg.sandbox)
+    return sorted(kinds) or [cfg.sandbox]
+
+
 def unmet(cfg: EvalAgentConfig, where: str = "") -> Optional[str]:
-    """None, or one line naming what this machine lacks for the episodes (the harness, the sandbox's tools)."""
+    """None, or one line naming what this machine lacks for the episodes (the harness, the sandboxes' tools)."""
     why = H.missing()
-    lacking = sandbox.missing(cfg.sandbox)
-    if lacking:
-        why = f"agent {cfg.target}: the sandbox ({cfg.sandbox}) needs {', '.join(lacking)}"
+    for kind in sandboxes(cfg):
+        lacking = sandbox.missing(kind)
+        if lacking:
+            why = f"agent {cfg.target}: the sandbox ({kind}) needs {', '.join(lacking)}"
     return why and (f"{where}: {why}" if where else why)
 
 
@@ -175,6 +191,15 @@ def _episodes(cfg: EvalAgentConfig, model: str, location: str, say: Callable[[st
     done = graded_rows(location)
     todo = [(t, k) for t, k in wanted if (t.instance_id, k) not in done]
     reused = len(wanted) - len(todo)
+    # the images of the tasks left, pulled by this host first: a task whose image it cannot get is an unresolved row
+    # that says why, counted, and not kept under episodes/ (a rerun pulls again)
+    unavailable = taskset.pull([t for t, _ in todo])
+    for t, k in [(t, k) for t, k in todo if t.instance_id in unavailable]:
+        done[(t.instance_id, k)] = {**H.Episode(
+            instance_id=t.instance_id, resolved=False, exit_status="image_unavailable", steps=0, prompt_tokens=0,
+            completion_tokens=0, seconds=0.0, graded={}, error=unavailable[t.instance_id], repeat=k).row(),
+            "model": model}
+    todo = [(t, k) for t, k in todo if t.instance_id not in unavailable]
     if reused:
         say(f"agent {cfg.target}: {reused} of {len(wanted)} {'tasks' if repeats == 1 else 'episodes'} already graded "
             f"under {location}; running the other {len(todo)}")

@@ -22,7 +22,7 @@ import yaml
 from ..errors import ConfigError, one_line
 from ..tasks import grade as G
 from ..tasks.record import Task
-from ..tasks.sandbox import Limits, Sandbox
+from ..tasks.sandbox import Limits, Sandbox, for_task
 
 log = logging.getLogger("trajsft")
 
@@ -99,9 +99,9 @@ def environment(box: Sandbox):
             return output
 
         def get_template_vars(self, **kwargs) -> dict:
-            return {"cwd": "/work", **kwargs}  # never this machine's environment variables
+            return {"cwd": box.cwd, **kwargs}  # never this machine's environment variables
 
-    return SandboxEnvironment(cwd="/work", timeout=int(box.limits.command_s))
+    return SandboxEnvironment(cwd=box.cwd, timeout=int(box.limits.command_s))
 
 
 @dataclass
@@ -147,8 +147,8 @@ def run(task: Task, repos: Path, *, url: str, model: str, harness: Harness, sand
     with tempfile.TemporaryDirectory(prefix="trajsft-episode-", dir=workdir) as tmp:
         os.chmod(tmp, 0o711)  # the sandbox's user (nobody) reaches the copy inside
         repo = G.prepare(task, repos, Path(tmp) / "repo")
-        box = Sandbox(repo, sandbox, Limits(command_s=harness.command_seconds,
-                                            total_s=harness.command_seconds * (harness.step_limit + 1)))
+        box = for_task(task, repo, sandbox, Limits(command_s=harness.command_seconds,
+                                                   total_s=harness.command_seconds * (harness.step_limit + 1)))
         lm = LitellmModel(
             model_name=f"openai/{model}", cost_tracking="ignore_errors",
             observation_template=harness.observation_template, format_error_template=harness.format_error_template,

@@ -20,10 +20,14 @@ def cmd_tasks(args) -> int:
     art = plan.task_set(args.set)  # an unknown set: one line naming the config's sets
     cfg = step_configs.make_tasks(plan, art.name)
     kind = args.sandbox or cfg.sandbox
-    crates = Path(cfg.crates)
-    made, checked = taskset.check(args.set, crates, kind, sandbox.Limits(command_s=cfg.command_seconds))
+    made, checked = taskset.check(cfg, kind, sandbox.Limits(command_s=cfg.command_seconds))
+    kind = kind if cfg.crates is not None else "docker"  # a dataset's instances run in their images
     gold, empty, n = checked.counts()
-    shown = crates.relative_to(C.REPO_DIR) if crates.is_relative_to(C.REPO_DIR) else crates
+    if cfg.crates is not None:
+        crates = Path(cfg.crates)
+        shown = crates.relative_to(C.REPO_DIR) if crates.is_relative_to(C.REPO_DIR) else crates
+    else:
+        shown = f"{cfg.dataset}@{cfg.revision} ({', '.join(cfg.held_out_repos)})"
     if args.json:
         print(json.dumps({"set": args.set, "artifact": art.location, "manifest": art.manifest,
                           "built": os.path.exists(art.manifest), "toolchain": cfg.toolchain,
@@ -32,7 +36,7 @@ def cmd_tasks(args) -> int:
                           "instances": [t.row() for t in made.tasks]}, indent=1))
     else:
         print(f"task set {args.set} (tasks/{art.name}): {n} tasks from {shown} ({cfg.toolchain}; sandbox {kind}; "
-              f"mutations dropped: {dict(made.dropped) or 'none'})")
+              f"{'mutations' if cfg.crates is not None else 'rows'} dropped: {dict(made.dropped) or 'none'})")
         width = max((len(r["instance_id"]) for r in checked.rows), default=4)
         print(f"{'TASK'.ljust(width)}  GOLD        EMPTY       F2P  P2P  SECONDS")
         for r in checked.rows:

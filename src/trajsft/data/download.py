@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import re
@@ -10,9 +9,10 @@ import shutil
 from pathlib import Path
 
 from .. import io
-from ..errors import DataError, network_cause, one_line
+from ..errors import DataError, one_line
 from ..io import is_remote
 from ..plan.step_configs import DownloadConfig
+from ..runtime.hub import dataset_snapshot
 
 log = logging.getLogger("trajsft")
 
@@ -51,39 +51,9 @@ def _num_rows(f: Path, rel: str) -> int:
         raise DataError(f"{rel}: not a readable parquet file ({one_line(e, 200)})") from None
 
 
-@contextlib.contextmanager
-def hub_errors(what: str):
-    """Hub failures inside the block as one line naming ``what`` (``repo@revision``)."""
-    from huggingface_hub.errors import HfHubHTTPError
-
-    try:
-        yield
-    except HfHubHTTPError as e:
-        status = getattr(e.response, "status_code", "?")
-        hint = ((" (HF_TOKEN was refused, or has no access to this repo)" if os.environ.get("HF_TOKEN")
-                 else " (set HF_TOKEN for gated/private repos)") if status in (401, 403) else "")
-        raise DataError(f"{what}: Hugging Face Hub answered HTTP {status}{hint}") from None
-    except OSError as e:  # offline, DNS, a download cut short (huggingface_hub's consistency check) ...
-        if type(e).__name__ == "OfflineModeIsEnabled":
-            raise DataError(f"{what}: not downloaded: HF_HUB_OFFLINE is set (unset it to download)") from None
-        why = network_cause(e)  # the root cause, named as `trajsft plan` names it
-        if why:
-            raise DataError(f"{what}: cannot reach the Hugging Face Hub: {why}") from None
-        raise DataError(f"{what}: download from the Hugging Face Hub failed ({type(e).__name__}: {one_line(e, 400)})") from None
-
-
 def _hf_snapshot(dataset: str, revision: str, dest: Path) -> str:
     """Download a dataset repo at a pinned revision; returns the resolved commit sha."""
-    from huggingface_hub import HfApi, snapshot_download
-
-    token = os.environ.get("HF_TOKEN") or None  # honoured, never logged
-    with hub_errors(f"{dataset}@{revision}"):
-        sha = HfApi(token=token).dataset_info(dataset, revision=revision).sha or revision
-        snapshot_download(
-            repo_id=dataset, repo_type="dataset", revision=sha, token=token, local_dir=str(dest),
-            allow_patterns=["*.parquet", "README.md"],
-        )
-    return sha
+    return dataset_snapshot(dataset, revision, dest, ["*.parquet", "README.md"])
 
 
 def remove_stale_staging(root: Path) -> list[Path]:

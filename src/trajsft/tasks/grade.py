@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Iterable, Optional
 
 from ..errors import DataError, one_line
+from . import docker
 from .record import Task
-from .sandbox import Limits, Sandbox
+from .sandbox import Limits, for_task
 
 # cargo test's verdict lines (SWE-smith's Rust log parser reads the same): `test tests::name ... ok`
 _VERDICT = re.compile(r"^test (.+?) \.\.\. (ok|FAILED|ignored)\b", re.M)  # a doctest: `src/lib.rs - f (line 3)`
@@ -52,10 +53,21 @@ def checkout(src: Path, dest: Path, patch: str = "") -> Optional[str]:
     return why
 
 
+def source(task: Task, repos: Path) -> Path:
+    """Where ``task``'s repository is read from: its image's ``/testbed`` (copied out once per image) when it names
+    one, else ``repos / task.repo``."""
+    if task.image_name:
+        try:
+            return docker.repository(task.image_name)
+        except OSError as e:
+            raise DataError(f"{task.instance_id}: {one_line(e, 300)}") from None
+    return repos / task.repo
+
+
 def prepare(task: Task, repos: Path, dest: Path) -> Path:
-    """A fresh copy of ``task``'s repository (``repos / task.repo``) at ``dest`` with the bug applied and committed: a
-    git repository whose ``git diff`` is what was changed since (an agent's submission)."""
-    src = repos / task.repo
+    """A fresh copy of ``task``'s repository (:func:`source`) at ``dest`` with the bug applied and committed: a git
+    repository whose ``git diff`` is what was changed since (an agent's submission)."""
+    src = source(task, repos)
     if not src.is_dir():
         raise DataError(f"{task.instance_id}: repository {src} does not exist")
     why = checkout(src, dest, task.patch)
@@ -127,7 +139,7 @@ def grade(task: Task, patch: str, repos: Path, *, sandbox: str = "bubblewrap", l
         if why is not None:
             return Graded(task.instance_id, False, False, f"the patch does not apply: {why}",
                           seconds=round(time.monotonic() - started, 3))
-        ran = Sandbox(repo, sandbox, limits).run(task.test_cmd)
+        ran = for_task(task, repo, sandbox, limits).run(task.test_cmd)
     tests = parse_test_log(ran.output)
     resolved, f2p, p2p = verdict(task, tests)
     reason = None

@@ -1,13 +1,13 @@
 """A task instance in SWE-smith's fields, so that real SWE-smith-rs instances read into the same record: the
 repository, the bug as a git diff (``patch``), the tests it breaks (``FAIL_TO_PASS``) and those that must keep
-passing (``PASS_TO_PASS``), the problem statement and the test command. A malformed row is one line naming the row
-and the field."""
+passing (``PASS_TO_PASS``), the problem statement, the test command, and for SWE-smith's instances the docker image
+holding the repository at /testbed (``image_name``). A malformed row is one line naming the row and the field."""
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, Optional
 
 from ..errors import DataError
 
@@ -23,6 +23,7 @@ class Task:
     PASS_TO_PASS: tuple[str, ...]  # the tests that pass with and without the bug: a fix keeps them passing
     problem_statement: str  # a title line, then the body
     test_cmd: str = RUST_TEST_CMD
+    image_name: Optional[str] = None  # a docker image holding the repository at /testbed: the task runs in it
 
     @property
     def title(self) -> str:
@@ -31,7 +32,8 @@ class Task:
     def row(self) -> dict:
         return {"instance_id": self.instance_id, "repo": self.repo, "patch": self.patch,
                 "FAIL_TO_PASS": list(self.FAIL_TO_PASS), "PASS_TO_PASS": list(self.PASS_TO_PASS),
-                "problem_statement": self.problem_statement, "test_cmd": self.test_cmd}
+                "problem_statement": self.problem_statement, "test_cmd": self.test_cmd,
+                **({"image_name": self.image_name} if self.image_name else {})}
 
 
 def _tests(row: Mapping[str, Any], field: str, where: str) -> tuple[str, ...]:
@@ -61,5 +63,8 @@ def from_row(row: Any, where: str) -> Task:
     test_cmd = row.get("test_cmd", RUST_TEST_CMD)
     if not isinstance(test_cmd, str) or not test_cmd.strip():
         raise DataError(f"{where}: field test_cmd: missing or empty")
+    image = row.get("image_name")
+    if image is not None and (not isinstance(image, str) or not image.strip() or any(c.isspace() for c in image)):
+        raise DataError(f"{where}: field image_name: not a docker image name ({str(image)[:60]!r})")
     return Task(instance_id=row["instance_id"], repo=row["repo"], patch=row["patch"], FAIL_TO_PASS=fail,
-                PASS_TO_PASS=keep, problem_statement=row["problem_statement"], test_cmd=test_cmd)
+                PASS_TO_PASS=keep, problem_statement=row["problem_statement"], test_cmd=test_cmd, image_name=image)

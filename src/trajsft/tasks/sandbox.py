@@ -3,7 +3,9 @@ only ``lo`` inside, no DNS), as ``nobody`` when we are root, the host's file sys
 (``/work``) and a private ``/tmp``, limits on time (per command and in all), memory (address space) and processes,
 and the toolchain Debian installs (``/usr/bin/cargo``, cargo-web) called with ``PATH=/usr/bin:/bin`` and a
 CARGO_HOME of its own: a rustup cargo earlier on the caller's PATH does not leak in. ``kind="none"`` (the user's
-``sandbox: none``) runs the same commands in the plain directory, said in one line."""
+``sandbox: none``) runs the same commands in the plain directory, said in one line. A task that names a docker image
+runs in containers of it instead (``kind="docker"``, :mod:`trajsft.tasks.docker`: the same limits, no network, the
+copy at ``/testbed``): :func:`for_task` picks."""
 
 from __future__ import annotations
 
@@ -13,16 +15,20 @@ import shutil
 import signal
 import subprocess
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
 from ..errors import ConfigError
 from ..plan.toolchain import CARGO, PATH, cargo_version
+from . import docker
+from .record import Task
 
 log = logging.getLogger("trajsft")
 
-KINDS = ("bubblewrap", "none")
+KINDS = ("bubblewrap", "none")  # the config's choice; "docker" is a task's, when it names an image
+DOCKER = "docker"
 NOBODY = 65534
 # what a sandbox needs, and the Debian package that brings it
 NEEDS = {"bwrap": "bubblewrap", "setpriv": "util-linux", "prlimit": "util-linux", CARGO: "cargo-web rustc-web"}
@@ -50,6 +56,8 @@ class Ran:
 
 def missing(kind: str, needs_cargo: bool = True) -> list[str]:
     """The tools a sandbox of ``kind`` lacks here, as ``<tool> (apt-get install <package>)``."""
+    if kind == DOCKER:
+        return docker.missing()
     tools = ([] if kind == "none" else ["bwrap"] + (["setpriv"] if os.geteuid() == 0 else [])) + ["prlimit"] + (
         [CARGO] if needs_cargo else [])
     gone = [t for t in tools if not (os.path.exists(t) if t.startswith("/") else shutil.which(t, path=PATH))]
@@ -72,13 +80,16 @@ class Sandbox:
     """Commands in ``workdir`` (a fresh copy of a task's repository), each under :class:`Limits`."""
 
     def __init__(self, workdir: str | os.PathLike, kind: str = "bubblewrap", limits: Limits = Limits(),
-                 needs_cargo: bool = True):
-        if kind not in KINDS:
+                 needs_cargo: bool = True, image: Optional[str] = None):
+        if image is not None:
+            kind = DOCKER
+        elif kind not in KINDS:
             raise ConfigError(f"sandbox: {kind!r} is not a sandbox (one of: {', '.join(KINDS)})")
         lacking = missing(kind, needs_cargo)
         if lacking:
             raise ConfigError(f"sandbox {kind}: missing {', '.join(lacking)}")
-        self.workdir, self.kind, self.limits = Path(workdir).resolve(), kind, limits
+        self.workdir, self.kind, self.limits, self.image = Path(workdir).resolve(), kind, limits, image
+        self.cwd = docker.TESTBED if kind == DOCKER else "/work"  # where the commands run, as they see it
         self.spent = 0.0
         self.as_nobody = kind == "bubblewrap" and os.geteuid() == 0
         if self.as_nobody:  # the copy is the only place the sandbox user writes
@@ -93,9 +104,13 @@ class Sandbox:
             log.warning("sandbox: none: the task's commands run in %s on this machine, without isolation "
                         "(no network limit, no read-only file system)", self.workdir)
 
-    def argv(self, command: str) -> list[str]:
+    def argv(self, command: str, name: str = "trajsft") -> list[str]:
         """The command line of ``command``: its limits set by prlimit (inherited by everything it starts; no Python
-        runs between fork and exec, so a caller with threads, JAX's, is safe), then the sandbox."""
+        runs between fork and exec, so a caller with threads, JAX's, is safe), then the sandbox; in docker, a
+        container ``name`` with the same limits."""
+        if self.kind == DOCKER:
+            return docker.run_argv(self.image, self.workdir, command, name, memory_mb=self.limits.memory_mb,
+                                   processes=self.limits.processes)
         mem = self.limits.memory_mb * 2**20
         limits = ["prlimit", f"--as={mem}", f"--nproc={self.limits.processes}", "--"]
         return limits + self._inner(command)
@@ -113,6 +128,8 @@ class Sandbox:
         return bwrap
 
     def _env(self) -> dict:
+        if self.kind == DOCKER:  # the docker client's (the container gets only what run_argv gives it)
+            return {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "DOCKER_HOST", "DOCKER_CONFIG")}
         if self.kind == "none":
             return {"PATH": PATH, "HOME": str(self.workdir), "CARGO_HOME": str(self.workdir / ".cargo-home"),
                     "CARGO_TERM_COLOR": "never"}
@@ -126,13 +143,16 @@ class Sandbox:
             return Ran(command, None, f"the episode's {self.limits.total_s:g} s are used up", 0.0, True)
         limit = min(self.limits.command_s, left, timeout_s or float("inf"))
         started = time.monotonic()
-        p = subprocess.Popen(self.argv(command), cwd=self.workdir, env=self._env(), stdin=subprocess.DEVNULL,
+        name = f"trajsft-{uuid.uuid4().hex[:16]}"
+        p = subprocess.Popen(self.argv(command, name), cwd=self.workdir, env=self._env(), stdin=subprocess.DEVNULL,
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
         timed_out = False
         try:
             out, _ = p.communicate(timeout=limit)
         except subprocess.TimeoutExpired:
             timed_out = True
+            if self.kind == DOCKER:  # the container outlives its client
+                docker.kill(name)
             os.killpg(p.pid, signal.SIGKILL)  # bwrap, and with it (--die-with-parent) its pid namespace
             out, _ = p.communicate()
         seconds = time.monotonic() - started
@@ -141,3 +161,9 @@ class Sandbox:
         if timed_out:
             text += f"\n[killed at its limit of {limit:g} s]"
         return Ran(command, None if timed_out else p.returncode, text, seconds, timed_out)
+
+
+def for_task(task: Task, workdir: str | os.PathLike, kind: str, limits: Limits = Limits()) -> Sandbox:
+    """The sandbox of ``task``'s commands in ``workdir``: a container of its image when it names one, else ``kind``
+    (the task set's setting)."""
+    return Sandbox(workdir, kind, limits, image=task.image_name)

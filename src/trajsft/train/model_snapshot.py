@@ -25,7 +25,7 @@ import os
 from pathlib import Path
 
 from .. import io, storage
-from ..data.download import hub_errors
+from ..runtime.hub import hub_errors
 from ..errors import DataError
 from ..plan.step_configs import ModelConfig
 
