@@ -24,7 +24,6 @@ documents inside their iframe (read in the frame itself).
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import time

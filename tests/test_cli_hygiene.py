@@ -1,6 +1,6 @@
 """The daily tool's rough edges: output cut by a closed pipe, helps and module docstrings that name
-today's code, no import cycles in src/, and layers that import one way (import-linter's contract in
-pyproject.toml)."""
+today's code, no import cycles in src/, layers that import one way (import-linter's contract in
+pyproject.toml), and no unused or undefined name in src/, tests/ and scripts/ (ruff's pyflakes checks)."""
 
 from __future__ import annotations
 
@@ -253,3 +253,21 @@ def private_names_taken_across_modules() -> list[str]:
 
 def test_no_module_takes_another_modules_private_names():
     assert private_names_taken_across_modules() == []
+
+
+def _pyflakes(*paths: Path) -> subprocess.CompletedProcess:
+    """ruff's pyflakes checks (F: unused or undefined names, f-strings without placeholders, ...) on ``paths``."""
+    return subprocess.run([sys.executable, "-m", "ruff", "check", "--select", "F", "--no-cache", "--quiet",
+                           *map(str, paths)], capture_output=True, text=True, cwd=REPO)
+
+
+def test_no_unused_or_undefined_names():
+    p = _pyflakes(SRC, REPO / "tests", REPO / "scripts")
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-1000:]
+
+
+def test_the_name_check_sees_an_unused_import(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("import os\n\nprint(f'x')\n")
+    p = _pyflakes(bad)
+    assert p.returncode == 1 and "F401" in p.stdout and "F541" in p.stdout, p.stdout

@@ -11,7 +11,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 
 from trajsft import io, storage
 from trajsft.fit import disk

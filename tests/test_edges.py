@@ -124,7 +124,7 @@ def test_pid_1_ancestor_does_not_match(tmp_path):
 def test_rule_job_stops_and_cleans_up_when_its_snakemake_is_killed(tmp_path):
     fake_snakemake = sleeper()
     rid = signals.run_id(psutil.Process(fake_snakemake.pid))
-    job = py(f"""
+    job = py("""
         import time
         from pathlib import Path
         from trajsft.runtime import signals

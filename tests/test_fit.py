@@ -26,7 +26,6 @@ from trajsft.errors import ConfigError, DataError
 from trajsft.fit import check as F
 from trajsft.fit import facts, flops, slices
 from trajsft.plan import config as C
-from trajsft.plan.specs import StudentSpec
 from trajsft.train import remat
 
 REPO = Path(__file__).resolve().parents[1]

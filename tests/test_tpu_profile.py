@@ -466,7 +466,7 @@ def test_a_broken_host_image_a_stopped_job_and_a_kill9ed_snakemake_each_recover(
     assert not any(a.get("slice_attempts") for a in att[1:])
     row = status(wd, prof, slices.head)
     assert (row["state"], row["ray_job_id"]) == ("configuration error", a0)
-    assert row["cause"].startswith(cause) and f"trajsft retry demo" in row["next"]
+    assert row["cause"].startswith(cause) and "trajsft retry demo" in row["next"]
 
     # the image is fixed (a slice of our own image); nothing the fingerprint sees changed: `trajsft retry`, and the
     # next run trains as a1

@@ -19,7 +19,7 @@ import json
 import re
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable
 
 from ..errors import ConfigError, DataError
 from ..plan.tools import required as required_args

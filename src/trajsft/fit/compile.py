@@ -67,7 +67,6 @@ def compile_step(req: dict) -> dict:
     import jax
     import jax.numpy as jnp
     import levanter.config  # noqa: F401  (draccus codecs)
-    import numpy as np
     from haliax.partitioning import ResourceAxis, infer_resource_partitions, round_axis_for_partitioning
     from jax.experimental import mesh_utils, topologies
     from jax.sharding import Mesh

@@ -14,7 +14,6 @@ from the target's latest HF export or trainer checkpoint. Output: ``matrix.json`
 from __future__ import annotations
 
 import html as _html
-import json
 import logging
 import math
 import os
