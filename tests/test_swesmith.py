@@ -28,7 +28,7 @@ from trajsft.tasks.record import RUST_TEST_CMD
 
 CRATE = C.REPO_DIR / "tasks" / "demo" / "crates" / "mini_math"
 DATASET, SHA = "SWE-bench/SWE-smith-rs", "5f3c0e8a" * 5
-HELD, OTHER = "swesmith/mini_math.1f2e3d4c", "swesmith/other.0a0b0c0d"
+HELD, OTHER = "swesmith/rust-demo__mini_math.1f2e3d4c", "swesmith/rust-demo__other.0a0b0c0d"  # SWE-smith's mirrors
 MISSING_IMAGE = "swesmith-missing/mini_math:0"  # no registry here: its pull fails
 CLAMP = ["tests::clamp_below", "tests::clamp_above", "tests::clamp_inside"]
 
@@ -44,10 +44,10 @@ def rows(image: str) -> list[dict]:
     base = {"repo": HELD, "patch": bug_patch(), "FAIL_TO_PASS": json.dumps(["tests::add_two"]),
             "PASS_TO_PASS": json.dumps(CLAMP), "problem_statement": "add subtracts\n\nadd(2, 3) is -1, not 5.",
             "image_name": image, "created_at": "2025-05-01T00:00:00"}
-    return [{**base, "instance_id": "swesmith__mini_math.1f2e3d4c.func_pm_op_flip__a1"},
-            {**base, "instance_id": "swesmith__mini_math.1f2e3d4c.func_pm_op_flip__b2", "image_name": MISSING_IMAGE},
-            {**base, "instance_id": "swesmith__mini_math.1f2e3d4c.func_pm_op_flip__c3", "FAIL_TO_PASS": "[oops"},
-            {**base, "instance_id": "swesmith__other.0a0b0c0d.func_pm_op_flip__d4", "repo": OTHER}]
+    return [{**base, "instance_id": "rust-demo__mini_math.1f2e3d4c.func_pm_op_flip__a1"},
+            {**base, "instance_id": "rust-demo__mini_math.1f2e3d4c.func_pm_op_flip__b2", "image_name": MISSING_IMAGE},
+            {**base, "instance_id": "rust-demo__mini_math.1f2e3d4c.func_pm_op_flip__c3", "FAIL_TO_PASS": "[oops"},
+            {**base, "instance_id": "rust-demo__other.0a0b0c0d.func_pm_op_flip__d4", "repo": OTHER}]
 
 
 def parquet(table_rows: list[dict]) -> bytes:
@@ -128,6 +128,10 @@ def test_instances_of_the_held_out_repos_are_read_at_the_pinned_revision(tmp_pat
                 "test names") in caplog.text
         assert {p for _, p in h.requests} >= {f"/api/datasets/{DATASET}/revision/{SHA}",
                                               f"/datasets/{DATASET}/resolve/{SHA}/data/train-00000-of-00001.parquet"}
+        # the repository a mirror stands for names the same instances
+        upstream = step_configs.make_tasks(plan(tmp_path, held_out_repos=["rust-demo/mini_math"]),
+                                           plan(tmp_path, held_out_repos=["rust-demo/mini_math"]).task_set("rs").name)
+        assert [t.row() for t in taskset.instances(upstream, tmp_path / "dlu")[0].tasks] == [t.row() for t in made.tasks]
         first = step_configs.make_tasks(plan(tmp_path, max_tasks=1), plan(tmp_path, max_tasks=1).task_set("rs").name)
         made, _ = taskset.instances(first, tmp_path / "dl1")
         assert len(made.tasks) == 1 and dict(made.dropped) == {"malformed row": 1, "beyond max_tasks": 1}
@@ -145,6 +149,16 @@ def test_instances_of_the_held_out_repos_are_read_at_the_pinned_revision(tmp_pat
     finally:
         h.stop()
         reset_sessions()
+
+
+def test_a_mirrors_repository_is_the_one_it_stands_for():
+    from trajsft.tasks.taskset import upstream
+
+    assert upstream("swesmith/BurntSushi__ripgrep.3b7fd442") == "BurntSushi/ripgrep"
+    assert upstream("swesmith/tokio-rs__tokio") == "tokio-rs/tokio"  # no commit suffix
+    assert upstream("swesmith/a__b.c.d1e2f3a4") == "a/b.c"  # dots in the name stay
+    assert upstream("BurntSushi/ripgrep") == "BurntSushi/ripgrep" and upstream("swesmith/plain.1234567") == \
+        "swesmith/plain.1234567"
 
 
 def test_a_row_naming_an_image_reads_back_and_a_bad_image_name_is_one_line():
@@ -172,8 +186,8 @@ def test_a_docker_sandbox_runs_each_command_in_a_fresh_container_with_bubblewrap
     box = S.Sandbox(tmp_path, "none", S.Limits(memory_mb=1024, processes=64), image="local/image:1")
     assert box.kind == S.DOCKER and box.cwd == "/testbed"
     argv = box.argv("cargo test", "trajsft-x")
-    assert argv[:4] == ["docker", "run", "--rm", "--name"] and argv[-4:] == ["local/image:1", "/bin/bash", "-c",
-                                                                            "cargo test"]
+    assert argv[:4] == ["docker", "run", "--rm", "--name"] and argv[-6:] == [
+        "local/image:1", "/bin/sh", "-c", 'exec /bin/bash -c "$1" 2>&1', "trajsft", "cargo test"]  # one output pipe
     for flag in (["--network", "none"], ["--cap-drop", "ALL"], ["--volume", f"{tmp_path}:/testbed"]):
         assert any(argv[i:i + 2] == flag for i in range(len(argv))), flag
     assert "--memory=1024m" in argv and "--memory-swap=1024m" in argv and "--pids-limit=64" in argv
@@ -284,10 +298,15 @@ def test_swesmith_instances_from_the_hub_are_graded_in_their_docker_image(image,
         out = ran.output.split()
         assert ran.returncode == 0 and out[:2] == ["1", "lo"] and "tcp=1" in out and "/testbed" in out, ran.output
         assert "/usr/bin/cargo" in out and (repo / "made-here").exists()
+        # stdout and stderr in one pipe, in the order written (as cargo's verdict lines need)
+        mixed = box.run("for i in 1 2 3; do printf 'out%s ... ' $i; echo err$i >&2; echo ok; done")
+        assert mixed.output.splitlines() == ["out1 ... err1", "ok", "out2 ... err2", "ok", "out3 ... err3", "ok"], \
+            mixed.output
         hung = box.run("sleep 60 & sleep 60")
         assert hung.timed_out and hung.returncode is None and 4 <= hung.seconds < 30, hung
-        left = subprocess.run(["docker", "ps", "-q", "--filter", "name=trajsft-"], capture_output=True, text=True)
-        assert left.stdout.strip() == "", left.stdout  # the container went with its command
+        left = subprocess.run(["docker", "ps", "-aq", "--filter", f"name=^/{box.last_container}$"],
+                              capture_output=True, text=True)
+        assert box.last_container and left.returncode == 0 and left.stdout.strip() == "", left  # gone with its command
 
 
 def _edited(t, repos: Path, edit: dict[str, str]) -> str:

@@ -99,12 +99,20 @@ def repository(image: str) -> Path:
     return dest
 
 
+# the command's stderr joined to its stdout inside the container, one pipe as in bubblewrap: docker carries the two
+# streams apart and its client writes them in no fixed order, which split cargo's verdict lines (`test x ... ` from
+# the test binary, then cargo's `error: test failed` on stderr, then `FAILED`)
+JOINED = 'exec /bin/bash -c "$1" 2>&1'
+
+
 def run_argv(image: str, workdir: Path, command: str, name: str, *, memory_mb: int, processes: int) -> list[str]:
-    """``command`` (bash) in a fresh container of ``image`` named ``name``, ``workdir`` mounted at ``/testbed``."""
+    """``command`` (bash) in a fresh container of ``image`` named ``name``, ``workdir`` mounted at ``/testbed``, its
+    stderr joined to its stdout."""
     return ["docker", "run", "--rm", "--name", name, "--network", "none", "--cap-drop", "ALL",
             "--security-opt", "no-new-privileges", f"--memory={memory_mb}m", f"--memory-swap={memory_mb}m",
             f"--pids-limit={processes}", "--volume", f"{workdir}:{TESTBED}", "--workdir", TESTBED,
-            "--env", "CARGO_TERM_COLOR=never", "--env", "CARGO_NET_OFFLINE=true", image, "/bin/bash", "-c", command]
+            "--env", "CARGO_TERM_COLOR=never", "--env", "CARGO_NET_OFFLINE=true", image,
+            "/bin/sh", "-c", JOINED, "trajsft", command]
 
 
 def kill(name: str) -> None:

@@ -91,6 +91,7 @@ class Sandbox:
         self.workdir, self.kind, self.limits, self.image = Path(workdir).resolve(), kind, limits, image
         self.cwd = docker.TESTBED if kind == DOCKER else "/work"  # where the commands run, as they see it
         self.spent = 0.0
+        self.last_container: Optional[str] = None
         self.as_nobody = kind == "bubblewrap" and os.geteuid() == 0
         if self.as_nobody:  # the copy is the only place the sandbox user writes
             shut = next((d for d in self.workdir.parents if not os.stat(d).st_mode & 0o001), None)
@@ -143,7 +144,7 @@ class Sandbox:
             return Ran(command, None, f"the episode's {self.limits.total_s:g} s are used up", 0.0, True)
         limit = min(self.limits.command_s, left, timeout_s or float("inf"))
         started = time.monotonic()
-        name = f"trajsft-{uuid.uuid4().hex[:16]}"
+        name = self.last_container = f"trajsft-{uuid.uuid4().hex[:16]}"  # docker's: the command's container
         p = subprocess.Popen(self.argv(command, name), cwd=self.workdir, env=self._env(), stdin=subprocess.DEVNULL,
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
         timed_out = False

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import shutil
 import tempfile
 import time
@@ -34,10 +35,23 @@ log = logging.getLogger("trajsft")
 INSTANCES, CONTROLS, REPOS = "instances.jsonl", "controls.json", "repos"
 
 
+def upstream(repo: str) -> str:
+    """The repository a SWE-smith mirror stands for: ``swesmith/BurntSushi__ripgrep.3b7fd442`` ->
+    ``BurntSushi/ripgrep`` (another name: itself)."""
+    owner, _, rest = repo.partition("/")
+    if owner != "swesmith" or "__" not in rest:
+        return repo
+    name, _, commit = rest.rpartition(".")
+    if not (name and re.fullmatch(r"[0-9a-f]{7,40}", commit)):
+        name = rest
+    return name.replace("__", "/", 1)
+
+
 def instances(cfg: TaskSetConfig, dest: Path) -> tuple[mutate.Made, str]:
     """The SWE-smith instances of ``cfg.dataset`` at ``cfg.revision`` (downloaded into ``dest``) whose repository is
-    one of ``cfg.held_out_repos``, by instance_id (the first ``cfg.max_tasks``), and the resolved commit; a
-    malformed row is skipped, counted and said in one line naming its file, row and field."""
+    one of ``cfg.held_out_repos`` (the rows' ``repo``, or the repository it mirrors: ``owner/name``), by instance_id
+    (the first ``cfg.max_tasks``), and the resolved commit; a malformed row is skipped, counted and said in one line
+    naming its file, row and field."""
     import pyarrow.parquet as pq
 
     where = f"{cfg.dataset}@{cfg.revision}"
@@ -56,9 +70,10 @@ def instances(cfg: TaskSetConfig, dest: Path) -> tuple[mutate.Made, str]:
         for i, row in enumerate(table, 1):
             rows += 1
             repo = row.get("repo") if isinstance(row, dict) else None
-            if repo not in held:
+            named = held & {repo, upstream(repo)} if isinstance(repo, str) else set()
+            if not named:
                 continue
-            seen.add(repo)
+            seen |= named
             try:
                 task = from_row(row, f"{rel} row {i}")
                 if not task.image_name:
