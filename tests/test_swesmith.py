@@ -226,6 +226,7 @@ def test_swesmith_instances_from_the_hub_are_graded_in_their_docker_image(image,
         a1, b2 = (r["instance_id"] for r in rows(image)[:2])
         assert (result["tasks"], result["gold_resolved"], result["empty_resolved"]) == (1, 1, 0), result
         assert result["images"] == [image] and result["dropped_mutations"] == {"malformed row": 1}, result
+        assert result["sandbox"] == "docker" and result["toolchain"] == "each instance's docker image", result
         assert list(result["excluded"]) == [b2], result  # no registry here: said in one line, the task excluded
         assert result["excluded"][b2].startswith(f"image {MISSING_IMAGE} could not be pulled: "), result
         assert "\n" not in result["excluded"][b2]

@@ -153,13 +153,14 @@ def make_tasks(cfg: TaskSetConfig) -> dict:
     for tid, why in checked.excluded.items():
         log.warning("tasks %s: %s excluded: %s", cfg.task_set, tid, why)
     source = cfg.crates or f"{cfg.dataset}@{cfg.revision}"
+    ran_in = cfg.sandbox if cfg.crates is not None else sandbox.DOCKER  # a dataset's instances: in their images
     if not kept:
         raise DataError(f"tasks {cfg.task_set}: no task passed its controls ({len(made.tasks)} made from {source}, "
                         f"dropped: {dict(made.dropped) or 'none'}; excluded: {len(checked.excluded)})")
     io.write_text(io.join(cfg.location, INSTANCES),
                   "".join(json.dumps(t.row(), sort_keys=True) + "\n" for t in kept))
     io.write_json(io.join(cfg.location, CONTROLS), {
-        "toolchain": cfg.toolchain, "sandbox": cfg.sandbox, "gold_resolved": gold, "empty_resolved": empty,
+        "toolchain": cfg.toolchain, "sandbox": ran_in, "gold_resolved": gold, "empty_resolved": empty,
         "tasks": n, "excluded": checked.excluded, "dropped_mutations": dict(made.dropped), "rows": checked.rows})
     repos = sorted({t.repo for t in kept if not t.image_name})
     with tempfile.TemporaryDirectory(prefix="trajsft-repos-") as tmp:
@@ -169,7 +170,7 @@ def make_tasks(cfg: TaskSetConfig) -> dict:
             io.put_tree(tmp, io.join(cfg.location, REPOS))
     return {"task_set": cfg.task_set, "tasks": len(kept), "made": len(made.tasks), "excluded": checked.excluded,
             "dropped_mutations": dict(made.dropped), "gold_resolved": gold, "empty_resolved": empty,
-            "toolchain": cfg.toolchain, "sandbox": cfg.sandbox, "repos": sorted({t.repo for t in kept}),
+            "toolchain": cfg.toolchain, "sandbox": ran_in, "repos": sorted({t.repo for t in kept}),
             "images": sorted({t.image_name for t in kept if t.image_name}),
             "seconds": round(time.monotonic() - start, 1)}
 
