@@ -21,7 +21,7 @@ def cmd_tasks(args) -> int:
     cfg = step_configs.make_tasks(plan, art.name)
     kind = args.sandbox or cfg.sandbox
     made, checked = taskset.check(cfg, kind, sandbox.Limits(command_s=cfg.command_seconds))
-    kind = kind if cfg.crates is not None else "docker"  # a dataset's instances run in their images
+    kind = taskset.ran_in(cfg, kind)
     gold, empty, n = checked.counts()
     if cfg.crates is not None:
         crates = Path(cfg.crates)

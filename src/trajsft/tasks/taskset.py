@@ -56,7 +56,8 @@ def instances(cfg: TaskSetConfig, dest: Path) -> tuple[mutate.Made, str]:
 
     where = f"{cfg.dataset}@{cfg.revision}"
     sha = hub.dataset_snapshot(cfg.dataset, cfg.revision, dest, ["*.parquet", "README.md"])
-    files = sorted(f for f in dest.glob("**/*.parquet") if not any(x.startswith(".") for x in f.relative_to(dest).parts))
+    files = sorted(f for f in dest.glob("**/*.parquet")
+                   if not any(x.startswith(".") for x in f.relative_to(dest).parts))
     if not files:
         raise DataError(f"{where}: no parquet file in the dataset (expected data/*.parquet)")
     held, made, seen, rows = set(cfg.held_out_repos), mutate.Made(), set(), 0
@@ -109,6 +110,12 @@ def pull(tasks: list[Task]) -> dict[str, str]:
     return {t.instance_id: why_not[t.image_name] for t in tasks if t.image_name and why_not.get(t.image_name)}
 
 
+def ran_in(cfg: TaskSetConfig, kind: str) -> str:
+    """Where the set's tests run: ``kind`` (the config's, or the user's choice) for crates, docker for a dataset's
+    instances (each in its image, whatever ``kind`` says)."""
+    return kind if cfg.crates is not None else sandbox.DOCKER
+
+
 def check(cfg: TaskSetConfig, kind: str, limits: sandbox.Limits) -> tuple[mutate.Made, controls.Checked]:
     """The tasks of ``cfg`` and their controls (what ``trajsft tasks check`` prints and the rule keeps); a tool the
     sandbox lacks: one line naming its package. A task whose image could not be pulled is excluded with why."""
@@ -152,15 +159,14 @@ def make_tasks(cfg: TaskSetConfig) -> dict:
     kept = [t for t in made.tasks if t.instance_id in set(checked.kept)]
     for tid, why in checked.excluded.items():
         log.warning("tasks %s: %s excluded: %s", cfg.task_set, tid, why)
-    source = cfg.crates or f"{cfg.dataset}@{cfg.revision}"
-    ran_in = cfg.sandbox if cfg.crates is not None else sandbox.DOCKER  # a dataset's instances: in their images
+    source, tested_in = cfg.crates or f"{cfg.dataset}@{cfg.revision}", ran_in(cfg, cfg.sandbox)
     if not kept:
         raise DataError(f"tasks {cfg.task_set}: no task passed its controls ({len(made.tasks)} made from {source}, "
                         f"dropped: {dict(made.dropped) or 'none'}; excluded: {len(checked.excluded)})")
     io.write_text(io.join(cfg.location, INSTANCES),
                   "".join(json.dumps(t.row(), sort_keys=True) + "\n" for t in kept))
     io.write_json(io.join(cfg.location, CONTROLS), {
-        "toolchain": cfg.toolchain, "sandbox": ran_in, "gold_resolved": gold, "empty_resolved": empty,
+        "toolchain": cfg.toolchain, "sandbox": tested_in, "gold_resolved": gold, "empty_resolved": empty,
         "tasks": n, "excluded": checked.excluded, "dropped_mutations": dict(made.dropped), "rows": checked.rows})
     repos = sorted({t.repo for t in kept if not t.image_name})
     with tempfile.TemporaryDirectory(prefix="trajsft-repos-") as tmp:
@@ -170,7 +176,7 @@ def make_tasks(cfg: TaskSetConfig) -> dict:
             io.put_tree(tmp, io.join(cfg.location, REPOS))
     return {"task_set": cfg.task_set, "tasks": len(kept), "made": len(made.tasks), "excluded": checked.excluded,
             "dropped_mutations": dict(made.dropped), "gold_resolved": gold, "empty_resolved": empty,
-            "toolchain": cfg.toolchain, "sandbox": ran_in, "repos": sorted({t.repo for t in kept}),
+            "toolchain": cfg.toolchain, "sandbox": tested_in, "repos": sorted({t.repo for t in kept}),
             "images": sorted({t.image_name for t in kept if t.image_name}),
             "seconds": round(time.monotonic() - start, 1)}
 
