@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 
 import pytest
@@ -376,14 +377,23 @@ def test_a_trainer_whose_log_stops_growing_is_killed_as_hung_and_one_that_writes
 
     from trajsft.train import launch
 
-    writes_then_hangs = ("import sys, time\nfor _ in range(5):\n    print('step', flush=True); time.sleep(0.2)\n"
-                         "time.sleep(120)")
+    # a child set up as train_lm's (child_prelude) writes its threads' stacks when the watchdog asks, then is killed
+    writes_then_hangs = ("import sys, time\nfrom trajsft.train.launch import child_prelude\nchild_prelude()\n"
+                         "for _ in range(5):\n    print('step', flush=True); time.sleep(0.2)\n"
+                         "def wait_for_peer():\n    time.sleep(120)\nwait_for_peer()")
     t0 = time.monotonic()
-    with pytest.raises(launch.Stalled, match="wrote nothing to its log for 1 s") as stalled:
-        launch.run_subprocess([sys.executable, "-c", writes_then_hangs], str(tmp_path / "hung.log"), {}, str(tmp_path),
-                              "header", stall_s=1.0, poll_s=0.1)
+    with pytest.raises(launch.Stalled, match="wrote nothing to its log for 1 s, waiting in <string>:7 in wait_for_peer "
+                                             r"\(every thread's stack is in its log\)") as stalled:
+        launch.run_subprocess([sys.executable, "-c", writes_then_hangs], str(tmp_path / "hung.log"),
+                              launch.levanter_env(), str(tmp_path), "header", stall_s=1.0, poll_s=0.1)
     assert 1.0 <= time.monotonic() - t0 < 30 and stalled.value.seconds == 1.0
-    assert (tmp_path / "hung.log").read_text().count("step") == 5
+    hung_log = (tmp_path / "hung.log").read_text()
+    assert hung_log.count("step") == 5
+    assert re.search(r'File "<string>", line 7 in wait_for_peer\n\s+File "<string>", line 8 in <module>', hung_log)
+    # a child without the prelude (SIGUSR1 ends it) is killed all the same, said without a place
+    with pytest.raises(launch.Stalled, match=r"wrote nothing to its log for 1 s$"):
+        launch.run_subprocess([sys.executable, "-c", "import time\nprint('x', flush=True)\ntime.sleep(120)"],
+                              str(tmp_path / "bare.log"), {}, str(tmp_path), "header", stall_s=1.0, poll_s=0.1)
     out = subprocess.run(["pgrep", "-f", "time.sleep(120)"], capture_output=True, text=True)
     assert not out.stdout.strip(), "the hung child is still alive"
     keeps_writing = "import time\nfor _ in range(15):\n    print('step', flush=True); time.sleep(0.2)"

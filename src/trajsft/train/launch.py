@@ -3,8 +3,10 @@ logged subprocess."""
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -69,7 +71,9 @@ def child_prelude() -> None:
     checkpoints next to its own relaunch; exit if the parent is already gone. Done in the child
     itself (not via preexec_fn, which is unsafe in multi-threaded parents such as Snakemake), at
     the top of the launched module (:mod:`trajsft.train.train_lm_main`, :mod:`trajsft.train.hf_export`).
-    Then :func:`quiet_none_leaves`, and handlers that cannot write drop their records quietly."""
+    Then every thread's Python stack is written to stderr (the child's log) on :data:`STACKS_SIGNAL` (the stall
+    watchdog sends it before its kill: the log says where a hung trainer waited), :func:`quiet_none_leaves`, and
+    handlers that cannot write drop their records quietly."""
     if sys.platform.startswith("linux"):
         try:
             import ctypes
@@ -81,6 +85,7 @@ def child_prelude() -> None:
         pp = int(os.environ.get("TRAJSFT_PARENT_PID", "0") or 0)
         if pp and os.getppid() != pp:
             sys.exit(99)
+    faulthandler.register(STACKS_SIGNAL, all_threads=True)
     quiet_none_leaves()
     logging.raiseExceptions = False  # a full or read-only disk: no "--- Logging error ---" block per record
 
@@ -114,14 +119,34 @@ EXPORT_CHILD = [sys.executable, "-m", "trajsft.train.hf_export"]
 
 
 STOP_SAVE_GRACE_S = 120.0  # how long a stopped local training may take to finish its step and save it
+STACKS_SIGNAL = signal.SIGUSR1  # a child (child_prelude) writes every thread's Python stack to its log on it
+STACKS_GRACE_S = 3.0  # how long a hung child is given to write them before its kill
 
 
 class Stalled(Exception):
-    """The child wrote nothing to its log for ``seconds``: killed as hung."""
+    """The child wrote nothing to its log for ``seconds``: killed as hung. ``waiting_in``: the innermost frame of
+    the stack it wrote when asked (:data:`STACKS_SIGNAL`), ``file:line in function``, or None."""
 
-    def __init__(self, seconds: float):
-        super().__init__(f"wrote nothing to its log for {seconds:g} s")
+    def __init__(self, seconds: float, waiting_in: Optional[str] = None):
+        where = f", waiting in {waiting_in} (every thread's stack is in its log)" if waiting_in else ""
+        super().__init__(f"wrote nothing to its log for {seconds:g} s{where}")
         self.seconds = seconds
+        self.waiting_in = waiting_in
+
+
+_FRAME_RE = re.compile(r'^\s+File "(.+)", line (\d+) in (\S+)')
+
+
+def innermost_frame(dump: str) -> Optional[str]:
+    """The innermost frame of the main thread in a faulthandler dump (it lists threads newest first: the main thread
+    last), as ``file:line in function``, the file shortened to its last two parts; None without a dump."""
+    blocks = re.split(r"\n(?=(?:Current thread|Thread) 0x)", "\n" + dump)
+    blocks = [b for b in blocks if re.match(r"(?:Current thread|Thread) 0x", b)]
+    for ln in (blocks[-1].splitlines()[1:] if blocks else []):
+        if m := _FRAME_RE.match(ln):
+            path = "/".join(m.group(1).split("/")[-2:])
+            return f"{path}:{m.group(2)} in {m.group(3)}"
+    return None
 
 
 def _wait_writing(proc: subprocess.Popen, log_path: str, stall_s: float, poll_s: float) -> int:
@@ -136,9 +161,17 @@ def _wait_writing(proc: subprocess.Popen, log_path: str, stall_s: float, poll_s:
         if now != size:
             size, since = now, time.monotonic()
         elif time.monotonic() - since >= stall_s:
+            # its stacks first (a child that set up child_prelude writes them to the log), then the kill
+            try:
+                proc.send_signal(STACKS_SIGNAL)
+                proc.wait(timeout=STACKS_GRACE_S)
+            except subprocess.TimeoutExpired:
+                pass
             proc.kill()
             proc.wait()
-            raise Stalled(stall_s)
+            with open(log_path, "rb") as f:
+                f.seek(size)
+                raise Stalled(stall_s, innermost_frame(f.read().decode(errors="replace")))
 
 
 def run_subprocess(cmd: list[str], log_path: str, env: dict, cwd: str, header: str, timeout=None,
