@@ -20,7 +20,7 @@ from fake_hub import FakeHub, Repo, point_this_process
 from test_tasks import diff_of
 from trajsft.errors import ConfigError, DataError
 from trajsft.plan import config as C
-from trajsft.plan import step_configs
+from trajsft.plan import step_configs, toolchain
 from trajsft.tasks import docker
 from trajsft.tasks import grade as G
 from trajsft.tasks import sandbox as S
@@ -93,8 +93,6 @@ def test_a_dataset_task_set_needs_its_revision_and_held_out_repos(value, line):
 
 
 def test_a_dataset_sets_identity_is_the_dataset_revision_and_repos_not_this_hosts_cargo(tmp_path, monkeypatch):
-    from trajsft.plan import toolchain
-
     art = plan(tmp_path).task_set("rs")
     assert art.inputs["toolchain"] == toolchain.IMAGES and art.name.startswith("rs-")
     assert art.inputs["dataset"] == {"hub": DATASET, "revision": SHA} and art.inputs["held_out_repos"] == [HELD]
@@ -149,6 +147,39 @@ def test_instances_of_the_held_out_repos_are_read_at_the_pinned_revision(tmp_pat
     finally:
         h.stop()
         reset_sessions()
+
+
+def test_an_instance_runs_its_repositorys_swesmith_test_command(tmp_path, monkeypatch):
+    """A row without test_cmd runs its repository's SWE-smith profile's command (a workspace: --all), else cargo test;
+    a row's own test_cmd wins; the profiles' table is part of a dataset set's identity."""
+    from huggingface_hub.utils._http import reset_sessions
+
+    from trajsft.tasks import taskset
+
+    ripgrep = "swesmith/BurntSushi__ripgrep.3b7fd442"
+    base = {**rows("local/image:1")[0], "repo": ripgrep}
+    # a parquet column: null in the rows that name no command
+    table = [{**base, "instance_id": "BurntSushi__ripgrep.3b7fd442.b", "test_cmd": "cargo test -p grep-cli"},
+             {**base, "instance_id": "BurntSushi__ripgrep.3b7fd442.a"},
+             {**base, "instance_id": "rust-demo__mini_math.1f2e3d4c.c", "repo": HELD}]
+    h = FakeHub({}, datasets={DATASET: Repo(SHA, {"data/train.parquet": parquet(table)})}).start()
+    try:
+        point_this_process(h, monkeypatch, str(tmp_path / "hf-cache"))
+        p = plan(tmp_path, held_out_repos=["BurntSushi/ripgrep", HELD])
+        made, _ = taskset.instances(step_configs.make_tasks(p, p.task_set("rs").name), tmp_path / "dl")
+    finally:
+        h.stop()
+        reset_sessions()
+    assert [t.test_cmd for t in made.tasks] == ["cargo test --all --verbose", "cargo test -p grep-cli", RUST_TEST_CMD]
+    assert [t.instance_id[-1] for t in made.tasks] == ["a", "b", "c"]
+    assert toolchain.test_command("swesmith/huggingface__tokenizers.ecad3f18") == \
+        "cd /testbed/tokenizers && cargo test --verbose"  # SWE-smith's ~/testbed is the image's /testbed
+    assert toolchain.test_command("swesmith/BurntSushi__ripgrep.0000000a") is None  # a profile is one commit's
+    assert toolchain.test_command("BurntSushi__ripgrep.3b7fd442") is None
+    before = plan(tmp_path).task_set("rs").hash
+    monkeypatch.setitem(toolchain.SWESMITH_TEST_COMMANDS, "a__b.12345678", "cargo test")
+    monkeypatch.setattr(toolchain, "IMAGES", toolchain.images())
+    assert plan(tmp_path).task_set("rs").hash != before
 
 
 def test_a_mirrors_repository_is_the_one_it_stands_for():
@@ -226,7 +257,7 @@ def test_swesmith_instances_from_the_hub_are_graded_in_their_docker_image(image,
         a1, b2 = (r["instance_id"] for r in rows(image)[:2])
         assert (result["tasks"], result["gold_resolved"], result["empty_resolved"]) == (1, 1, 0), result
         assert result["images"] == [image] and result["dropped_mutations"] == {"malformed row": 1}, result
-        assert result["sandbox"] == "docker" and result["toolchain"] == "each instance's docker image", result
+        assert result["sandbox"] == "docker" and result["toolchain"] == toolchain.IMAGES, result
         assert list(result["excluded"]) == [b2], result  # no registry here: said in one line, the task excluded
         assert result["excluded"][b2].startswith(f"image {MISSING_IMAGE} could not be pulled: "), result
         assert "\n" not in result["excluded"][b2]
@@ -255,7 +286,7 @@ def test_swesmith_instances_from_the_hub_are_graded_in_their_docker_image(image,
                             str(wd / "test-overrides.yaml")], capture_output=True, text=True, timeout=600, cwd=wd,
                            env=PU.env(**h.env()))
         assert p.returncode == 0, p.stderr[-2000:]
-        assert f"1 tasks from {DATASET}@{SHA} ({HELD}) (each instance's docker image; sandbox docker; rows dropped: " \
+        assert f"1 tasks from {DATASET}@{SHA} ({HELD}) ({toolchain.IMAGES}; sandbox docker; rows dropped: " \
                "{'malformed row': 1})" in p.stdout, p.stdout
         assert "gold fix: resolved 1/1; empty patch: resolved 0/1; 1 tasks kept" in p.stdout, p.stdout
         assert f"excluded {b2}: image {MISSING_IMAGE} could not be pulled" in p.stdout, p.stdout

@@ -25,10 +25,11 @@ from pathlib import Path
 
 from .. import io
 from ..errors import ConfigError, DataError
+from ..plan import toolchain
 from ..plan.step_configs import TaskSetConfig
 from ..runtime import hub
 from . import controls, docker, mutate, sandbox
-from .record import Task, from_row
+from .record import RUST_TEST_CMD, Task, from_row
 
 log = logging.getLogger("trajsft")
 
@@ -51,7 +52,8 @@ def instances(cfg: TaskSetConfig, dest: Path) -> tuple[mutate.Made, str]:
     """The SWE-smith instances of ``cfg.dataset`` at ``cfg.revision`` (downloaded into ``dest``) whose repository is
     one of ``cfg.held_out_repos`` (the rows' ``repo``, or the repository it mirrors: ``owner/name``), by instance_id
     (the first ``cfg.max_tasks``), and the resolved commit; a malformed row is skipped, counted and said in one line
-    naming its file, row and field."""
+    naming its file, row and field. A row without ``test_cmd`` runs its repository's SWE-smith profile's command
+    (:func:`trajsft.plan.toolchain.test_command`), else ``cargo test``."""
     import pyarrow.parquet as pq
 
     where = f"{cfg.dataset}@{cfg.revision}"
@@ -76,7 +78,9 @@ def instances(cfg: TaskSetConfig, dest: Path) -> tuple[mutate.Made, str]:
                 continue
             seen |= named
             try:
-                task = from_row(row, f"{rel} row {i}")
+                if row.get("test_cmd") is None:  # a parquet column is null where a row names no command
+                    row = {k: v for k, v in row.items() if k != "test_cmd"}
+                task = from_row(row, f"{rel} row {i}", toolchain.test_command(repo) or RUST_TEST_CMD)
                 if not task.image_name:
                     raise DataError(f"{rel} row {i}: field image_name: missing (the image holding its repository)")
             except DataError as e:
