@@ -68,18 +68,27 @@ def base_image() -> str:
         return BASE
 
 
+# as SWE-smith's Dockerfiles end (`RUN <test_cmd> || true`): the image holds the tests' build output in target/
+PREBUILD = f"cd {docker.TESTBED} && cargo test --offline --verbose > /dev/null 2>&1 || true"
+
+
 def instance_image(crate: Path, name: str) -> str:
-    """An image in SWE-smith's shape holding ``crate`` at ``/testbed`` (its tag names its content)."""
-    digest = hashlib.sha256(f"{hashing.tree_digest(crate)} {BASE}".encode()).hexdigest()[:12]  # its base's too
+    """An image in SWE-smith's shape holding ``crate`` at ``/testbed``, its tests built once (its tag names its
+    content)."""
+    digest = hashlib.sha256(f"{hashing.tree_digest(crate)} {BASE} {PREBUILD}".encode()).hexdigest()[:12]
     tag = f"trajsft-test/swesmith-{name}:{digest}"
     base = base_image()
     with _locked(f"instance-{name}"):
         if docker.image_id(tag):
             return tag
         cid = f"trajsft-build-{uuid.uuid4().hex[:12]}"
-        _run("docker", "create", "--name", cid, base, "true")
+        _run("docker", "create", "--name", cid, "--network", "none", base, "/bin/sh", "-c", PREBUILD)
         try:
-            _run("docker", "cp", f"{crate}/.", f"{cid}:{docker.TESTBED}")
+            # the crate's sources only (a target/ a local run left is not the image's)
+            with tempfile.TemporaryDirectory() as tmp:
+                shutil.copytree(crate, Path(tmp) / "src", ignore=shutil.ignore_patterns("target"))
+                _run("docker", "cp", f"{tmp}/src/.", f"{cid}:{docker.TESTBED}")
+            _run("docker", "start", "--attach", cid, timeout=600)
             _run("docker", "commit", cid, tag)
         finally:
             subprocess.run(["docker", "rm", "-f", cid], capture_output=True)

@@ -330,6 +330,17 @@ def test_swesmith_instances_from_the_hub_are_graded_in_their_docker_image(image,
         out = ran.output.split()
         assert ran.returncode == 0 and out[:2] == ["1", "lo"] and "tcp=1" in out and "/testbed" in out, ran.output
         assert "/usr/bin/cargo" in out and (repo / "made-here").exists()
+        # the image's build output comes with each copy (as SWE-smith's images, it ran the tests when made), never in
+        # its history or diff: an unchanged copy's test run builds nothing; the bug's copy rebuilds its one crate
+        assert (repo / "target/debug").is_dir() and "target" not in G.git(repo, "ls-files").stdout
+        unchanged = Path(tmp) / "unchanged"
+        assert G.checkout(G.source(t, got.repos), unchanged, "", build_output=True) is None
+        built = S.for_task(t, unchanged, "bubblewrap", S.Limits(command_s=120)).run("cargo test --offline --verbose")
+        assert built.returncode == 0 and "Fresh mini_math" in built.output, built.output[-2000:]
+        assert "Compiling mini_math" not in built.output, built.output[-2000:]
+        rebuilt = S.for_task(t, repo, "bubblewrap", S.Limits(command_s=120)).run("cargo test --offline --verbose")
+        assert "Compiling mini_math" in rebuilt.output and "test tests::add_two ... FAILED" in rebuilt.output, \
+            rebuilt.output[-2000:]
         # stdout and stderr in one pipe, in the order written (as cargo's verdict lines need)
         mixed = box.run("for i in 1 2 3; do printf 'out%s ... ' $i; echo err$i >&2; echo ok; done")
         assert mixed.output.splitlines() == ["out1 ... err1", "ok", "out2 ... err2", "ok", "out3 ... err3", "ok"], \

@@ -64,13 +64,14 @@ def ensure(image: str, pull_seconds: float = PULL_SECONDS) -> tuple[Optional[str
 
 
 def repository(image: str) -> Path:
-    """The image's ``/testbed``, copied out once per image id into ``<cache>/docker-repos/<id>/testbed`` (build
-    output and ``.git`` left out: the grader makes its own history); the image must be on this host
-    (:func:`ensure`)."""
+    """The image's ``/testbed``, copied out once per image id into ``<cache>/docker-testbeds/<id>/testbed`` with its
+    build output (SWE-smith's images ran the tests when made: their ``target/`` makes a fresh copy's first test run
+    an incremental build, not one from scratch) and without ``.git`` (the grader makes its own history); the image
+    must be on this host (:func:`ensure`)."""
     have = image_id(image)
     if have is None:
         raise FileNotFoundError(f"image {image} is not on this host (pull it first)")
-    dest = io.cache_root() / "docker-repos" / have.split(":")[-1][:32] / "testbed"
+    dest = io.cache_root() / "docker-testbeds" / have.split(":")[-1][:32] / "testbed"
     if dest.is_dir():
         return dest
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -89,7 +90,7 @@ def repository(image: str) -> Path:
         finally:
             _docker("rm", "-f", name)
         with tarfile.open(archive) as tar:
-            keep = [m for m in tar.getmembers() if not any(p in ("target", ".git") for p in Path(m.name).parts[1:2])]
+            keep = [m for m in tar.getmembers() if Path(m.name).parts[1:2] != (".git",)]
             tar.extractall(Path(tmp) / "out", members=keep, filter="tar")
         try:
             os.replace(Path(tmp) / "out" / Path(TESTBED).name, dest)

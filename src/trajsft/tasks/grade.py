@@ -40,10 +40,19 @@ def git(cwd: Path, *args: str, input: Optional[str] = None) -> subprocess.Comple
     return subprocess.run([*_GIT, *args], cwd=cwd, input=input, capture_output=True, text=True, env=env)
 
 
-def checkout(src: Path, dest: Path, patch: str = "") -> Optional[str]:
-    """A git repository at ``dest`` holding a copy of ``src`` (no build output) with ``patch`` applied and committed,
-    so that its ``git diff`` is what changed since; None, or why ``patch`` does not apply."""
-    shutil.copytree(src, dest, ignore=shutil.ignore_patterns("target", ".git"))
+def checkout(src: Path, dest: Path, patch: str = "", build_output: bool = False) -> Optional[str]:
+    """A git repository at ``dest`` holding a copy of ``src`` with ``patch`` applied and committed, so that its ``git
+    diff`` is what changed since; None, or why ``patch`` does not apply. Cargo's build output (``target/``) is left out,
+    or with ``build_output`` copied as it is (``cp -a``: its and the sources' times kept, so cargo rebuilds only what
+    the patch changed); it is never part of the history or of a diff."""
+    if build_output:
+        dest.mkdir(parents=True)
+        copied = subprocess.run(["cp", "-a", "--reflink=auto", f"{src}/.", str(dest)], capture_output=True, text=True)
+        if copied.returncode != 0:
+            raise OSError(f"copy of {src}: {one_line(copied.stderr, 200)}")
+        shutil.rmtree(dest / ".git", ignore_errors=True)
+    else:
+        shutil.copytree(src, dest, ignore=shutil.ignore_patterns("target", ".git"))
     git(dest, "init", "-q")
     (dest / ".git/info/exclude").write_text("target/\n")  # cargo's build output is never part of a submission
     why = apply(patch, dest)
@@ -66,11 +75,15 @@ def source(task: Task, repos: Path) -> Path:
 
 def prepare(task: Task, repos: Path, dest: Path) -> Path:
     """A fresh copy of ``task``'s repository (:func:`source`) at ``dest`` with the bug applied and committed: a git
-    repository whose ``git diff`` is what was changed since (an agent's submission)."""
+    repository whose ``git diff`` is what was changed since (an agent's submission). An image's repository comes with
+    the build output the image was made with (SWE-smith's images ran the tests when made)."""
     src = source(task, repos)
     if not src.is_dir():
         raise DataError(f"{task.instance_id}: repository {src} does not exist")
-    why = checkout(src, dest, task.patch)
+    try:
+        why = checkout(src, dest, task.patch, build_output=task.image_name is not None)
+    except OSError as e:  # a full disk: the copy of a large target/
+        raise DataError(f"{task.instance_id}: {one_line(e, 300)}") from None
     if why is not None:
         raise DataError(f"{task.instance_id}: its bug patch does not apply to {src}: {why}")
     return dest
