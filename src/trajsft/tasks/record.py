@@ -48,9 +48,8 @@ def _tests(row: Mapping[str, Any], field: str, where: str) -> tuple[str, ...]:
     return tuple(value)
 
 
-def from_row(row: Any, where: str, test_cmd: str = RUST_TEST_CMD) -> Task:
-    """The task of one instance row (``where`` names it: ``tasks.jsonl row 3``); one line for a malformed field.
-    ``test_cmd``: the command of a row that names none (its repository's: :func:`trajsft.plan.toolchain.test_command`)."""
+def from_row(row: Any, where: str) -> Task:
+    """The task of one instance row (``where`` names it: ``tasks.jsonl row 3``); one line for a malformed field."""
     if not isinstance(row, Mapping):
         raise DataError(f"{where}: expected an object, got {type(row).__name__}")
     for field in ("instance_id", "repo", "patch", "problem_statement"):
@@ -61,7 +60,7 @@ def from_row(row: Any, where: str, test_cmd: str = RUST_TEST_CMD) -> Task:
     fail, keep = _tests(row, "FAIL_TO_PASS", where), _tests(row, "PASS_TO_PASS", where)
     if not fail:
         raise DataError(f"{where}: field FAIL_TO_PASS: empty (a bug that breaks no test cannot be graded)")
-    test_cmd = row.get("test_cmd", test_cmd)
+    test_cmd = row.get("test_cmd", RUST_TEST_CMD)
     if not isinstance(test_cmd, str) or not test_cmd.strip():
         raise DataError(f"{where}: field test_cmd: missing or empty")
     image = row.get("image_name")

@@ -78,9 +78,9 @@ def instances(cfg: TaskSetConfig, dest: Path) -> tuple[mutate.Made, str]:
                 continue
             seen |= named
             try:
-                if row.get("test_cmd") is None:  # a parquet column is null where a row names no command
-                    row = {k: v for k, v in row.items() if k != "test_cmd"}
-                task = from_row(row, f"{rel} row {i}", toolchain.test_command(repo) or RUST_TEST_CMD)
+                if row.get("test_cmd") is None:  # absent, or null in a parquet column some other row fills
+                    row = {**row, "test_cmd": toolchain.test_command(repo) or RUST_TEST_CMD}
+                task = from_row(row, f"{rel} row {i}")
                 if not task.image_name:
                     raise DataError(f"{rel} row {i}: field image_name: missing (the image holding its repository)")
             except DataError as e:
